@@ -1,0 +1,23 @@
+//! tether — a WebSocket pub/sub server for connections that stay open for hours, built for
+//! C1M density on one tuned Linux box.
+//!
+//! # Layout
+//!
+//! - [`config`]: the TOML configuration (DESIGN §7), its defaults and its validation.
+//! - [`ws`]: RFC 6455 pieces, sans-IO: [`ws::handshake`] (HTTP/1.1 request parsing and the
+//!   upgrade check, §4.2) and [`ws::codec`] (frame decoding and encoding, fragments, UTF-8, close
+//!   codes, §5–§7).
+//! - [`http`]: plain HTTP/1.1 responses for the non-WebSocket endpoints.
+//! - [`protocol`]: the pub/sub wire protocol v1 (DESIGN §2), sans-IO: client ops in, server
+//!   frames out.
+//! - [`server`]: the thread-per-core engine: one monoio runtime per core, its listener, its slab
+//!   of connections, its side of the subscription index, the channels whose home it is, and the
+//!   bounded queues between cores.
+//! - [`client`]: the tokio client (`tether::client`) and the `sub`/`pub` command-line tools.
+
+pub mod client;
+pub mod config;
+pub mod http;
+pub mod protocol;
+pub mod server;
+pub mod ws;

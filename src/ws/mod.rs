@@ -1,0 +1,4 @@
+//! RFC 6455 building blocks, sans-IO: nothing here touches a socket or a clock.
+
+pub mod codec;
+pub mod handshake;
