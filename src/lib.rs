@@ -13,11 +13,13 @@
 //! - [`server`]: the thread-per-core engine: one monoio runtime per core, its listener, its slab
 //!   of connections, its side of the subscription index, the channels whose home it is, and the
 //!   bounded queues between cores.
+//! - [`limits`]: `tether check-limits`: reads the OS limits and predicts connection capacity.
 //! - [`client`]: the tokio client (`tether::client`) and the `sub`/`pub` command-line tools.
 
 pub mod client;
 pub mod config;
 pub mod http;
+pub mod limits;
 pub mod protocol;
 pub mod server;
 pub mod ws;
