@@ -1,1 +1,383 @@
-//! placeholder
+//! RFC 6455 framing for the server side, sans-IO: bytes in, messages or a close code out.
+//!
+//! [`Decoder`] reads client frames from the front of a caller-owned buffer (the per-core scratch
+//! buffer) and enforces §5 (masking, RSV bits, opcodes, control-frame rules, fragmentation), the
+//! message size limit (1009) and UTF-8 in text messages and close reasons (§8.1, 1007). It holds
+//! heap memory only while a fragmented message is being assembled; an idle connection's decoder
+//! is a few inline words. The encoders build server frames once as shared `Bytes`.
+//!
+//! Header parsing and opcodes come from `tungstenite` (`FrameHeader::parse`, `OpCode`); payload
+//! handling is ours because tungstenite's frame reader owns a 128 KiB buffer per connection.
+
+mod encode;
+mod mask;
+#[cfg(test)]
+mod tests;
+mod utf8;
+
+use std::io::Cursor;
+
+use bytes::Bytes;
+use tungstenite::protocol::frame::coding::{Control, Data, OpCode};
+use tungstenite::protocol::frame::FrameHeader;
+
+pub use encode::{
+    close_frame, decode_server_frame, encode_client_frame, encode_frame, encode_frame_into,
+    header_len, ping_frame, pong_frame,
+};
+use mask::apply_mask;
+use utf8::Utf8Carry;
+
+/// Largest control-frame payload (§5.5).
+const MAX_CONTROL_PAYLOAD: usize = 125;
+
+/// Why the connection must be failed: close code to send (RFC 6455 §7.4.1) and a short static reason.
+///
+/// Codes produced by this module: 1002 protocol error (§5 framing rules), 1007 invalid UTF-8
+/// (§8.1), 1009 message too big (the configured `max_message_bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Violation {
+    /// Close code for the close frame that fails the connection: 1002, 1007 or 1009.
+    pub code: u16,
+    /// Human-readable cause, short enough for a close reason (≤ 123 bytes).
+    pub reason: &'static str,
+}
+
+impl Violation {
+    const fn protocol(reason: &'static str) -> Self {
+        Violation { code: 1002, reason }
+    }
+
+    const RESERVED_OPCODE: Self = Self::protocol("reserved opcode");
+    const RSV_SET: Self = Self::protocol("RSV bit set without a negotiated extension");
+    const LENGTH_TOP_BIT: Self = Self::protocol("64-bit payload length has its top bit set");
+    const UNMASKED: Self = Self::protocol("client frame is not masked");
+    const FRAGMENTED_CONTROL: Self = Self::protocol("fragmented control frame");
+    const CONTROL_TOO_LONG: Self = Self::protocol("control frame payload over 125 bytes");
+    const STRAY_CONTINUATION: Self =
+        Self::protocol("continuation frame without a message in progress");
+    const INTERLEAVED_MESSAGE: Self =
+        Self::protocol("new data frame while a fragmented message is in progress");
+    const CLOSE_ONE_BYTE: Self = Self::protocol("close frame payload of 1 byte");
+    const BAD_CLOSE_CODE: Self = Self::protocol("close code not allowed on the wire");
+    const INVALID_UTF8: Self = Violation {
+        code: 1007,
+        reason: "invalid UTF-8 in text",
+    };
+    const MESSAGE_TOO_BIG: Self = Violation {
+        code: 1009,
+        reason: "message too big",
+    };
+}
+
+/// One complete client message or control frame, payload unmasked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    /// A complete text message; its UTF-8 is already validated.
+    Text(Bytes),
+    /// A complete binary message.
+    Binary(Bytes),
+    /// A ping (§5.5.2); the caller answers with [`pong_frame`] of the same payload.
+    Ping(Bytes),
+    /// A pong (§5.5.3); counts as liveness.
+    Pong(Bytes),
+    /// A close frame (§5.5.1). `code` is `None` when the payload was empty (the peer sent no
+    /// status, reported as 1005 in APIs); `reason` is valid UTF-8 and may be empty.
+    Close {
+        /// Status code (§7.4), already checked with [`is_valid_close_code`].
+        code: Option<u16>,
+        /// Reason text after the code, UTF-8-checked.
+        reason: Bytes,
+    },
+}
+
+/// A fragmented text or binary message being put together (§5.4).
+#[derive(Debug)]
+struct Assembly {
+    text: bool,
+    buf: Vec<u8>,
+}
+
+/// Decoder of client frames for one connection (RFC 6455 §5), sans-IO.
+///
+/// 24 bytes inline. The only heap it owns is the assembly buffer of a fragmented message in
+/// progress, freed as soon as that message completes or the connection is failed.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    /// `Some` only between the first and the final fragment of a message: an idle connection
+    /// owns no buffer (DESIGN §1).
+    assembly: Option<Box<Assembly>>,
+    /// Payload bytes of the frame at the front of the caller's buffer that were already
+    /// UTF-8-checked while the frame was incomplete (fail-fast, §8.1). Reset when a frame is consumed.
+    checked: usize,
+    /// Open code point at the end of the text checked so far (message-wide, across fragments).
+    utf8: Utf8Carry,
+}
+
+impl Decoder {
+    /// An idle decoder; allocates nothing.
+    pub fn new() -> Self {
+        Decoder::default()
+    }
+
+    /// True while a fragmented message is being assembled (after a non-final text or binary
+    /// frame, until its final continuation frame).
+    pub fn in_message(&self) -> bool {
+        self.assembly.is_some()
+    }
+
+    /// Decodes from the front of `input`. Returns (bytes consumed, message).
+    ///
+    /// - `(0, None)`: `input` does not hold a complete frame yet. The caller keeps the bytes and
+    ///   calls again with the same bytes plus more. A text payload is already UTF-8-checked as
+    ///   far as it has arrived, so bad text fails before its frame is complete.
+    /// - `(n > 0, None)`: a non-final data fragment was absorbed into the assembly buffer; call
+    ///   again with `input[n..]`.
+    /// - `(n, Some(msg))`: a complete message, or a control frame (control frames may arrive
+    ///   between fragments and are returned at once, §5.4).
+    /// - `Err(v)`: fail the connection with close code `v.code` (1002 framing, 1007 UTF-8, 1009
+    ///   size). Oversize is reported as soon as the frame header is read, before its payload is
+    ///   buffered. The decoder is reset (its buffer freed) on error.
+    ///
+    /// `max_message_bytes` bounds a whole message across its fragments. With `require_mask`,
+    /// unmasked frames are refused (§5.1: client frames must be masked).
+    pub fn decode(
+        &mut self,
+        input: &[u8],
+        max_message_bytes: usize,
+        require_mask: bool,
+    ) -> Result<(usize, Option<Message>), Violation> {
+        let result = self.decode_frame(input, max_message_bytes, require_mask);
+        if result.is_err() {
+            *self = Decoder::default();
+        }
+        result
+    }
+
+    fn decode_frame(
+        &mut self,
+        input: &[u8],
+        max_message_bytes: usize,
+        require_mask: bool,
+    ) -> Result<(usize, Option<Message>), Violation> {
+        let mut cursor = Cursor::new(input);
+        let (header, len) = match FrameHeader::parse(&mut cursor) {
+            Ok(Some(parsed)) => parsed,
+            Ok(None) => return Ok((0, None)),
+            // Reading from memory cannot fail, so the only error is a reserved opcode (§5.2).
+            Err(_) => return Err(Violation::RESERVED_OPCODE),
+        };
+        let start = cursor.position() as usize;
+        if header.rsv1 || header.rsv2 || header.rsv3 {
+            return Err(Violation::RSV_SET);
+        }
+        if len >> 63 != 0 {
+            return Err(Violation::LENGTH_TOP_BIT);
+        }
+        if require_mask && header.mask.is_none() {
+            return Err(Violation::UNMASKED);
+        }
+        let kind = match header.opcode {
+            OpCode::Control(control @ (Control::Close | Control::Ping | Control::Pong)) => {
+                if !header.is_final {
+                    return Err(Violation::FRAGMENTED_CONTROL);
+                }
+                if len > MAX_CONTROL_PAYLOAD as u64 {
+                    return Err(Violation::CONTROL_TOO_LONG);
+                }
+                Kind::Control(control)
+            }
+            OpCode::Data(Data::Continue) => match &self.assembly {
+                Some(assembly) => Kind::Data {
+                    text: assembly.text,
+                },
+                None => return Err(Violation::STRAY_CONTINUATION),
+            },
+            OpCode::Data(data @ (Data::Text | Data::Binary)) => {
+                if self.assembly.is_some() {
+                    return Err(Violation::INTERLEAVED_MESSAGE);
+                }
+                Kind::Data {
+                    text: data == Data::Text,
+                }
+            }
+            OpCode::Data(Data::Reserved(_)) | OpCode::Control(Control::Reserved(_)) => {
+                return Err(Violation::RESERVED_OPCODE)
+            }
+        };
+        if let Kind::Data { .. } = kind {
+            let assembled = self.assembly.as_ref().map_or(0, |a| a.buf.len());
+            let room = max_message_bytes.saturating_sub(assembled);
+            if len > room as u64 {
+                return Err(Violation::MESSAGE_TOO_BIG);
+            }
+        }
+        // `len` fits in usize: it is ≤ 125 or ≤ `room` above.
+        let total = match start.checked_add(len as usize) {
+            Some(total) => total,
+            None => return Err(Violation::MESSAGE_TOO_BIG),
+        };
+        if input.len() < total {
+            if let Kind::Data { text: true } = kind {
+                self.check_partial_text(&input[start..], header.mask)?;
+            }
+            return Ok((0, None));
+        }
+        let payload = &input[start..total];
+        let checked = std::mem::take(&mut self.checked).min(payload.len());
+        let message = match kind {
+            Kind::Control(control) => Some(control_message(control, payload, header.mask)?),
+            Kind::Data { text } => {
+                self.absorb(text, header.is_final, payload, header.mask, checked)?
+            }
+        };
+        Ok((total, message))
+    }
+
+    /// Adds a complete data frame's payload to the message in progress (or, for an unfragmented
+    /// message, takes it alone) and returns the message when the frame is final.
+    fn absorb(
+        &mut self,
+        text: bool,
+        is_final: bool,
+        payload: &[u8],
+        mask: Option<[u8; 4]>,
+        checked: usize,
+    ) -> Result<Option<Message>, Violation> {
+        if is_final && self.assembly.is_none() {
+            // The common case: one frame, one message, no assembly buffer.
+            let buf = unmasked_copy(payload, mask);
+            if text {
+                self.finish_text(&buf[checked..])?;
+            }
+            return Ok(Some(data_message(text, buf)));
+        }
+        let assembly = self.assembly.get_or_insert_with(|| {
+            Box::new(Assembly {
+                text,
+                buf: Vec::new(),
+            })
+        });
+        let offset = assembly.buf.len();
+        assembly.buf.extend_from_slice(payload);
+        if let Some(mask) = mask {
+            apply_mask(&mut assembly.buf[offset..], mask, 0);
+        }
+        if text {
+            self.utf8
+                .feed(&assembly.buf[offset + checked..])
+                .map_err(|_| Violation::INVALID_UTF8)?;
+        }
+        if !is_final {
+            return Ok(None);
+        }
+        let Some(assembly) = self.assembly.take() else {
+            return Ok(None);
+        };
+        if text {
+            self.finish_text(&[])?;
+        }
+        Ok(Some(data_message(text, assembly.buf)))
+    }
+
+    /// Checks the last text bytes of a message and that no code point is left open.
+    fn finish_text(&mut self, rest: &[u8]) -> Result<(), Violation> {
+        let complete = self.utf8.feed(rest).is_ok() && self.utf8.is_complete();
+        self.utf8 = Utf8Carry::default();
+        if complete {
+            Ok(())
+        } else {
+            Err(Violation::INVALID_UTF8)
+        }
+    }
+
+    /// UTF-8-checks the part of an incomplete text frame that has arrived (`available` is the
+    /// payload prefix), unmasking into a stack buffer since `input` is read-only. Only bytes not
+    /// checked by an earlier call are looked at, so a frame trickling in costs O(length) overall.
+    fn check_partial_text(
+        &mut self,
+        available: &[u8],
+        mask: Option<[u8; 4]>,
+    ) -> Result<(), Violation> {
+        let from = self.checked.min(available.len());
+        let mut scratch = [0u8; 512];
+        let mut offset = from;
+        for piece in available[from..].chunks(scratch.len()) {
+            let plain = &mut scratch[..piece.len()];
+            plain.copy_from_slice(piece);
+            if let Some(mask) = mask {
+                apply_mask(plain, mask, offset);
+            }
+            self.utf8.feed(plain).map_err(|_| Violation::INVALID_UTF8)?;
+            offset += piece.len();
+        }
+        self.checked = self.checked.max(available.len());
+        Ok(())
+    }
+}
+
+/// What the frame at the front of the input is, once its header has passed the §5 checks.
+#[derive(Clone, Copy)]
+enum Kind {
+    Control(Control),
+    Data { text: bool },
+}
+
+fn unmasked_copy(payload: &[u8], mask: Option<[u8; 4]>) -> Vec<u8> {
+    let mut buf = payload.to_vec();
+    if let Some(mask) = mask {
+        apply_mask(&mut buf, mask, 0);
+    }
+    buf
+}
+
+fn data_message(text: bool, buf: Vec<u8>) -> Message {
+    let payload = Bytes::from(buf);
+    if text {
+        Message::Text(payload)
+    } else {
+        Message::Binary(payload)
+    }
+}
+
+/// Builds a ping, pong or close message, applying the close-frame payload rules (§5.5.1, §7.4).
+fn control_message(
+    control: Control,
+    payload: &[u8],
+    mask: Option<[u8; 4]>,
+) -> Result<Message, Violation> {
+    let payload = Bytes::from(unmasked_copy(payload, mask));
+    match control {
+        Control::Ping => Ok(Message::Ping(payload)),
+        Control::Pong => Ok(Message::Pong(payload)),
+        _ => match payload.len() {
+            0 => Ok(Message::Close {
+                code: None,
+                reason: Bytes::new(),
+            }),
+            1 => Err(Violation::CLOSE_ONE_BYTE),
+            _ => {
+                let code = u16::from_be_bytes([payload[0], payload[1]]);
+                if !is_valid_close_code(code) {
+                    return Err(Violation::BAD_CLOSE_CODE);
+                }
+                let reason = payload.slice(2..);
+                if std::str::from_utf8(&reason).is_err() {
+                    return Err(Violation::INVALID_UTF8);
+                }
+                Ok(Message::Close {
+                    code: Some(code),
+                    reason,
+                })
+            }
+        },
+    }
+}
+
+/// Whether `code` may appear in a close frame on the wire (RFC 6455 §7.4.1/§7.4.2 + IANA registry): 1000–1003, 1007–1014, 3000–4999.
+///
+/// 1004 is reserved, 1005/1006/1015 are for APIs only and must never be sent, 1016–2999 are
+/// reserved for future RFCs, and anything below 1000 or above 4999 is undefined.
+pub fn is_valid_close_code(code: u16) -> bool {
+    matches!(code, 1000..=1003 | 1007..=1014 | 3000..=4999)
+}
