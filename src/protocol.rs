@@ -1,1 +1,504 @@
-//! placeholder
+//! The pub/sub wire protocol v1 (DESIGN §2), sans-IO: client text messages in, server JSON
+//! texts (and the shared `msg` frame) out.
+//!
+//! Every server → client text is one compact JSON object with an `op` field and no trailing
+//! newline. Strings that come from peers (ids, epochs, reasons) are escaped with `serde_json`;
+//! channel names are validated before they get here ([`valid_channel`]) and are written raw
+//! when valid. `data` is raw JSON text, inserted verbatim: it was validated and compacted once
+//! on the way in ([`parse_client_op`], [`parse_publish_body`]).
+
+use std::borrow::Cow;
+
+use bytes::{Buf, Bytes};
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
+
+/// Longest channel name in bytes (DESIGN §7).
+pub const MAX_CHANNEL_BYTES: usize = 128;
+/// Longest publish id (`pub.id`, `Idempotency-Key`) in bytes.
+pub const MAX_ID_BYTES: usize = 128;
+
+/// The `code` tokens of `error` replies. Stable: clients match on them.
+pub mod codes {
+    /// The message is not valid JSON (or not UTF-8).
+    pub const BAD_JSON: &str = "bad_json";
+    /// `op` is missing, not a string, or not one of `sub`, `unsub`, `pub`.
+    pub const BAD_OP: &str = "bad_op";
+    /// The message is not a JSON object, or a field is missing or has the wrong type or size.
+    pub const BAD_REQUEST: &str = "bad_request";
+    /// `ch` is not 1–128 bytes of `[A-Za-z0-9._:-]`.
+    pub const BAD_CHANNEL: &str = "bad_channel";
+    /// The request exceeds a size limit (e.g. a publish larger than the channel allows).
+    pub const TOO_LARGE: &str = "too_large";
+    /// The request is well-formed but refused by policy (auth, rate limit).
+    pub const NOT_ALLOWED: &str = "not_allowed";
+}
+
+/// One client → server request (DESIGN §2).
+#[derive(Debug)]
+pub enum ClientOp {
+    /// Subscribe to `ch`; with `from`, resume after that seq (the last one the client
+    /// processed) if `epoch` still matches.
+    Sub {
+        ch: String,
+        from: Option<u64>,
+        epoch: Option<String>,
+    },
+    Unsub {
+        ch: String,
+    },
+    /// Publish `data` (compact JSON text) to `ch`; `id` is the client's dedup key.
+    Pub {
+        ch: String,
+        id: String,
+        data: Box<RawValue>,
+    },
+}
+
+/// A refused request; becomes an `error` reply via [`RequestError::to_json`].
+///
+/// `code` is one of [`codes`]; `reason` is for humans; `id` is the request's `id` when it
+/// could be read (a string of at most [`MAX_ID_BYTES`]), so the client can match the refusal
+/// to its publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestError {
+    pub code: &'static str,
+    pub reason: String,
+    pub id: Option<String>,
+}
+
+impl RequestError {
+    fn new(code: &'static str, reason: impl Into<String>) -> Self {
+        Self {
+            code,
+            reason: reason.into(),
+            id: None,
+        }
+    }
+
+    /// The `error` reply for this refusal ([`error_json`]).
+    pub fn to_json(&self) -> Vec<u8> {
+        error_json(self.code, &self.reason, self.id.as_deref())
+    }
+}
+
+impl std::fmt::Display for RequestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.reason)
+    }
+}
+
+impl std::error::Error for RequestError {}
+
+/// The fields tether reads, each kept as raw JSON so a wrong type is reported per field
+/// (`bad_request`) rather than as unparseable JSON. Unknown fields are ignored.
+#[derive(Deserialize)]
+struct Fields<'a> {
+    #[serde(default, borrow, deserialize_with = "present")]
+    op: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    ch: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    id: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    from: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    epoch: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    data: Option<&'a RawValue>,
+}
+
+/// Keeps an explicit `null` as `Some("null")`: `data: null` is a publishable value.
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&'de RawValue>::deserialize(d).map(Some)
+}
+
+/// Parses one client text message (DESIGN §2).
+///
+/// Errors, checked in this order:
+/// - `bad_json`: not valid JSON;
+/// - `bad_request`: not a JSON object, or a field repeated;
+/// - `bad_op`: `op` missing, not a string, or unknown;
+/// - `bad_request`: `ch` missing or not a string; `bad_channel`: `ch` not a valid name;
+/// - `sub`: `bad_request` when `from` is not a non-negative integer or `epoch` not a string
+///   (`null` counts as absent for both);
+/// - `pub`: `bad_request` when `id` is missing, not a string, empty or longer than
+///   [`MAX_ID_BYTES`], or `data` is missing (`null` is valid data).
+///
+/// The `id` field, when it is a string of at most [`MAX_ID_BYTES`], is copied into every error.
+/// `data` is returned compacted ([`compact_json`]), so it can be framed verbatim.
+pub fn parse_client_op(text: &[u8]) -> Result<ClientOp, RequestError> {
+    let first = text.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        return Err(
+            match serde_json::from_slice::<serde::de::IgnoredAny>(text) {
+                Ok(_) => RequestError::new(codes::BAD_REQUEST, "message must be a JSON object"),
+                Err(e) => RequestError::new(codes::BAD_JSON, format!("invalid JSON: {e}")),
+            },
+        );
+    }
+    let fields: Fields<'_> = serde_json::from_slice(text).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => {
+            RequestError::new(codes::BAD_REQUEST, format!("bad message: {e}"))
+        }
+        _ => RequestError::new(codes::BAD_JSON, format!("invalid JSON: {e}")),
+    })?;
+    let id = fields.id.and_then(json_str);
+    let echo_id = id
+        .as_ref()
+        .filter(|id| id.len() <= MAX_ID_BYTES)
+        .map(|id| id.to_string());
+    parse_fields(&fields, id).map_err(|mut e| {
+        e.id = echo_id;
+        e
+    })
+}
+
+fn parse_fields(f: &Fields<'_>, id: Option<Cow<'_, str>>) -> Result<ClientOp, RequestError> {
+    let op_raw =
+        f.op.ok_or_else(|| RequestError::new(codes::BAD_OP, "missing op"))?;
+    let op =
+        json_str(op_raw).ok_or_else(|| RequestError::new(codes::BAD_OP, "op must be a string"))?;
+    if !matches!(op.as_ref(), "sub" | "unsub" | "pub") {
+        let reason = if op.len() <= 32 {
+            format!("unknown op \"{op}\"; expected sub, unsub or pub")
+        } else {
+            "unknown op; expected sub, unsub or pub".to_owned()
+        };
+        return Err(RequestError::new(codes::BAD_OP, reason));
+    }
+    let ch =
+        f.ch.ok_or_else(|| RequestError::new(codes::BAD_REQUEST, "missing ch"))?;
+    let ch =
+        json_str(ch).ok_or_else(|| RequestError::new(codes::BAD_REQUEST, "ch must be a string"))?;
+    if !valid_channel(&ch) {
+        return Err(RequestError::new(
+            codes::BAD_CHANNEL,
+            "invalid channel name: must be 1-128 bytes of [A-Za-z0-9._:-]",
+        ));
+    }
+    let ch = ch.into_owned();
+    match op.as_ref() {
+        "sub" => {
+            let from = match not_null(f.from) {
+                None => None,
+                Some(raw) => Some(serde_json::from_str::<u64>(raw.get()).map_err(|_| {
+                    RequestError::new(codes::BAD_REQUEST, "from must be a non-negative integer")
+                })?),
+            };
+            let epoch = match not_null(f.epoch) {
+                None => None,
+                Some(raw) => Some(
+                    json_str(raw)
+                        .ok_or_else(|| {
+                            RequestError::new(codes::BAD_REQUEST, "epoch must be a string")
+                        })?
+                        .into_owned(),
+                ),
+            };
+            Ok(ClientOp::Sub { ch, from, epoch })
+        }
+        "unsub" => Ok(ClientOp::Unsub { ch }),
+        _ => {
+            let id = match (f.id, id) {
+                (None, _) => return Err(RequestError::new(codes::BAD_REQUEST, "missing id")),
+                (Some(_), None) => {
+                    return Err(RequestError::new(codes::BAD_REQUEST, "id must be a string"))
+                }
+                (Some(_), Some(id)) if !valid_message_id(&id) => {
+                    return Err(RequestError::new(
+                        codes::BAD_REQUEST,
+                        "id must be 1-128 bytes",
+                    ))
+                }
+                (Some(_), Some(id)) => id.into_owned(),
+            };
+            let data = f
+                .data
+                .ok_or_else(|| RequestError::new(codes::BAD_REQUEST, "missing data"))?;
+            Ok(ClientOp::Pub {
+                ch,
+                id,
+                data: owned_compact(data)?,
+            })
+        }
+    }
+}
+
+/// Validates an HTTP publish body (`POST /publish/{channel}`, DESIGN §2): it must be one JSON
+/// value, which becomes `data`. Returns it compacted ([`compact_json`]); `bad_json` (answer
+/// 400 with the reason) otherwise. The size limit is the caller's (413).
+pub fn parse_publish_body(body: &[u8]) -> Result<Box<RawValue>, RequestError> {
+    let raw: &RawValue = serde_json::from_slice(body)
+        .map_err(|e| RequestError::new(codes::BAD_JSON, format!("body is not JSON: {e}")))?;
+    owned_compact(raw)
+}
+
+/// Whether `id` is a usable publish id (`pub.id` or `Idempotency-Key`): 1–128 bytes.
+pub fn valid_message_id(id: &str) -> bool {
+    (1..=MAX_ID_BYTES).contains(&id.len())
+}
+
+/// Channel names: 1–128 bytes of `[A-Za-z0-9._:-]` (DESIGN §7).
+pub fn valid_channel(name: &str) -> bool {
+    (1..=MAX_CHANNEL_BYTES).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+/// Removes the insignificant whitespace (RFC 8259 §2) of valid JSON text, leaving strings and
+/// everything else byte for byte (no key reordering, no number rewriting). Borrowed when there
+/// was nothing to remove, which is the common case (`JSON.stringify`, `serde_json` output).
+/// Why: `data` is framed verbatim, and `tether sub` prints one line per `msg`.
+pub fn compact_json(json: &str) -> Cow<'_, str> {
+    let bytes = json.as_bytes();
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut out: Option<Vec<u8>> = None;
+    for (i, &b) in bytes.iter().enumerate() {
+        let keep = if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            true
+        } else if matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
+            false
+        } else {
+            in_string = b == b'"';
+            true
+        };
+        match (&mut out, keep) {
+            (Some(o), true) => o.push(b),
+            (None, false) => out = Some(bytes[..i].to_vec()),
+            _ => {}
+        }
+    }
+    match out {
+        // Only ASCII whitespace was removed, so the rest is still UTF-8.
+        Some(o) => String::from_utf8(o).map_or(Cow::Borrowed(json), Cow::Owned),
+        None => Cow::Borrowed(json),
+    }
+}
+
+/// `{"op":"msg","ch":CH,"seq":SEQ,"data":DATA}`. One allocation, sized up front: it runs once
+/// per publish.
+pub fn msg_json(ch: &str, seq: u64, data: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(msg_json_capacity(ch, data));
+    push_msg(&mut out, ch, seq, data);
+    out
+}
+
+/// [`msg_json`] already framed as one unmasked, unfragmented WebSocket text frame (RFC 6455
+/// §5.2, §5.6: FIN, opcode 0x1, no mask, 7/16/64-bit payload length), ready to be shared by
+/// every subscriber on every core. One allocation for header and payload.
+pub fn msg_frame(ch: &str, seq: u64, data: &str) -> Bytes {
+    const MAX_FRAME_HEADER: usize = 10;
+    let mut out = Vec::with_capacity(MAX_FRAME_HEADER + msg_json_capacity(ch, data));
+    out.resize(MAX_FRAME_HEADER, 0);
+    push_msg(&mut out, ch, seq, data);
+    let payload_len = out.len() - MAX_FRAME_HEADER;
+    let mut header = [0u8; MAX_FRAME_HEADER];
+    header[0] = 0x81;
+    let header_len = match payload_len {
+        0..=125 => {
+            header[1] = payload_len as u8;
+            2
+        }
+        126..=0xFFFF => {
+            header[1] = 126;
+            header[2..4].copy_from_slice(&(payload_len as u16).to_be_bytes());
+            4
+        }
+        _ => {
+            header[1] = 127;
+            header[2..10].copy_from_slice(&(payload_len as u64).to_be_bytes());
+            10
+        }
+    };
+    // The header is written right-aligned into the reserved room, then the room before it is
+    // skipped, so the payload is never moved.
+    let start = MAX_FRAME_HEADER - header_len;
+    out[start..MAX_FRAME_HEADER].copy_from_slice(&header[..header_len]);
+    let mut frame = Bytes::from(out);
+    frame.advance(start);
+    frame
+}
+
+/// `{"op":"subscribed","ch":CH,"seq":SEQ,"epoch":EPOCH[,"recovered":BOOL]}`; `recovered` only
+/// when the `sub` carried `from` (DESIGN §2, §8).
+pub fn subscribed_json(ch: &str, seq: u64, epoch: &str, recovered: Option<bool>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + ch.len() + epoch.len());
+    out.extend_from_slice(b"{\"op\":\"subscribed\",\"ch\":");
+    push_channel(&mut out, ch);
+    out.extend_from_slice(b",\"seq\":");
+    push_u64(&mut out, seq);
+    out.extend_from_slice(b",\"epoch\":");
+    push_json_str(&mut out, epoch);
+    if let Some(r) = recovered {
+        out.extend_from_slice(if r {
+            b",\"recovered\":true"
+        } else {
+            b",\"recovered\":false"
+        });
+    }
+    out.push(b'}');
+    out
+}
+
+/// Why a resume point is gone (DESIGN §2 `reset.reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetReason {
+    /// `from` is older than the oldest seq still in the history ring.
+    Evicted,
+    /// The client's `epoch` is not the channel's current one (its numbering restarted).
+    Epoch,
+}
+
+impl ResetReason {
+    /// The wire token: `"evicted"` or `"epoch"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResetReason::Evicted => "evicted",
+            ResetReason::Epoch => "epoch",
+        }
+    }
+}
+
+/// `{"op":"reset","ch":CH,"seq":SEQ,"epoch":EPOCH,"reason":REASON,"oldest":OLDEST}`: the client
+/// must start over; live messages continue at `seq + 1`; `oldest` is the oldest seq still in
+/// history.
+pub fn reset_json(ch: &str, seq: u64, epoch: &str, reason: ResetReason, oldest: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(96 + ch.len() + epoch.len());
+    out.extend_from_slice(b"{\"op\":\"reset\",\"ch\":");
+    push_channel(&mut out, ch);
+    out.extend_from_slice(b",\"seq\":");
+    push_u64(&mut out, seq);
+    out.extend_from_slice(b",\"epoch\":");
+    push_json_str(&mut out, epoch);
+    out.extend_from_slice(b",\"reason\":\"");
+    out.extend_from_slice(reason.as_str().as_bytes());
+    out.extend_from_slice(b"\",\"oldest\":");
+    push_u64(&mut out, oldest);
+    out.push(b'}');
+    out
+}
+
+/// `{"op":"ack","id":ID,"ch":CH,"seq":SEQ}`: the publish `id` is stored as `seq`.
+pub fn ack_json(id: &str, ch: &str, seq: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + id.len() + ch.len());
+    out.extend_from_slice(b"{\"op\":\"ack\",\"id\":");
+    push_json_str(&mut out, id);
+    out.extend_from_slice(b",\"ch\":");
+    push_channel(&mut out, ch);
+    out.extend_from_slice(b",\"seq\":");
+    push_u64(&mut out, seq);
+    out.push(b'}');
+    out
+}
+
+/// `{"op":"error","code":CODE,"reason":REASON[,"id":ID]}`.
+pub fn error_json(code: &str, reason: &str, id: Option<&str>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(48 + code.len() + reason.len() + id.map_or(0, str::len));
+    out.extend_from_slice(b"{\"op\":\"error\",\"code\":");
+    push_json_str(&mut out, code);
+    out.extend_from_slice(b",\"reason\":");
+    push_json_str(&mut out, reason);
+    if let Some(id) = id {
+        out.extend_from_slice(b",\"id\":");
+        push_json_str(&mut out, id);
+    }
+    out.push(b'}');
+    out
+}
+
+/// `{"seq":SEQ}`: the body of a successful `POST /publish/{channel}` (DESIGN §8).
+pub fn seq_json(seq: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(28);
+    out.extend_from_slice(b"{\"seq\":");
+    push_u64(&mut out, seq);
+    out.push(b'}');
+    out
+}
+
+/// Appends `s` as a quoted, escaped JSON string (RFC 8259 §7, via `serde_json`).
+pub fn push_json_str(out: &mut Vec<u8>, s: &str) {
+    // Writing into a Vec cannot fail, and a &str always serializes.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+/// Appends the decimal digits of `n`.
+pub fn push_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// Valid names need no escaping, so they are copied raw; anything else is escaped so a caller
+/// that skipped validation still emits valid JSON.
+fn push_channel(out: &mut Vec<u8>, ch: &str) {
+    if valid_channel(ch) {
+        out.push(b'"');
+        out.extend_from_slice(ch.as_bytes());
+        out.push(b'"');
+    } else {
+        push_json_str(out, ch);
+    }
+}
+
+fn push_msg(out: &mut Vec<u8>, ch: &str, seq: u64, data: &str) {
+    out.extend_from_slice(b"{\"op\":\"msg\",\"ch\":");
+    push_channel(out, ch);
+    out.extend_from_slice(b",\"seq\":");
+    push_u64(out, seq);
+    out.extend_from_slice(b",\"data\":");
+    out.extend_from_slice(data.as_bytes());
+    out.push(b'}');
+}
+
+/// Upper bound of [`push_msg`]'s output: fixed text, 20 digits, and the channel (escaped at
+/// worst 6 bytes per byte when invalid).
+fn msg_json_capacity(ch: &str, data: &str) -> usize {
+    let ch_len = if valid_channel(ch) {
+        ch.len() + 2
+    } else {
+        ch.len() * 6 + 2
+    };
+    36 + ch_len + 20 + data.len()
+}
+
+/// The content of a JSON string value, unescaped only when it has escapes; `None` if `raw` is
+/// not a string.
+fn json_str(raw: &RawValue) -> Option<Cow<'_, str>> {
+    serde_json::from_str::<&str>(raw.get())
+        .map(Cow::Borrowed)
+        .or_else(|_| serde_json::from_str::<String>(raw.get()).map(Cow::Owned))
+        .ok()
+}
+
+fn not_null(raw: Option<&RawValue>) -> Option<&RawValue> {
+    raw.filter(|r| r.get() != "null")
+}
+
+fn owned_compact(raw: &RawValue) -> Result<Box<RawValue>, RequestError> {
+    match compact_json(raw.get()) {
+        Cow::Borrowed(_) => Ok(raw.to_owned()),
+        Cow::Owned(s) => RawValue::from_string(s)
+            .map_err(|e| RequestError::new(codes::BAD_JSON, format!("invalid JSON: {e}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests;

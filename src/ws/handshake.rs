@@ -1,1 +1,377 @@
-//! placeholder
+//! HTTP/1.1 request heads and the WebSocket opening handshake, sans-IO.
+//!
+//! [`parse_request`] turns the bytes read so far into an owned [`Request`] (or "need more"),
+//! following RFC 9112 for framing (`Content-Length`, `Transfer-Encoding`, `Connection`).
+//! [`check_upgrade`] applies the server-side checks of RFC 6455 §4.2.1 and yields the
+//! `Sec-WebSocket-Accept` value; [`switching_protocols`] writes the `101` answer (§4.2.2).
+//! Rejections are [`HttpError`]s that `crate::http::handshake_rejection` turns into bytes.
+
+use base64::Engine as _;
+
+/// Most header fields accepted in one request head; one more is answered with 431
+/// (RFC 6585 §5). Browsers send 10–20; 64 leaves room for proxies.
+pub const MAX_HEADERS: usize = 64;
+
+/// Request method (RFC 9110 §9). Only the methods tether routes on are named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    Post,
+    Head,
+    Other,
+}
+
+/// One parsed request head. Owned (the read buffer is reused), small.
+///
+/// Header-derived fields are `None`/`false` when the header is absent. A header sent several
+/// times is combined as a comma list (RFC 9110 §5.3), except `Host` and `Content-Length`,
+/// whose conflicting repeats are rejected by [`parse_request`].
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub method: Method,
+    /// Request target without the query, still percent-encoded (`/publish/news`). An
+    /// absolute-form target (`http://host/p`, RFC 9112 §3.2.2) is reduced to its path.
+    pub path: String,
+    /// Everything after the first `?`, undecoded; `None` when there is no `?`.
+    pub query: Option<String>,
+    /// `x` of `HTTP/1.x` (0 or 1).
+    pub minor_version: u8,
+    /// Bytes of the head including the final CRLFCRLF; the body (if any) starts here.
+    pub head_len: usize,
+    /// `Content-Length` in bytes, when present.
+    pub content_length: Option<usize>,
+    /// `Transfer-Encoding` ends in `chunked` (RFC 9112 §6.1); never together with
+    /// `content_length`.
+    pub chunked: bool,
+    /// Whether the connection stays open after the response (RFC 9112 §9.3): HTTP/1.1 unless
+    /// `Connection: close`; HTTP/1.0 only with `Connection: keep-alive`.
+    pub keep_alive: bool,
+    /// `Host`, or the authority of an absolute-form target. Not required here: the caller
+    /// decides (the upgrade check requires it).
+    pub host: Option<String>,
+    pub origin: Option<String>,
+    /// `Idempotency-Key` (draft-ietf-httpapi-idempotency-key-header), with one pair of
+    /// surrounding double quotes removed (the draft makes it a structured-field string).
+    pub idempotency_key: Option<String>,
+    /// `Upgrade` contains the token `websocket` (case-insensitive, comma list).
+    pub upgrade_websocket: bool,
+    /// `Connection` contains the token `upgrade` (case-insensitive, comma list).
+    pub connection_upgrade: bool,
+    pub ws_key: Option<String>,
+    pub ws_version: Option<String>,
+}
+
+/// A request refused before it reaches a route: the HTTP status to answer with and a short,
+/// stable, human-readable reason (also fit for a metrics label).
+///
+/// Statuses produced here: 400 (malformed or not a valid upgrade), 426 (unsupported
+/// `Sec-WebSocket-Version`), 431 (head too large). Callers may build others (e.g. 503 for
+/// admission).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpError {
+    pub status: u16,
+    pub reason: &'static str,
+}
+
+impl HttpError {
+    pub const fn new(status: u16, reason: &'static str) -> Self {
+        Self { status, reason }
+    }
+
+    const fn bad(reason: &'static str) -> Self {
+        Self::new(400, reason)
+    }
+}
+
+impl std::fmt::Display for HttpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.status, self.reason)
+    }
+}
+
+impl std::error::Error for HttpError {}
+
+/// Parses the request head at the start of `buf` (RFC 9112 §2–§3, via `httparse`).
+///
+/// - `Ok(None)`: the head is incomplete and `buf` is still shorter than `max_head_bytes`;
+///   read more and call again with the grown buffer (nothing is consumed).
+/// - `Ok(Some(req))`: `req.head_len` bytes form the head; any body follows.
+/// - `Err(431)`: the head is, or must become, longer than `max_head_bytes` bytes, or it has more
+///   than [`MAX_HEADERS`] fields.
+/// - `Err(400)`: malformed request line or field, non-UTF-8 value in a field tether reads,
+///   repeated `Host`, bad or conflicting `Content-Length`, `Transfer-Encoding` whose last coding
+///   is not `chunked`, or sent with `Content-Length` or over HTTP/1.0 (RFC 9112 §6.1, §6.3 —
+///   ambiguous framing is the root of request smuggling, so it is refused, not guessed).
+pub fn parse_request(buf: &[u8], max_head_bytes: usize) -> Result<Option<Request>, HttpError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut headers);
+    let head_len = match parsed.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => {
+            // A head that fills the limit without ending can only complete beyond it.
+            return if buf.len() >= max_head_bytes {
+                Err(HttpError::new(431, "request head too large"))
+            } else {
+                Ok(None)
+            };
+        }
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(HttpError::new(431, "too many header fields"))
+        }
+        Err(_) => return Err(HttpError::bad("malformed request head")),
+    };
+    if head_len > max_head_bytes {
+        return Err(HttpError::new(431, "request head too large"));
+    }
+
+    let method = match parsed.method {
+        Some("GET") => Method::Get,
+        Some("POST") => Method::Post,
+        Some("HEAD") => Method::Head,
+        _ => Method::Other,
+    };
+    let minor_version = parsed.version.unwrap_or(1);
+    let target = parsed.path.unwrap_or("/");
+    let (target, authority) = split_absolute_form(target);
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => (p, Some(q.to_owned())),
+        None => (target, None),
+    };
+    // `http://host?q` has an empty path, which RFC 9112 §3.2.2 reads as "/".
+    let path = if path.is_empty() {
+        "/".to_owned()
+    } else {
+        path.to_owned()
+    };
+
+    let mut req = Request {
+        method,
+        path,
+        query,
+        minor_version,
+        head_len,
+        content_length: None,
+        chunked: false,
+        keep_alive: false,
+        host: None,
+        origin: None,
+        idempotency_key: None,
+        upgrade_websocket: false,
+        connection_upgrade: false,
+        ws_key: None,
+        ws_version: None,
+    };
+    let mut conn_close = false;
+    let mut conn_keep_alive = false;
+    let mut host_seen = false;
+    let mut transfer_codings: Vec<String> = Vec::new();
+
+    for h in parsed.headers.iter() {
+        let name = h.name;
+        let value = trim_ows(h.value);
+        if name.eq_ignore_ascii_case("connection") {
+            for t in tokens(value) {
+                if t.eq_ignore_ascii_case(b"close") {
+                    conn_close = true;
+                } else if t.eq_ignore_ascii_case(b"keep-alive") {
+                    conn_keep_alive = true;
+                } else if t.eq_ignore_ascii_case(b"upgrade") {
+                    req.connection_upgrade = true;
+                }
+            }
+        } else if name.eq_ignore_ascii_case("upgrade") {
+            if tokens(value).any(|t| t.eq_ignore_ascii_case(b"websocket")) {
+                req.upgrade_websocket = true;
+            }
+        } else if name.eq_ignore_ascii_case("host") {
+            // RFC 9112 §3.2: more than one Host is a 400.
+            if host_seen {
+                return Err(HttpError::bad("repeated Host header"));
+            }
+            host_seen = true;
+            if authority.is_none() {
+                req.host = Some(utf8(value)?.to_owned());
+            }
+        } else if name.eq_ignore_ascii_case("content-length") {
+            let n = content_length(value)?;
+            if req.content_length.is_some_and(|prev| prev != n) {
+                return Err(HttpError::bad("conflicting Content-Length"));
+            }
+            req.content_length = Some(n);
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            for t in tokens(value) {
+                transfer_codings.push(String::from_utf8_lossy(t).into_owned());
+            }
+        } else if name.eq_ignore_ascii_case("origin") {
+            combine(&mut req.origin, utf8(value)?);
+        } else if name.eq_ignore_ascii_case("idempotency-key") {
+            combine(&mut req.idempotency_key, unquote(utf8(value)?));
+        } else if name.eq_ignore_ascii_case("sec-websocket-key") {
+            combine(&mut req.ws_key, utf8(value)?);
+        } else if name.eq_ignore_ascii_case("sec-websocket-version") {
+            combine(&mut req.ws_version, utf8(value)?);
+        }
+    }
+
+    if let Some(a) = authority {
+        req.host = Some(a.to_owned());
+    }
+    if !transfer_codings.is_empty() {
+        if minor_version == 0 {
+            return Err(HttpError::bad("Transfer-Encoding in HTTP/1.0"));
+        }
+        if req.content_length.is_some() {
+            return Err(HttpError::bad("both Content-Length and Transfer-Encoding"));
+        }
+        let last_is_chunked = transfer_codings
+            .last()
+            .is_some_and(|c| c.eq_ignore_ascii_case("chunked"));
+        if !last_is_chunked {
+            return Err(HttpError::bad("Transfer-Encoding must end in chunked"));
+        }
+        req.chunked = true;
+    }
+    req.keep_alive = if minor_version >= 1 {
+        !conn_close
+    } else {
+        conn_keep_alive && !conn_close
+    };
+    Ok(Some(req))
+}
+
+/// Checks a parsed request against RFC 6455 §4.2.1 and returns the `Sec-WebSocket-Accept`
+/// value (§4.2.2 item 5.4) for its key.
+///
+/// Checks run in this order; the first failure is returned:
+/// 1. method `GET` (400 `"method must be GET"`);
+/// 2. HTTP/1.1 or later (400 `"HTTP/1.1 required"`);
+/// 3. `Host` present (400 `"missing Host header"`);
+/// 4. `Upgrade` lists `websocket` (400 `"missing Upgrade: websocket"`);
+/// 5. `Connection` lists `upgrade` (400 `"missing Connection: upgrade"`);
+/// 6. `Sec-WebSocket-Key` is base64 of exactly 16 bytes (400 `"missing Sec-WebSocket-Key"` or
+///    `"bad Sec-WebSocket-Key"`);
+/// 7. `Sec-WebSocket-Version` is `13`, missing included (426 `"unsupported
+///    Sec-WebSocket-Version"`; the response must carry `Sec-WebSocket-Version: 13`, §4.4).
+///
+/// Path, `Origin` and admission are the caller's business.
+pub fn check_upgrade(req: &Request) -> Result<String, HttpError> {
+    if req.method != Method::Get {
+        return Err(HttpError::bad("method must be GET"));
+    }
+    if req.minor_version < 1 {
+        return Err(HttpError::bad("HTTP/1.1 required"));
+    }
+    if req.host.is_none() {
+        return Err(HttpError::bad("missing Host header"));
+    }
+    if !req.upgrade_websocket {
+        return Err(HttpError::bad("missing Upgrade: websocket"));
+    }
+    if !req.connection_upgrade {
+        return Err(HttpError::bad("missing Connection: upgrade"));
+    }
+    let key = req
+        .ws_key
+        .as_deref()
+        .ok_or(HttpError::bad("missing Sec-WebSocket-Key"))?;
+    let nonce_ok = base64::engine::general_purpose::STANDARD
+        .decode(key)
+        .is_ok_and(|nonce| nonce.len() == 16);
+    if !nonce_ok {
+        return Err(HttpError::bad("bad Sec-WebSocket-Key"));
+    }
+    if req.ws_version.as_deref() != Some("13") {
+        return Err(HttpError::new(426, "unsupported Sec-WebSocket-Version"));
+    }
+    Ok(tungstenite::handshake::derive_accept_key(key.as_bytes()))
+}
+
+/// The full `101 Switching Protocols` response head (RFC 6455 §4.2.2), ending in CRLFCRLF.
+/// No subprotocol or extension is negotiated.
+pub fn switching_protocols(accept: &str) -> Vec<u8> {
+    const HEAD: &str =
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n";
+    let mut out = Vec::with_capacity(HEAD.len() + 22 + accept.len() + 4);
+    out.extend_from_slice(HEAD.as_bytes());
+    out.extend_from_slice(b"Sec-WebSocket-Accept: ");
+    out.extend_from_slice(accept.as_bytes());
+    out.extend_from_slice(b"\r\n\r\n");
+    out
+}
+
+/// Splits `http://authority/path?q` into (`/path?q`, `Some(authority)`); other targets are
+/// returned as they are.
+fn split_absolute_form(target: &str) -> (&str, Option<&str>) {
+    let rest = ["http://", "https://"].iter().find_map(|scheme| {
+        let head = target.get(..scheme.len())?;
+        head.eq_ignore_ascii_case(scheme)
+            .then(|| &target[scheme.len()..])
+    });
+    let Some(rest) = rest else {
+        return (target, None);
+    };
+    let (target, authority) = match rest.find(['/', '?']) {
+        Some(i) => (&rest[i..], &rest[..i]),
+        None => ("", rest),
+    };
+    (target, (!authority.is_empty()).then_some(authority))
+}
+
+/// Comma-separated list elements, trimmed, empty ones skipped (RFC 9110 §5.6.1).
+fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|&b| b == b',')
+        .map(trim_ows)
+        .filter(|t| !t.is_empty())
+}
+
+/// Strips optional whitespace (SP / HTAB, RFC 9110 §5.6.3) from both ends.
+fn trim_ows(v: &[u8]) -> &[u8] {
+    let is_ows = |b: &u8| *b == b' ' || *b == b'\t';
+    let start = v.iter().position(|b| !is_ows(b)).unwrap_or(v.len());
+    let end = v.iter().rposition(|b| !is_ows(b)).map_or(start, |i| i + 1);
+    &v[start..end]
+}
+
+fn utf8(v: &[u8]) -> Result<&str, HttpError> {
+    std::str::from_utf8(v).map_err(|_| HttpError::bad("header value is not UTF-8"))
+}
+
+fn combine(slot: &mut Option<String>, value: &str) {
+    match slot {
+        Some(prev) => {
+            prev.push_str(", ");
+            prev.push_str(value);
+        }
+        None => *slot = Some(value.to_owned()),
+    }
+}
+
+fn unquote(v: &str) -> &str {
+    v.strip_prefix('"')
+        .and_then(|s| s.strip_suffix('"'))
+        .unwrap_or(v)
+}
+
+/// `Content-Length` (RFC 9110 §8.6): digits only (no sign), or a list of identical values.
+fn content_length(value: &[u8]) -> Result<usize, HttpError> {
+    let bad = HttpError::bad("bad Content-Length");
+    let mut result = None;
+    for part in value.split(|&b| b == b',').map(trim_ows) {
+        if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
+            return Err(bad);
+        }
+        let n: usize = std::str::from_utf8(part)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or(bad)?;
+        if result.is_some_and(|prev| prev != n) {
+            return Err(HttpError::bad("conflicting Content-Length"));
+        }
+        result = Some(n);
+    }
+    result.ok_or(bad)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,171 @@
+use super::*;
+
+fn text(v: &[u8]) -> &str {
+    std::str::from_utf8(v).expect("UTF-8")
+}
+
+#[test]
+fn plain_response() {
+    let out = response(
+        200,
+        "application/json",
+        b"{\"seq\":1}",
+        &[("X-A", "1")],
+        true,
+    );
+    assert_eq!(
+        text(&out),
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 9\r\n\
+         Connection: keep-alive\r\nX-A: 1\r\n\r\n{\"seq\":1}"
+    );
+    let out = response(404, "", b"", &[], false);
+    assert_eq!(
+        text(&out),
+        "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+}
+
+#[test]
+fn bodiless_statuses_and_unknown_reason() {
+    let out = response(204, "text/plain", b"ignored", &[], true);
+    assert_eq!(
+        text(&out),
+        "HTTP/1.1 204 No Content\r\nContent-Type: text/plain\r\nConnection: keep-alive\r\n\r\n"
+    );
+    let out = response(599, "", b"x", &[], false);
+    assert!(text(&out).starts_with("HTTP/1.1 599 \r\nContent-Length: 1\r\n"));
+    assert_eq!(reason_phrase(431), "Request Header Fields Too Large");
+    assert_eq!(reason_phrase(413), "Content Too Large");
+}
+
+#[test]
+fn head_only() {
+    let out = response_head(200, "text/plain; version=0.0.4", 12345, &[], true);
+    assert_eq!(
+        text(&out),
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: 12345\r\n\
+         Connection: keep-alive\r\n\r\n"
+    );
+}
+
+#[test]
+fn header_injection_is_dropped() {
+    let out = response(
+        200,
+        "",
+        b"",
+        &[
+            ("X-Evil", "a\r\nSet-Cookie: x"),
+            ("X\nB", "v"),
+            ("X-Ok", "v"),
+        ],
+        true,
+    );
+    let t = text(&out);
+    assert!(!t.contains("Evil") && !t.contains("Set-Cookie") && !t.contains("X\nB"));
+    assert!(t.contains("X-Ok: v\r\n"));
+}
+
+#[test]
+fn json_error_response() {
+    let out = error_response(400, "body is not JSON: \"x\" at line 1\n", &[], true);
+    let t = text(&out);
+    let (head, body) = t.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"));
+    assert!(head.contains(&format!("Content-Length: {}", body.len())));
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({"error": "body is not JSON: \"x\" at line 1\n"})
+    );
+}
+
+#[test]
+fn rejections() {
+    let out = handshake_rejection(HttpError::new(400, "missing Host header"), &[]);
+    assert_eq!(
+        text(&out),
+        "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 20\r\n\
+         Connection: close\r\n\r\nmissing Host header\n"
+    );
+    let out = handshake_rejection(
+        HttpError::new(426, "unsupported Sec-WebSocket-Version"),
+        &[],
+    );
+    let t = text(&out);
+    assert!(t.starts_with("HTTP/1.1 426 Upgrade Required\r\n"));
+    assert!(
+        t.contains("\r\nSec-WebSocket-Version: 13\r\n") && t.contains("\r\nConnection: close\r\n")
+    );
+    assert!(t.contains("\r\nUpgrade: websocket\r\n"));
+    let out = handshake_rejection(
+        HttpError::new(503, "too many connections"),
+        &[("Retry-After", "5")],
+    );
+    let t = text(&out);
+    assert!(t.starts_with("HTTP/1.1 503 Service Unavailable\r\n"));
+    assert!(t.contains("\r\nRetry-After: 5\r\n") && t.ends_with("\r\n\r\ntoo many connections\n"));
+    assert!(!t.contains("Sec-WebSocket-Version"));
+    let t = handshake_rejection(HttpError::new(431, "request head too large"), &[]);
+    assert!(text(&t).starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"));
+}
+
+#[test]
+fn percent_decoding() {
+    assert_eq!(percent_decode("news").as_deref(), Some("news"));
+    assert_eq!(percent_decode("a%20b%2Fc%2f").as_deref(), Some("a b/c/"));
+    assert_eq!(percent_decode("caf%C3%A9").as_deref(), Some("café"));
+    assert_eq!(percent_decode("a+b").as_deref(), Some("a+b"));
+    assert_eq!(percent_decode("").as_deref(), Some(""));
+    for bad in ["%", "%2", "%zz", "a%g0", "%C3", "%ff"] {
+        assert_eq!(percent_decode(bad), None, "{bad}");
+    }
+}
+
+#[test]
+fn query_params() {
+    let q = "from=12&ch=news%3Aeu&empty=&flag&sp=a+b%2B&from=99";
+    assert_eq!(query_param(q, "from").as_deref(), Some("12"));
+    assert_eq!(query_param(q, "ch").as_deref(), Some("news:eu"));
+    assert_eq!(query_param(q, "empty").as_deref(), Some(""));
+    assert_eq!(query_param(q, "flag").as_deref(), Some(""));
+    assert_eq!(query_param(q, "sp").as_deref(), Some("a b+"));
+    assert_eq!(query_param(q, "missing"), None);
+    assert_eq!(query_param("", "a"), None);
+    assert_eq!(query_param("a%20b=1", "a b").as_deref(), Some("1"));
+    assert_eq!(query_param("a=%zz", "a"), None);
+}
+
+#[test]
+fn chunked_bodies() {
+    let enc =
+        b"4\r\nWiki\r\n5;ext=1\r\npedia\r\nE \r\n in\r\n\r\nchunks.\r\n0\r\nX-T: 1\r\n\r\nNEXT";
+    let (body, used) = decode_chunked(enc, 1024).unwrap().unwrap();
+    assert_eq!(body, b"Wikipedia in\r\n\r\nchunks.");
+    assert_eq!(&enc[used..], b"NEXT");
+    // Every strict prefix is "need more".
+    let complete = enc.len() - 4;
+    for end in 0..complete {
+        assert_eq!(decode_chunked(&enc[..end], 1024), Ok(None), "prefix {end}");
+    }
+    assert_eq!(decode_chunked(b"0\r\n\r\n", 0), Ok(Some((Vec::new(), 5))));
+}
+
+#[test]
+fn chunked_errors() {
+    let status = |enc: &[u8], max| decode_chunked(enc, max).map(|_| ()).unwrap_err().status;
+    assert_eq!(status(b"a\r\n0123456789\r\n0\r\n\r\n", 9), 413);
+    assert_eq!(status(b"8\r\n01234", 7), 413);
+    assert_eq!(status(b"ffffffffffffffffff\r\n", usize::MAX), 413);
+    assert_eq!(status(b"zz\r\n", 100), 400);
+    assert_eq!(status(b"\r\n", 100), 400);
+    assert_eq!(status(b";ext\r\n", 100), 400);
+    assert_eq!(status(b"3\r\nabcX\r\n", 100), 400);
+    let long_line = [b"1;".as_slice(), &[b'x'; 5000]].concat();
+    assert_eq!(status(&long_line, 100), 400);
+    let mut big_trailers = b"0\r\n".to_vec();
+    for _ in 0..1000 {
+        big_trailers.extend_from_slice(b"X-Trailer: 0123456789\r\n");
+    }
+    assert_eq!(status(&big_trailers, 100), 400);
+}

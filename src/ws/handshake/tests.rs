@@ -1,0 +1,398 @@
+use super::*;
+
+/// The sample handshake of RFC 6455 §1.3.
+const SAMPLE_KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
+const SAMPLE_ACCEPT: &str = "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=";
+
+fn upgrade_head(extra: &str) -> String {
+    format!(
+        "GET /ws?token=a%20b HTTP/1.1\r\nHost: example.com\r\nUpgrade: websocket\r\n\
+         Connection: Upgrade\r\nSec-WebSocket-Key: {SAMPLE_KEY}\r\n\
+         Sec-WebSocket-Version: 13\r\n{extra}\r\n"
+    )
+}
+
+fn parse(head: &str) -> Result<Option<Request>, HttpError> {
+    parse_request(head.as_bytes(), 8192)
+}
+
+fn req(head: &str) -> Request {
+    parse(head).expect("valid head").expect("complete head")
+}
+
+/// A request built from `lines` (request line first), each line CRLF-terminated.
+fn head_of(lines: &[&str]) -> String {
+    let mut s = lines.join("\r\n");
+    s.push_str("\r\n\r\n");
+    s
+}
+
+#[test]
+fn good_upgrade_yields_accept_and_fields() {
+    let head = upgrade_head("Origin: https://app.example\r\n");
+    let r = req(&head);
+    assert_eq!(r.method, Method::Get);
+    assert_eq!(r.path, "/ws");
+    assert_eq!(r.query.as_deref(), Some("token=a%20b"));
+    assert_eq!(r.minor_version, 1);
+    assert_eq!(r.head_len, head.len());
+    assert_eq!(r.host.as_deref(), Some("example.com"));
+    assert_eq!(r.origin.as_deref(), Some("https://app.example"));
+    assert!(r.upgrade_websocket && r.connection_upgrade && r.keep_alive);
+    assert_eq!(r.ws_version.as_deref(), Some("13"));
+    assert_eq!(check_upgrade(&r), Ok(SAMPLE_ACCEPT.to_owned()));
+}
+
+#[test]
+fn head_len_excludes_following_body_bytes() {
+    let head = "POST /publish/news HTTP/1.1\r\nHost: h\r\nContent-Length: 7\r\n\r\n";
+    let mut buf = head.as_bytes().to_vec();
+    buf.extend_from_slice(b"{\"a\":1}GET / HTTP/1.1\r\n");
+    let r = parse_request(&buf, 8192).unwrap().unwrap();
+    assert_eq!(r.method, Method::Post);
+    assert_eq!(r.head_len, head.len());
+    assert_eq!(r.content_length, Some(7));
+    assert!(!r.chunked);
+}
+
+#[test]
+fn every_strict_prefix_is_incomplete() {
+    let head = upgrade_head("");
+    for end in 0..head.len() {
+        assert!(
+            matches!(parse(&head[..end]), Ok(None)),
+            "prefix of {end} bytes"
+        );
+    }
+}
+
+#[test]
+fn oversize_heads_get_431() {
+    let head = upgrade_head("");
+    // Incomplete and already at the limit: it can only complete beyond it.
+    let partial = &head.as_bytes()[..40];
+    assert_eq!(parse_request(partial, 40).unwrap_err().status, 431);
+    assert!(matches!(parse_request(partial, 41), Ok(None)));
+    // Complete, but longer than the limit.
+    assert_eq!(
+        parse_request(head.as_bytes(), head.len() - 1)
+            .unwrap_err()
+            .status,
+        431
+    );
+    assert!(parse_request(head.as_bytes(), head.len())
+        .unwrap()
+        .is_some());
+    // A header that never ends.
+    let mut endless = b"GET / HTTP/1.1\r\nX-Junk: ".to_vec();
+    endless.resize(9000, b'a');
+    assert_eq!(parse_request(&endless, 8192).unwrap_err().status, 431);
+}
+
+#[test]
+fn header_count_limit() {
+    let fields = |n: usize| (0..n).map(|i| format!("X-H{i}: v\r\n")).collect::<String>();
+    let ok = format!("GET / HTTP/1.1\r\n{}\r\n", fields(MAX_HEADERS));
+    assert!(parse(&ok).unwrap().is_some());
+    let too_many = format!("GET / HTTP/1.1\r\n{}\r\n", fields(MAX_HEADERS + 1));
+    assert_eq!(
+        parse(&too_many).unwrap_err(),
+        HttpError::new(431, "too many header fields")
+    );
+}
+
+#[test]
+fn malformed_heads_get_400() {
+    for bad in [
+        "GET /ws HTTP/2.0\r\nHost: h\r\n\r\n",
+        "GET /ws FTP/1.1\r\n\r\n",
+        "GET  HTTP/1.1\r\n\r\n",
+        "GET /w s HTTP/1.1\r\n\r\n",
+        "GET / HTTP/1.1\r\nBad Name: v\r\n\r\n",
+        "GET / HTTP/1.1\r\nNoColon\r\n\r\n",
+        "GET / HTTP/1.1\r\nX: a\r\n folded\r\n\r\n",
+        "\x16\x03\x01\x02\x00\x01\x00\x01\x7c\x03\x03",
+    ] {
+        assert_eq!(parse(bad).map(|_| ()).unwrap_err().status, 400, "{bad:?}");
+    }
+}
+
+#[test]
+fn methods() {
+    for (m, want) in [
+        ("GET", Method::Get),
+        ("POST", Method::Post),
+        ("HEAD", Method::Head),
+        ("PUT", Method::Other),
+        ("get", Method::Other),
+    ] {
+        assert_eq!(req(&format!("{m} / HTTP/1.1\r\n\r\n")).method, want);
+    }
+}
+
+#[test]
+fn header_token_lists() {
+    let r = req(&head_of(&[
+        "GET /ws HTTP/1.1",
+        "Connection: keep-alive, Upgrade",
+        "Upgrade: h2c, WebSocket",
+    ]));
+    assert!(r.connection_upgrade && r.upgrade_websocket && r.keep_alive);
+
+    let r = req(&head_of(&[
+        "GET /ws HTTP/1.1",
+        "Connection: keep-alive",
+        "Connection: upgrade",
+    ]));
+    assert!(r.connection_upgrade);
+
+    // Tokens are whole list elements, not substrings.
+    let r = req(&head_of(&[
+        "GET /ws HTTP/1.1",
+        "Connection: upgraded",
+        "Upgrade: websockets",
+    ]));
+    assert!(!r.connection_upgrade && !r.upgrade_websocket);
+
+    let r = req(&head_of(&[
+        "GET /ws HTTP/1.1",
+        "Connection: ,, upgrade ,",
+        "Upgrade:websocket",
+    ]));
+    assert!(r.connection_upgrade && r.upgrade_websocket);
+}
+
+#[test]
+fn keep_alive_rules() {
+    let ka = |version: &str, conn: Option<&str>| {
+        let mut lines = vec![format!("GET / HTTP/{version}")];
+        lines.extend(conn.map(|c| format!("Connection: {c}")));
+        let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+        req(&head_of(&lines)).keep_alive
+    };
+    assert!(ka("1.1", None));
+    assert!(ka("1.1", Some("keep-alive")));
+    assert!(!ka("1.1", Some("close")));
+    assert!(!ka("1.1", Some("Upgrade, CLOSE")));
+    assert!(!ka("1.0", None));
+    assert!(ka("1.0", Some("Keep-Alive")));
+    assert!(!ka("1.0", Some("keep-alive, close")));
+}
+
+#[test]
+fn content_length_rules() {
+    let cl = |values: &[&str]| {
+        let mut lines = vec!["POST /p HTTP/1.1".to_owned()];
+        lines.extend(values.iter().map(|v| format!("Content-Length: {v}")));
+        let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+        parse(&head_of(&lines)).map(|r| r.unwrap().content_length)
+    };
+    assert_eq!(cl(&[]), Ok(None));
+    assert_eq!(cl(&["0"]), Ok(Some(0)));
+    assert_eq!(cl(&["1048576"]), Ok(Some(1_048_576)));
+    assert_eq!(cl(&["5, 5"]), Ok(Some(5)));
+    assert_eq!(cl(&["5", "5"]), Ok(Some(5)));
+    for bad in [
+        &["+5"][..],
+        &["-1"],
+        &["0x10"],
+        &["5, 6"],
+        &["5", "6"],
+        &["99999999999999999999999"],
+    ] {
+        assert_eq!(cl(bad).unwrap_err().status, 400, "{bad:?}");
+    }
+}
+
+#[test]
+fn transfer_encoding_rules() {
+    let r = req(&head_of(&[
+        "POST /p HTTP/1.1",
+        "Transfer-Encoding: chunked",
+    ]));
+    assert!(r.chunked && r.content_length.is_none());
+    let r = req(&head_of(&[
+        "POST /p HTTP/1.1",
+        "Transfer-Encoding: gzip, Chunked",
+    ]));
+    assert!(r.chunked);
+    for bad in [
+        head_of(&["POST /p HTTP/1.1", "Transfer-Encoding: chunked, gzip"]),
+        head_of(&["POST /p HTTP/1.1", "Transfer-Encoding: gzip"]),
+        head_of(&[
+            "POST /p HTTP/1.1",
+            "Transfer-Encoding: chunked",
+            "Content-Length: 3",
+        ]),
+        head_of(&["POST /p HTTP/1.0", "Transfer-Encoding: chunked"]),
+    ] {
+        assert_eq!(parse(&bad).unwrap_err().status, 400, "{bad:?}");
+    }
+}
+
+#[test]
+fn host_rules() {
+    assert!(req(&head_of(&["GET / HTTP/1.1"])).host.is_none());
+    let twice = head_of(&["GET / HTTP/1.1", "Host: a", "Host: b"]);
+    assert_eq!(
+        parse(&twice).unwrap_err(),
+        HttpError::new(400, "repeated Host header")
+    );
+    // Absolute form: the target's authority replaces Host (RFC 9112 §3.2.2).
+    let r = req(&head_of(&[
+        "GET http://Node-1:8080/publish/x?q=1 HTTP/1.1",
+        "Host: ignored",
+    ]));
+    assert_eq!(
+        (r.path.as_str(), r.query.as_deref()),
+        ("/publish/x", Some("q=1"))
+    );
+    assert_eq!(r.host.as_deref(), Some("Node-1:8080"));
+    let r = req(&head_of(&["GET HTTPS://h?x HTTP/1.1"]));
+    assert_eq!(
+        (r.path.as_str(), r.query.as_deref(), r.host.as_deref()),
+        ("/", Some("x"), Some("h"))
+    );
+    let r = req(&head_of(&["OPTIONS * HTTP/1.1"]));
+    assert_eq!((r.method, r.path.as_str()), (Method::Other, "*"));
+}
+
+#[test]
+fn optional_fields_and_combining() {
+    let r = req(&head_of(&[
+        "POST /publish/news? HTTP/1.1",
+        "idempotency-key: \"8e03978e-40d5\"",
+        "Origin: https://a",
+        "Origin: https://b",
+    ]));
+    assert_eq!(r.query.as_deref(), Some(""));
+    assert_eq!(r.idempotency_key.as_deref(), Some("8e03978e-40d5"));
+    assert_eq!(r.origin.as_deref(), Some("https://a, https://b"));
+    let r = req(&head_of(&["POST /p HTTP/1.1", "Idempotency-Key:   k1  "]));
+    assert_eq!(r.idempotency_key.as_deref(), Some("k1"));
+    let mut non_utf8 = b"GET / HTTP/1.1\r\nOrigin: \xff\xfe\r\n\r\n".to_vec();
+    assert_eq!(parse_request(&non_utf8, 8192).unwrap_err().status, 400);
+    // Obs-text in a field tether does not read is left alone.
+    non_utf8 = b"GET / HTTP/1.1\r\nX-Other: \xff\xfe\r\n\r\n".to_vec();
+    assert!(parse_request(&non_utf8, 8192).unwrap().is_some());
+}
+
+/// Parses `upgrade_head` with one header line changed and runs the upgrade check.
+fn upgrade_with(change: impl Fn(&str) -> Option<String>) -> Result<String, HttpError> {
+    let head = upgrade_head("");
+    let lines: Vec<String> = head.trim_end().split("\r\n").filter_map(&change).collect();
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    check_upgrade(&req(&head_of(&lines)))
+}
+
+fn replace(prefix: &'static str, with: &'static str) -> impl Fn(&str) -> Option<String> {
+    move |l: &str| {
+        Some(if l.starts_with(prefix) {
+            with.to_owned()
+        } else {
+            l.to_owned()
+        })
+    }
+}
+
+fn drop_line(prefix: &'static str) -> impl Fn(&str) -> Option<String> {
+    move |l: &str| (!l.starts_with(prefix)).then(|| l.to_owned())
+}
+
+#[test]
+fn each_upgrade_rule_is_checked() {
+    let bad = |reason| Err(HttpError::new(400, reason));
+    assert_eq!(
+        upgrade_with(replace("GET", "POST /ws HTTP/1.1")),
+        bad("method must be GET")
+    );
+    assert_eq!(
+        upgrade_with(replace("GET", "GET /ws HTTP/1.0")),
+        bad("HTTP/1.1 required")
+    );
+    assert_eq!(upgrade_with(drop_line("Host")), bad("missing Host header"));
+    assert_eq!(
+        upgrade_with(drop_line("Upgrade")),
+        bad("missing Upgrade: websocket")
+    );
+    assert_eq!(
+        upgrade_with(replace("Upgrade", "Upgrade: h2c")),
+        bad("missing Upgrade: websocket")
+    );
+    assert_eq!(
+        upgrade_with(drop_line("Connection")),
+        bad("missing Connection: upgrade")
+    );
+    assert_eq!(
+        upgrade_with(replace("Connection", "Connection: keep-alive")),
+        bad("missing Connection: upgrade")
+    );
+    assert_eq!(
+        upgrade_with(drop_line("Sec-WebSocket-Key")),
+        bad("missing Sec-WebSocket-Key")
+    );
+    for key in [
+        "Sec-WebSocket-Key: not base64!!",
+        "Sec-WebSocket-Key: AAAAAAAAAAAAAAAAAAAA", // 15 bytes
+        "Sec-WebSocket-Key: AAAAAAAAAAAAAAAAAAAAAAA=", // 17 bytes
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ", // unpadded
+        "Sec-WebSocket-Key: ",
+    ] {
+        assert_eq!(
+            upgrade_with(replace("Sec-WebSocket-Key", key)),
+            bad("bad Sec-WebSocket-Key"),
+            "{key}"
+        );
+    }
+    let key_twice = |l: &str| {
+        Some(if l.starts_with("Sec-WebSocket-Key") {
+            format!("{l}\r\n{l}")
+        } else {
+            l.to_owned()
+        })
+    };
+    assert_eq!(upgrade_with(key_twice), bad("bad Sec-WebSocket-Key"));
+}
+
+#[test]
+fn wrong_or_missing_version_gets_426() {
+    let unsupported = Err(HttpError::new(426, "unsupported Sec-WebSocket-Version"));
+    for v in [
+        "Sec-WebSocket-Version: 8",
+        "Sec-WebSocket-Version: 13, 8",
+        "Sec-WebSocket-Version: 14",
+    ] {
+        assert_eq!(
+            upgrade_with(replace("Sec-WebSocket-Version", v)),
+            unsupported,
+            "{v}"
+        );
+    }
+    assert_eq!(
+        upgrade_with(drop_line("Sec-WebSocket-Version")),
+        unsupported
+    );
+}
+
+#[test]
+fn case_and_spacing_of_a_valid_upgrade() {
+    let head = head_of(&[
+        "GET /ws HTTP/1.1",
+        "host: example.com",
+        "UPGRADE:  WebSocket ",
+        "connection: keep-alive, Upgrade",
+        "sec-websocket-key:\tdGhlIHNhbXBsZSBub25jZQ==",
+        "sec-websocket-version: 13",
+    ]);
+    assert_eq!(check_upgrade(&req(&head)), Ok(SAMPLE_ACCEPT.to_owned()));
+}
+
+#[test]
+fn switching_protocols_head() {
+    let out = switching_protocols(SAMPLE_ACCEPT);
+    assert_eq!(
+        std::str::from_utf8(&out).unwrap(),
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n"
+    );
+}
