@@ -1,1 +1,302 @@
-//! placeholder
+//! The thread-per-core engine.
+//!
+//! [`Server::start`] binds one `SO_REUSEPORT` listener per core and starts one thread per core,
+//! each running its own monoio runtime (io_uring, or epoll when io_uring is unavailable or
+//! `MONOIO_FORCE_LEGACY_DRIVER=1`). A core owns, and no one else touches: its listener, a slab
+//! of compact per-connection state, its side of the subscription index, a timer wheel, and the
+//! channels whose home it is. Cores exchange messages only through bounded queues
+//! ([`bus`]).
+//!
+//! # Layout
+//! - [`bus`]: the queues between cores and the messages they carry.
+//! - [`core`]: one core's state and the operations on it (queueing, flushing, close, subscribe).
+//! - [`conn`]: the task of one connection (readiness, reads, WebSocket frames, requests).
+//! - [`conn_state`]: the compact per-connection record and its outbound queue.
+//! - [`http_api`]: the upgrade and the HTTP endpoints.
+//! - [`home`]: channels at their home core: seq, epoch, history, dedup.
+//! - [`local`]: channels at a subscriber's core: the subscriber lists.
+//! - [`processor`]: the task that applies messages and fans frames out in chunks.
+//! - [`tick`]: the per-core clock: heartbeats, deadlines and the staggered drain.
+//! - [`timer`]: the timer wheel.
+//! - [`metrics`]: per-core counters and the Prometheus rendering.
+
+pub mod bus;
+pub mod conn;
+pub mod conn_state;
+pub mod core;
+pub mod home;
+pub mod http_api;
+pub mod local;
+pub mod metrics;
+pub mod processor;
+pub mod tick;
+pub mod timer;
+
+use std::cell::RefCell;
+use std::future::{poll_fn, Future};
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::pin::pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::task::Poll;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use monoio::net::TcpListener;
+
+pub use self::conn_state::ConnId;
+use self::core::CoreState;
+use crate::config::Config;
+use bus::{Bus, Doorbell, Endpoint};
+use metrics::CoreMetrics;
+
+/// What every core shares: read-only configuration, per-core metrics, and the few flags that
+/// must be seen process-wide.
+pub struct Shared {
+    /// The validated configuration.
+    pub config: Config,
+    /// Whether `GET /echo` is served (conformance suites).
+    pub echo: bool,
+    /// Number of cores (threads).
+    pub cores: usize,
+    /// One block of counters per core.
+    pub metrics: Box<[CoreMetrics]>,
+    /// One doorbell per core (wakes its processor).
+    pub doorbells: Arc<[Doorbell]>,
+    /// 0 while serving; the close code of the drain once shutdown began.
+    pub drain_code: AtomicU16,
+    /// Upgraded connections in the process (admission against `max_connections`).
+    pub open: AtomicUsize,
+}
+
+/// Options of [`Server::start`] beyond the config file.
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
+    /// Serve the RFC 6455 echo endpoint `GET /echo`.
+    pub echo: bool,
+}
+
+/// A running server: its address, and the means to drain it and wait for its end.
+pub struct Server {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Binds `config.listen` (port 0 picks a free port, shared by every core's listener) and
+    /// starts `config.effective_cores()` core threads. Errors: the address cannot be bound,
+    /// or a runtime cannot be built.
+    pub fn start(config: Config, opts: ServeOptions) -> io::Result<Server> {
+        let cores = config.effective_cores().max(1);
+        let bus = Bus::new(cores);
+        let shared = Arc::new(Shared {
+            echo: opts.echo,
+            cores,
+            metrics: (0..cores).map(|_| CoreMetrics::default()).collect(),
+            doorbells: bus.doorbells.clone(),
+            drain_code: AtomicU16::new(0),
+            open: AtomicUsize::new(0),
+            config,
+        });
+        let mut addr = shared.config.listen;
+        let mut listeners = Vec::with_capacity(cores);
+        for _ in 0..cores {
+            let l = bind_reuseport(addr)?;
+            addr = l.local_addr()?;
+            listeners.push(l);
+        }
+        let start = Instant::now();
+        let endpoints = bus.into_endpoints();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let mut threads = Vec::with_capacity(cores);
+        for (i, (listener, ep)) in listeners.into_iter().zip(endpoints).enumerate() {
+            let shared = shared.clone();
+            let ready = ready_tx.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("tether-core-{i}"))
+                .spawn(move || core_thread(i, shared, listener, ep, start, ready))?;
+            threads.push(t);
+        }
+        drop(ready_tx);
+        for _ in 0..cores {
+            match ready_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(io::Error::other("a core thread died while starting")),
+            }
+        }
+        Ok(Server { shared, addr, threads })
+    }
+
+    /// The bound address (with the real port when `listen` had port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Process-wide state (metrics, flags).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Begins the drain: `/readyz` turns 503, listeners close, every connection is closed with
+    /// `code` (1012 restart, 1001 going away), spread over `drain.window_ms`.
+    pub fn shutdown(&self, code: u16) {
+        if self.shared.drain_code.compare_exchange(0, code, Relaxed, Relaxed).is_ok() {
+            tracing::info!(code, window_ms = self.shared.config.drain.window_ms, "draining");
+            for d in self.shared.doorbells.iter() {
+                d.ring();
+            }
+        }
+    }
+
+    /// Waits until every core has drained (or its drain deadline passed).
+    pub fn wait(self) {
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A listening socket with `SO_REUSEPORT`, so each core accepts on its own queue.
+fn bind_reuseport(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    s.set_reuse_address(true)?;
+    s.set_reuse_port(true)?;
+    if addr.is_ipv6() {
+        s.set_only_v6(false).ok();
+    }
+    s.bind(&addr.into())?;
+    // The kernel caps this at net.core.somaxconn (sysctl/99-tether.conf raises it).
+    s.listen(65_535)?;
+    s.set_nonblocking(true)?;
+    Ok(s.into())
+}
+
+fn pin_to_cpu(i: usize) {
+    let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    // SAFETY: cpu_set_t is plain data; sched_setaffinity(0) affects only this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(i % n, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+fn core_thread(
+    i: usize,
+    shared: Arc<Shared>,
+    listener: std::net::TcpListener,
+    ep: Endpoint,
+    start: Instant,
+    ready: std::sync::mpsc::Sender<io::Result<()>>,
+) {
+    pin_to_cpu(i);
+    let rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new().with_entries(16_384).enable_timer().build();
+    let mut rt = match rt {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let driver = match &rt {
+        monoio::FusionRuntime::Uring(_) => "io_uring",
+        monoio::FusionRuntime::Legacy(_) => "epoll",
+    };
+    tracing::info!(core = i, driver, "core started");
+    rt.block_on(async move {
+        let listener = match TcpListener::from_std(listener) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
+        let core = Rc::new(RefCell::new(CoreState::new(i, shared, ep, start)));
+        monoio::spawn(processor::run(core.clone()));
+        monoio::spawn(accept_loop(core.clone(), listener));
+        let _ = ready.send(Ok(()));
+        tick::run(core).await;
+    });
+}
+
+/// Accepts until the drain starts, then drops the listener (closing it).
+async fn accept_loop(core: Rc<RefCell<CoreState>>, listener: TcpListener) {
+    let mut acc = pin!(listener.accept().fuse());
+    loop {
+        let r = poll_fn(|cx| {
+            let mut st = core.borrow_mut();
+            if st.draining {
+                return Poll::Ready(None);
+            }
+            st.accept_waker = Some(cx.waker().clone());
+            acc.as_mut().poll(cx).map(Some)
+        })
+        .await;
+        let Some(r) = r else { break };
+        acc.set(listener.accept().fuse());
+        match r {
+            Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                let id = {
+                    let mut st = core.borrow_mut();
+                    st.metrics().accepted.fetch_add(1, Relaxed);
+                    st.insert_conn(stream.as_raw_fd(), peer)
+                };
+                monoio::spawn(conn::run(core.clone(), stream, id));
+            }
+            Err(e) => {
+                // EMFILE/ENFILE: back off briefly instead of spinning on a full fd table.
+                tracing::warn!(error = %e, "accept failed");
+                monoio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+    tracing::info!(core = core.borrow().me, "listener closed");
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit; returns (soft before, hard).
+pub fn raise_nofile() -> (u64, u64) {
+    // SAFETY: plain getrlimit/setrlimit on this process.
+    unsafe {
+        let mut r: libc::rlimit = std::mem::zeroed();
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
+        let before = r.rlim_cur;
+        r.rlim_cur = r.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        (before, r.rlim_max)
+    }
+}
+
+/// Blocks SIGTERM and SIGINT in the calling thread (and the threads it starts later), so
+/// [`wait_signal`] can take them synchronously.
+pub fn block_signals() {
+    // SAFETY: plain sigset manipulation.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Waits for SIGTERM or SIGINT (blocked by [`block_signals`]); returns the signal number.
+pub fn wait_signal() -> i32 {
+    // SAFETY: plain sigwait on a blocked set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        let mut sig = 0;
+        libc::sigwait(&set, &mut sig);
+        sig
+    }
+}

@@ -1,0 +1,304 @@
+//! The channels whose home is this core: sequence numbers, epoch, history ring, publish
+//! dedup and which cores have subscribers. Sans-IO: the processor feeds it and routes what it
+//! returns.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::bus::Resume;
+use crate::protocol::ResetReason;
+
+/// Home core of a channel: FNV-1a of its name modulo the core count. Deterministic, so every
+/// core computes the same home without asking.
+pub fn home_of(ch: &str, cores: usize) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in ch.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % cores as u64) as usize
+}
+
+/// A fresh random epoch: 16 hex digits. The memory broker picks one per channel per process
+/// start, so a resume across a restart is a `reset` with reason `epoch`, never a silent gap.
+pub fn new_epoch() -> Arc<str> {
+    format!("{:016x}", rand::random::<u64>()).into()
+}
+
+/// One channel at its home.
+pub struct HomeChannel {
+    /// Channel name, shared with every message that names it.
+    pub name: Arc<str>,
+    /// Opaque epoch string; changes when numbering restarts.
+    pub epoch: Arc<str>,
+    /// Seq of the last published message (0 before any).
+    pub head: u64,
+    /// The last `history_cap` frames, oldest first; the front has seq `head - len + 1`.
+    history: VecDeque<Bytes>,
+    history_cap: usize,
+    /// Subscriptions per core (index = core).
+    interest: Vec<u32>,
+}
+
+impl HomeChannel {
+    /// Oldest seq still in history (head + 1 when history is empty).
+    pub fn oldest(&self) -> u64 {
+        self.head + 1 - self.history.len() as u64
+    }
+
+    /// Cores with at least one subscription.
+    pub fn interested(&self) -> impl Iterator<Item = usize> + '_ {
+        self.interest.iter().enumerate().filter(|(_, n)| **n > 0).map(|(c, _)| c)
+    }
+}
+
+/// Publish ids remembered for `dedup.window_ms`, bounded to `max_entries` (the oldest is
+/// forgotten early when full). Keys are a 128-bit hash of (channel, id) — 48 bytes per entry
+/// with the expiry queue, so the default 1,000,000 entries cost at most ~48 MB per process.
+pub struct Dedup {
+    seen: HashMap<u128, u64>,
+    expiry: VecDeque<(u64, u128)>,
+    window_ms: u64,
+    max_entries: usize,
+    k1: std::collections::hash_map::RandomState,
+    k2: std::collections::hash_map::RandomState,
+}
+
+impl Dedup {
+    /// A dedup window of `window_ms` milliseconds holding at most `max_entries` ids.
+    pub fn new(window_ms: u64, max_entries: usize) -> Dedup {
+        Dedup {
+            seen: HashMap::new(),
+            expiry: VecDeque::new(),
+            window_ms,
+            max_entries: max_entries.max(1),
+            k1: Default::default(),
+            k2: Default::default(),
+        }
+    }
+
+    fn key(&self, ch: &str, id: &str) -> u128 {
+        let h = |s: &std::collections::hash_map::RandomState| {
+            let mut h = s.build_hasher();
+            ch.hash(&mut h);
+            id.hash(&mut h);
+            h.finish()
+        };
+        ((h(&self.k1) as u128) << 64) | h(&self.k2) as u128
+    }
+
+    fn expire(&mut self, now_ms: u64) {
+        while let Some(&(t, k)) = self.expiry.front() {
+            if t > now_ms && self.seen.len() < self.max_entries {
+                break;
+            }
+            self.expiry.pop_front();
+            self.seen.remove(&k);
+        }
+    }
+
+    /// The seq stored for (ch, id) within the window.
+    pub fn get(&mut self, ch: &str, id: &str, now_ms: u64) -> Option<u64> {
+        self.expire(now_ms);
+        self.seen.get(&self.key(ch, id)).copied()
+    }
+
+    /// Remembers (ch, id) → seq until `now_ms + window_ms`.
+    pub fn insert(&mut self, ch: &str, id: &str, seq: u64, now_ms: u64) {
+        let k = self.key(ch, id);
+        self.seen.insert(k, seq);
+        self.expiry.push_back((now_ms + self.window_ms, k));
+        self.expire(now_ms);
+    }
+
+    /// Ids remembered now.
+    pub fn len(&self) -> usize {
+        self.seen.len()
+    }
+
+    /// Whether no id is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.seen.is_empty()
+    }
+}
+
+/// What a publish at home produced.
+pub struct Published {
+    /// The message's seq (the original one for a duplicate id).
+    pub seq: u64,
+    /// `Some(frame)` when newly published: the encoded `msg` frame to fan out.
+    pub frame: Option<Bytes>,
+}
+
+/// All channels homed on one core.
+pub struct Homes {
+    cores: usize,
+    chans: HashMap<Arc<str>, HomeChannel>,
+    /// Publish dedup for the channels homed here.
+    pub dedup: Dedup,
+}
+
+impl Homes {
+    /// Empty home table for a process of `cores` cores.
+    pub fn new(cores: usize, dedup: Dedup) -> Homes {
+        Homes { cores, chans: HashMap::new(), dedup }
+    }
+
+    fn channel(&mut self, ch: &str, history_cap: usize) -> &mut HomeChannel {
+        if !self.chans.contains_key(ch) {
+            let name: Arc<str> = ch.into();
+            self.chans.insert(
+                name.clone(),
+                HomeChannel {
+                    name,
+                    epoch: new_epoch(),
+                    head: 0,
+                    history: VecDeque::new(),
+                    history_cap,
+                    interest: vec![0; self.cores],
+                },
+            );
+        }
+        self.chans.get_mut(ch).expect("inserted above")
+    }
+
+    /// Looks a channel up without creating it.
+    pub fn get(&self, ch: &str) -> Option<&HomeChannel> {
+        self.chans.get(ch)
+    }
+
+    /// Publishes `data` (raw JSON) on `ch`: assigns the next seq, encodes the frame once,
+    /// keeps it in history. A publish `id` seen within the dedup window returns its original
+    /// seq and no frame.
+    pub fn publish(&mut self, ch: &str, id: Option<&str>, data: &[u8], history_cap: usize, now_ms: u64) -> (Published, Arc<str>) {
+        if let Some(id) = id {
+            if let Some(seq) = self.dedup.get(ch, id, now_ms) {
+                let name = self.channel(ch, history_cap).name.clone();
+                return (Published { seq, frame: None }, name);
+            }
+        }
+        let c = self.channel(ch, history_cap);
+        c.head += 1;
+        let seq = c.head;
+        let frame = msg_frame(&c.name, seq, data);
+        if c.history_cap > 0 {
+            if c.history.len() == c.history_cap {
+                c.history.pop_front();
+            }
+            c.history.push_back(frame.clone());
+        }
+        let name = c.name.clone();
+        if let Some(id) = id {
+            self.dedup.insert(ch, id, seq, now_ms);
+        }
+        (Published { seq, frame: Some(frame) }, name)
+    }
+
+    /// Registers one subscription of core `core` to `ch` and resolves its resume point.
+    /// Returns (name, head, epoch, resume).
+    pub fn subscribe(
+        &mut self,
+        ch: &str,
+        core: usize,
+        from: Option<u64>,
+        epoch: Option<&str>,
+        history_cap: usize,
+    ) -> (Arc<str>, u64, Arc<str>, Resume) {
+        let c = self.channel(ch, history_cap);
+        c.interest[core] += 1;
+        let resume = match from {
+            None => Resume::Live,
+            Some(_) if epoch.is_some_and(|e| e != &*c.epoch) => Resume::Reset { reason: ResetReason::Epoch, oldest: c.oldest() },
+            Some(f) if f > c.head => Resume::Ahead,
+            Some(f) if f + 1 < c.oldest() => Resume::Reset { reason: ResetReason::Evicted, oldest: c.oldest() },
+            Some(f) => {
+                let skip = (f + 1 - c.oldest()) as usize;
+                Resume::Recovered(c.history.iter().skip(skip).cloned().collect())
+            }
+        };
+        (c.name.clone(), c.head, c.epoch.clone(), resume)
+    }
+
+    /// Drops one subscription of core `core` to `ch`.
+    pub fn unsubscribe(&mut self, ch: &str, core: usize) {
+        if let Some(c) = self.chans.get_mut(ch) {
+            c.interest[core] = c.interest[core].saturating_sub(1);
+        }
+    }
+}
+
+/// The `msg` frame of one message: a complete unmasked text frame, built once per publish.
+pub fn msg_frame(ch: &str, seq: u64, data: &[u8]) -> Bytes {
+    crate::protocol::msg_frame(ch, seq, std::str::from_utf8(data).unwrap_or("null"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seqs_start_at_one_and_history_is_bounded() {
+        let mut h = Homes::new(2, Dedup::new(1000, 100));
+        for i in 1..=5u64 {
+            let (p, _) = h.publish("a", None, b"1", 3, 0);
+            assert_eq!(p.seq, i);
+        }
+        let c = h.get("a").unwrap();
+        assert_eq!((c.head, c.oldest()), (5, 3));
+    }
+
+    #[test]
+    fn duplicate_id_gets_original_seq_within_window_only() {
+        let mut h = Homes::new(1, Dedup::new(1000, 100));
+        let (p, _) = h.publish("a", Some("x"), b"1", 10, 0);
+        assert!(p.frame.is_some());
+        let (d, _) = h.publish("a", Some("x"), b"1", 10, 500);
+        assert_eq!((d.seq, d.frame.is_none()), (1, true));
+        let (other_ch, _) = h.publish("b", Some("x"), b"1", 10, 500);
+        assert_eq!(other_ch.seq, 1);
+        assert!(other_ch.frame.is_some());
+        let (late, _) = h.publish("a", Some("x"), b"1", 10, 2000);
+        assert_eq!(late.seq, 2);
+    }
+
+    #[test]
+    fn dedup_is_bounded() {
+        let mut d = Dedup::new(1_000_000, 10);
+        for i in 0..100 {
+            d.insert("c", &i.to_string(), i, 0);
+        }
+        assert!(d.len() <= 10);
+        assert_eq!(d.get("c", "99", 0), Some(99));
+    }
+
+    #[test]
+    fn resume_points() {
+        let mut h = Homes::new(1, Dedup::new(1000, 100));
+        for _ in 0..10 {
+            h.publish("a", None, b"1", 4, 0);
+        }
+        let epoch = h.get("a").unwrap().epoch.clone();
+        match h.subscribe("a", 0, Some(7), Some(&epoch), 4).3 {
+            Resume::Recovered(f) => assert_eq!(f.len(), 3),
+            r => panic!("{r:?}"),
+        }
+        match h.subscribe("a", 0, Some(6), None, 4).3 {
+            Resume::Recovered(f) => assert_eq!(f.len(), 4),
+            r => panic!("{r:?}"),
+        }
+        assert!(matches!(h.subscribe("a", 0, Some(5), None, 4).3, Resume::Reset { reason: ResetReason::Evicted, oldest: 7 }));
+        assert!(matches!(h.subscribe("a", 0, Some(10), Some("other"), 4).3, Resume::Reset { reason: ResetReason::Epoch, .. }));
+        assert!(matches!(h.subscribe("a", 0, Some(11), None, 4).3, Resume::Ahead));
+        assert!(matches!(h.subscribe("a", 0, Some(10), None, 4).3, Resume::Recovered(ref f) if f.is_empty()));
+    }
+
+    #[test]
+    fn home_is_deterministic_and_spread() {
+        let homes: std::collections::HashSet<usize> = (0..100).map(|i| home_of(&format!("ch{i}"), 4)).collect();
+        assert_eq!(homes.len(), 4);
+        assert_eq!(home_of("news", 2), home_of("news", 2));
+    }
+}

@@ -1,0 +1,146 @@
+//! This core's side of the subscription index: for each channel with local subscribers, the
+//! list of their connection ids.
+//!
+//! Removal writes a tombstone instead of moving entries, so a delivery that yielded halfway
+//! through a list never skips or repeats anyone; the list is compacted later, between
+//! deliveries, when tombstones outnumber the living.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use slab::Slab;
+
+use super::conn_state::{ConnId, SubEntry, PENDING};
+use crate::config::Overflow;
+
+/// One channel as seen by one core.
+pub struct LocalChannel {
+    /// Channel name.
+    pub name: Arc<str>,
+    /// Subscribers, with [`ConnId::DEAD`] tombstones.
+    pub subs: Vec<ConnId>,
+    /// Tombstones in `subs`.
+    pub dead: u32,
+    /// Subscriptions sent to the home core and not yet confirmed.
+    pub pending: u32,
+    /// Overflow policy from the first matching `[[channels]]` rule.
+    pub overflow: Overflow,
+}
+
+impl LocalChannel {
+    /// Living subscribers.
+    pub fn live(&self) -> usize {
+        self.subs.len() - self.dead as usize
+    }
+}
+
+/// The local channel table.
+#[derive(Default)]
+pub struct LocalChannels {
+    by_name: HashMap<Arc<str>, u32>,
+    /// Channels by index (the index is what connections and queued frames refer to).
+    pub chans: Slab<LocalChannel>,
+}
+
+impl LocalChannels {
+    /// Index of `name`, if it has local subscribers or pending subscriptions.
+    pub fn find(&self, name: &str) -> Option<u32> {
+        self.by_name.get(name).copied()
+    }
+
+    /// Index of `name`, creating the entry with `overflow` when absent.
+    pub fn find_or_create(&mut self, name: &str, overflow: impl FnOnce() -> Overflow) -> u32 {
+        if let Some(i) = self.find(name) {
+            return i;
+        }
+        let name: Arc<str> = name.into();
+        let i = self.chans.insert(LocalChannel { name: name.clone(), subs: Vec::new(), dead: 0, pending: 0, overflow: overflow() }) as u32;
+        self.by_name.insert(name, i);
+        i
+    }
+
+    /// Appends `id` to channel `chan`; returns its position.
+    pub fn add(&mut self, chan: u32, id: ConnId) -> u32 {
+        let c = &mut self.chans[chan as usize];
+        c.subs.push(id);
+        (c.subs.len() - 1) as u32
+    }
+
+    /// Tombstones the subscriber at `pos` of `chan`.
+    pub fn remove(&mut self, chan: u32, pos: u32) {
+        if let Some(c) = self.chans.get_mut(chan as usize) {
+            if let Some(slot) = c.subs.get_mut(pos as usize) {
+                if *slot != ConnId::DEAD {
+                    *slot = ConnId::DEAD;
+                    c.dead += 1;
+                }
+            }
+        }
+    }
+
+    /// Compacts `chan` if tombstones dominate, or drops it when nothing refers to it any more.
+    /// Must not run while a delivery is walking this channel. `relocate(id, chan, new_pos)` is
+    /// called for every subscriber that moved, so its [`SubEntry`] can follow.
+    pub fn tidy(&mut self, chan: u32, mut relocate: impl FnMut(ConnId, u32, u32)) {
+        let Some(c) = self.chans.get_mut(chan as usize) else { return };
+        if c.live() == 0 && c.pending == 0 {
+            let c = self.chans.remove(chan as usize);
+            self.by_name.remove(&c.name);
+            return;
+        }
+        if c.dead >= 16 && c.dead as usize * 2 > c.subs.len() {
+            c.subs.retain(|id| *id != ConnId::DEAD);
+            c.dead = 0;
+            for (pos, id) in c.subs.iter().enumerate() {
+                relocate(*id, chan, pos as u32);
+            }
+            if c.subs.capacity() > 4 * c.subs.len().max(4) {
+                c.subs.shrink_to_fit();
+            }
+        }
+    }
+}
+
+/// Points the subscription of `subs` on `chan` at `pos`.
+pub fn relocate_entry(subs: &mut [SubEntry], chan: u32, pos: u32) {
+    if let Some(e) = subs.iter_mut().find(|e| e.chan == chan && e.pos != PENDING) {
+        e.pos = pos;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tombstones_keep_positions_and_tidy_compacts() {
+        let mut t = LocalChannels::default();
+        let c = t.find_or_create("a", || Overflow::Disconnect);
+        let ids: Vec<ConnId> = (0..40).map(|k| ConnId { key: k, gen: 1 }).collect();
+        for id in &ids {
+            t.add(c, *id);
+        }
+        for pos in 0..30 {
+            t.remove(c, pos);
+        }
+        assert_eq!(t.chans[c as usize].subs[35], ids[35]);
+        let mut moved = Vec::new();
+        t.tidy(c, |id, _, pos| moved.push((id, pos)));
+        assert_eq!(t.chans[c as usize].live(), 10);
+        assert_eq!(moved[0], (ids[30], 0));
+        for pos in 0..10 {
+            t.remove(c, pos);
+        }
+        t.tidy(c, |_, _, _| {});
+        assert!(t.find("a").is_none());
+    }
+
+    #[test]
+    fn pending_keeps_channel_alive() {
+        let mut t = LocalChannels::default();
+        let c = t.find_or_create("a", || Overflow::Conflate);
+        t.chans[c as usize].pending = 1;
+        t.tidy(c, |_, _, _| {});
+        assert_eq!(t.find("a"), Some(c));
+    }
+}

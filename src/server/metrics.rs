@@ -1,0 +1,190 @@
+//! Per-core counters, read by `GET /metrics` in the Prometheus text format.
+//!
+//! Each core writes only its own [`CoreMetrics`] (relaxed atomics on its own cache lines), so
+//! counting costs no contention on the hot path; the scrape sums nothing itself and emits one
+//! sample per core with a `core` label, which is what Prometheus consumers expect.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+
+/// Close codes counted individually in `tether_closes_total{code}`; anything else is `other`.
+pub const CLOSE_CODES: [u16; 12] = [1000, 1001, 1002, 1003, 1006, 1007, 1008, 1009, 1011, 1012, 1013, 1014];
+
+/// Why a request failed before (or instead of) becoming a WebSocket connection:
+/// the `reason` label of `tether_handshake_failures_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum HandshakeFailure {
+    /// Malformed request or failed RFC 6455 §4.2.1 check (HTTP 400).
+    BadRequest = 0,
+    /// `Sec-WebSocket-Version` other than 13 (HTTP 426).
+    Version,
+    /// Request head larger than `limits.max_header_bytes` (HTTP 431).
+    HeadTooLarge,
+    /// No complete request head within `limits.handshake_timeout_ms`.
+    Timeout,
+    /// `max_connections` reached (HTTP 503 + Retry-After).
+    OverCapacity,
+    /// `accept_rate` exceeded (HTTP 503 + Retry-After).
+    RateLimited,
+    /// `Origin` not in `allowed_origins` (HTTP 403).
+    Origin,
+    /// The server is draining (HTTP 503).
+    Draining,
+    /// The peer went away mid-handshake.
+    Aborted,
+}
+
+const FAILURE_NAMES: [&str; 9] =
+    ["bad_request", "version", "head_too_large", "timeout", "over_capacity", "rate_limited", "origin", "draining", "aborted"];
+
+/// Why a connection was reaped: the `reason` label of `tether_reaped_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum ReapReason {
+    /// Close handshake completed (either side started it).
+    Close = 0,
+    /// The peer reset the connection or a socket error occurred.
+    Reset,
+    /// The peer closed TCP without a close frame.
+    Eof,
+    /// No frame within `heartbeat.pong_timeout_ms` of a ping.
+    PongTimeout,
+    /// Outbound queue overflow with the `disconnect` policy (close 1013).
+    Overflow,
+    /// The peer never finished the close handshake we started.
+    CloseTimeout,
+    /// The peer violated RFC 6455 (close 1002/1007/1009).
+    Protocol,
+    /// Server drain on shutdown.
+    Drain,
+}
+
+const REAP_NAMES: [&str; 8] = ["close", "reset", "eof", "pong_timeout", "overflow", "close_timeout", "protocol", "drain"];
+
+/// Overflow policies, the `policy` label of `tether_overflow_total`.
+pub const OVERFLOW_POLICIES: [&str; 3] = ["disconnect", "drop-oldest", "conflate"];
+
+/// Upper bounds (bytes) of the `tether_overflow_queue_bytes` histogram buckets.
+const QUEUE_BUCKETS: [u64; 8] = [4096, 16384, 65536, 262_144, 1_048_576, 4_194_304, 16_777_216, u64::MAX];
+
+/// One core's counters. Aligned so two cores never share a cache line.
+#[repr(align(128))]
+#[derive(Default)]
+pub struct CoreMetrics {
+    /// Upgraded WebSocket connections open now (gauge).
+    pub connections: AtomicI64,
+    /// TCP connections accepted (counter).
+    pub accepted: AtomicU64,
+    /// WebSocket connections upgraded (counter).
+    pub upgraded: AtomicU64,
+    closes: [AtomicU64; CLOSE_CODES.len() + 1],
+    handshake_failures: [AtomicU64; FAILURE_NAMES.len()],
+    reaped: [AtomicU64; REAP_NAMES.len()],
+    overflow: [AtomicU64; OVERFLOW_POLICIES.len()],
+    overflow_queue_bytes: [AtomicU64; QUEUE_BUCKETS.len()],
+    overflow_queue_bytes_sum: AtomicU64,
+    /// Messages published on channels whose home is this core (dedup hits excluded).
+    pub published: AtomicU64,
+    /// Publishes answered from the dedup window instead of being published again.
+    pub publish_duplicates: AtomicU64,
+    /// Frames queued to subscribers on this core (one per subscriber per message).
+    pub delivered: AtomicU64,
+    /// Pings sent by the heartbeat.
+    pub pings_sent: AtomicU64,
+    /// HTTP requests served (non-upgrade).
+    pub http_requests: AtomicU64,
+    /// Connections still to be closed by the drain on this core (gauge).
+    pub drain_remaining: AtomicI64,
+    /// Messages waiting in spill lists because a cross-core queue was full (gauge).
+    pub bus_spilled: AtomicI64,
+}
+
+impl CoreMetrics {
+    /// Counts one close frame sent or received with `code` (1006 for an abnormal end).
+    pub fn close(&self, code: u16) {
+        let i = CLOSE_CODES.iter().position(|&c| c == code).unwrap_or(CLOSE_CODES.len());
+        self.closes[i].fetch_add(1, Relaxed);
+    }
+
+    /// Counts one handshake failure.
+    pub fn handshake_failure(&self, why: HandshakeFailure) {
+        self.handshake_failures[why as usize].fetch_add(1, Relaxed);
+    }
+
+    /// Counts one reaped connection.
+    pub fn reaped(&self, why: ReapReason) {
+        self.reaped[why as usize].fetch_add(1, Relaxed);
+    }
+
+    /// Counts one overflow under `policy` (index into [`OVERFLOW_POLICIES`]) with the queue
+    /// size in bytes at that moment.
+    pub fn overflow(&self, policy: usize, queued_bytes: u64) {
+        self.overflow[policy].fetch_add(1, Relaxed);
+        let b = QUEUE_BUCKETS.iter().position(|&ub| queued_bytes <= ub).unwrap_or(QUEUE_BUCKETS.len() - 1);
+        self.overflow_queue_bytes[b].fetch_add(1, Relaxed);
+        self.overflow_queue_bytes_sum.fetch_add(queued_bytes, Relaxed);
+    }
+}
+
+fn counter(out: &mut String, name: &str, kind: &str, help: &str, samples: impl Iterator<Item = (String, u64)>) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for (labels, v) in samples {
+        let _ = writeln!(out, "{name}{{{labels}}} {v}");
+    }
+}
+
+/// Renders every core's counters in the Prometheus text exposition format (version 0.0.4).
+pub fn render(cores: &[CoreMetrics], draining: bool) -> String {
+    let mut out = String::with_capacity(8192);
+    let per_core = |f: &dyn Fn(&CoreMetrics) -> u64| {
+        cores.iter().enumerate().map(move |(i, m)| (format!("core=\"{i}\""), f(m))).collect::<Vec<_>>().into_iter()
+    };
+    counter(&mut out, "tether_connections", "gauge", "Open upgraded WebSocket connections.",
+        per_core(&|m| m.connections.load(Relaxed).max(0) as u64));
+    counter(&mut out, "tether_accepted_total", "counter", "TCP connections accepted.", per_core(&|m| m.accepted.load(Relaxed)));
+    counter(&mut out, "tether_upgraded_total", "counter", "WebSocket upgrades completed.", per_core(&|m| m.upgraded.load(Relaxed)));
+    counter(&mut out, "tether_messages_published_total", "counter", "Messages published (sequenced) on channels homed here.",
+        per_core(&|m| m.published.load(Relaxed)));
+    counter(&mut out, "tether_publish_duplicates_total", "counter", "Publishes answered from the dedup window.",
+        per_core(&|m| m.publish_duplicates.load(Relaxed)));
+    counter(&mut out, "tether_messages_delivered_total", "counter", "Frames queued to subscribers.",
+        per_core(&|m| m.delivered.load(Relaxed)));
+    counter(&mut out, "tether_pings_sent_total", "counter", "Heartbeat pings sent.", per_core(&|m| m.pings_sent.load(Relaxed)));
+    counter(&mut out, "tether_http_requests_total", "counter", "Plain HTTP requests served.", per_core(&|m| m.http_requests.load(Relaxed)));
+    counter(&mut out, "tether_drain_remaining", "gauge", "Connections the drain still has to close.",
+        per_core(&|m| m.drain_remaining.load(Relaxed).max(0) as u64));
+    counter(&mut out, "tether_bus_spilled", "gauge", "Cross-core messages waiting for queue space.",
+        per_core(&|m| m.bus_spilled.load(Relaxed).max(0) as u64));
+    let labelled = |names: &[&str], label: &str, pick: &dyn Fn(&CoreMetrics, usize) -> u64| {
+        let mut v = Vec::new();
+        for (c, m) in cores.iter().enumerate() {
+            for (i, n) in names.iter().enumerate() {
+                v.push((format!("core=\"{c}\",{label}=\"{n}\""), pick(m, i)));
+            }
+        }
+        v.into_iter()
+    };
+    let mut codes: Vec<String> = CLOSE_CODES.iter().map(|c| c.to_string()).collect();
+    codes.push("other".into());
+    let codes: Vec<&str> = codes.iter().map(|s| s.as_str()).collect();
+    counter(&mut out, "tether_closes_total", "counter", "WebSocket closes by close code (1006: ended without a close frame).",
+        labelled(&codes, "code", &|m, i| m.closes[i].load(Relaxed)));
+    counter(&mut out, "tether_handshake_failures_total", "counter", "Requests refused before or instead of an upgrade.",
+        labelled(&FAILURE_NAMES, "reason", &|m, i| m.handshake_failures[i].load(Relaxed)));
+    counter(&mut out, "tether_reaped_total", "counter", "Connections reaped, by reason.",
+        labelled(&REAP_NAMES, "reason", &|m, i| m.reaped[i].load(Relaxed)));
+    counter(&mut out, "tether_overflow_total", "counter", "Outbound queue overflows, by policy.",
+        labelled(&OVERFLOW_POLICIES, "policy", &|m, i| m.overflow[i].load(Relaxed)));
+    let _ = writeln!(out, "# HELP tether_overflow_queue_bytes Outbound queue size at overflow.\n# TYPE tether_overflow_queue_bytes histogram");
+    let mut cumulative = 0u64;
+    for (b, ub) in QUEUE_BUCKETS.iter().enumerate() {
+        cumulative += cores.iter().map(|m| m.overflow_queue_bytes[b].load(Relaxed)).sum::<u64>();
+        let le = if *ub == u64::MAX { "+Inf".to_string() } else { ub.to_string() };
+        let _ = writeln!(out, "tether_overflow_queue_bytes_bucket{{le=\"{le}\"}} {cumulative}");
+    }
+    let sum: u64 = cores.iter().map(|m| m.overflow_queue_bytes_sum.load(Relaxed)).sum();
+    let _ = writeln!(out, "tether_overflow_queue_bytes_sum {sum}\ntether_overflow_queue_bytes_count {cumulative}");
+    let _ = writeln!(out, "# HELP tether_draining 1 while the server drains.\n# TYPE tether_draining gauge\ntether_draining {}", draining as u8);
+    out
+}

@@ -1,0 +1,129 @@
+//! The per-core clock: advances the timer wheel every tick and acts on what fired —
+//! handshake deadlines, heartbeats (ping, pong deadline), close-handshake deadlines and the
+//! staggered drain.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use super::conn_state::*;
+use super::core::{CoreState, PING};
+use super::metrics::{HandshakeFailure, ReapReason};
+use super::timer::TICK_MS;
+
+/// Runs the clock of one core; returns when the core has finished draining.
+pub async fn run(core: Rc<RefCell<CoreState>>) {
+    let mut fired = Vec::new();
+    let mut drain_deadline = None;
+    loop {
+        monoio::time::sleep(Duration::from_millis(TICK_MS)).await;
+        let mut st = core.borrow_mut();
+        let now = st.now_tick();
+        fired.clear();
+        st.wheel.advance(now, &mut fired);
+        for &(id, due) in &fired {
+            on_timer(&mut st, id, due, now);
+        }
+        st.flush_dirty();
+        if st.draining {
+            let cfg = &st.shared.config;
+            let deadline = *drain_deadline
+                .get_or_insert(now + CoreState::ticks(cfg.drain.window_ms + cfg.limits.close_timeout_ms) + 1);
+            if st.conns.is_empty() || now >= deadline {
+                return;
+            }
+        }
+    }
+}
+
+fn on_timer(st: &mut CoreState, id: ConnId, due: u32, now: u32) {
+    let hb = st.shared.config.heartbeat.clone();
+    let drain_code = st.shared.drain_code.load(Relaxed);
+    let metrics = &st.shared.metrics[st.me];
+    let Some(c) = st.conns.get_mut(id.key as usize).filter(|c| c.gen == id.gen && c.timer_due == due) else { return };
+    match c.phase {
+        Phase::Http => {
+            if c.flags & (HTTP_SERVED | DRAIN) == 0 {
+                metrics.handshake_failure(HandshakeFailure::Timeout);
+            }
+            c.kill(ReapReason::Eof);
+        }
+        Phase::Open if c.flags & DRAIN != 0 => {
+            let reason = if drain_code == 1001 { "shutdown" } else { "restart" };
+            let reason = format!("{{\"reason\":\"{reason}\",\"retry_after_ms\":1000}}");
+            metrics.drain_remaining.fetch_sub(1, Relaxed);
+            c.flags &= !DRAIN;
+            st.close_by_us(id, drain_code, &reason, ReapReason::Drain);
+        }
+        Phase::Open => {
+            let interval = CoreState::ticks(hb.ping_interval_ms);
+            let pong = CoreState::ticks(hb.pong_timeout_ms);
+            if c.flags & AWAIT_PONG != 0 && now.wrapping_sub(c.ping_sent) >= pong {
+                c.kill(ReapReason::PongTimeout);
+                return;
+            }
+            if c.out.is_empty() && c.out.capacity() > 0 {
+                // Give an idle connection's queue memory back between bursts.
+                c.out = VecDeque::new();
+            }
+            if c.flags & AWAIT_PONG == 0 && now.wrapping_sub(c.ping_sent) >= interval {
+                c.ping_sent = now;
+                c.flags |= AWAIT_PONG;
+                metrics.pings_sent.fetch_add(1, Relaxed);
+                st.enqueue(id, PING.clone(), NO_CHAN, None);
+            }
+            let Some(c) = st.conn(id) else { return };
+            let next = if c.flags & AWAIT_PONG != 0 { c.ping_sent + pong.min(interval.max(1)) } else { c.ping_sent + interval };
+            let next = if c.flags & AWAIT_PONG != 0 { c.ping_sent + pong.max(1) } else { next };
+            st.schedule(id, next.max(now + 1));
+        }
+        Phase::ClosingByUs | Phase::Flushing => c.kill(ReapReason::CloseTimeout),
+    }
+}
+
+/// Called when this core notices the drain: closes the accept loop and spreads the closes of
+/// its connections evenly over `drain.window_ms` (so clients do not all come back at once).
+pub fn start_drain(st: &mut CoreState) {
+    st.draining = true;
+    if let Some(w) = st.accept_waker.take() {
+        w.wake();
+    }
+    let now = st.now_tick();
+    let window = CoreState::ticks(st.shared.config.drain.window_ms).max(1) as u64;
+    let ids: Vec<(ConnId, Phase)> =
+        st.conns.iter().map(|(k, c)| (ConnId { key: k as u32, gen: c.gen }, c.phase)).collect();
+    let open: Vec<ConnId> = ids.iter().filter(|(_, p)| *p == Phase::Open).map(|(id, _)| *id).collect();
+    let n = open.len() as u64;
+    st.metrics().drain_remaining.fetch_add(n as i64, Relaxed);
+    for (i, id) in open.into_iter().enumerate() {
+        if let Some(c) = st.conn(id) {
+            c.flags |= DRAIN;
+        }
+        // Evenly spaced from the first tick to the end of the window.
+        let due = now + 1 + ((i as u64 * window) / n.max(1)) as u32;
+        st.schedule(id, due);
+    }
+    for (id, phase) in ids {
+        if phase == Phase::Http {
+            if let Some(c) = st.conn(id) {
+                c.flags |= DRAIN;
+            }
+            st.schedule(id, now + 1);
+        }
+    }
+}
+
+/// Schedules the first heartbeat of a connection that just upgraded, at a random point of the
+/// first interval so pings are spread, not sent in lock-step.
+pub fn first_ping(st: &mut CoreState, id: ConnId) {
+    let interval = CoreState::ticks(st.shared.config.heartbeat.ping_interval_ms).max(1);
+    let now = st.now_tick();
+    let offset = rand::random_range(1..=interval);
+    if let Some(c) = st.conn(id) {
+        c.ping_sent = now.wrapping_add(offset).wrapping_sub(interval);
+        c.last_rx = now;
+    }
+    st.schedule(id, now + offset);
+}
