@@ -1,1 +1,472 @@
-//! placeholder
+//! The TOML configuration of DESIGN §7: its shape, its defaults and its validation.
+//!
+//! Every key is optional; a missing key takes the default documented on its field, which is the
+//! value shown in DESIGN §7 and in the example file `systemd/tether.toml`. Unknown keys are
+//! errors (a typo must not silently fall back to a default), and [`Config::validate`] checks
+//! every value at load, so a running server never meets a nonsensical limit. Every error is a
+//! [`ConfigError`] naming the dotted key (`limits.queue_max_bytes`, `channels[1].overflow`) and
+//! the offending value; `tether serve` prints it and exits 2.
+//!
+//! # Layout
+//!
+//! - this file: the types, their defaults and their documentation, loading, lookups.
+//! - `validate`: the range and shape checks behind [`Config::validate`].
+//! - `toml_error`: turning a `toml` parse or type error into a [`ConfigError`] with a key path.
+
+mod toml_error;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+use serde::Deserialize;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::LazyLock;
+
+/// The whole server configuration (DESIGN §7). Built with [`Config::from_toml_str`],
+/// [`Config::load`] or [`Config::default`]; command-line flags (`--listen`, `--cores`) override
+/// fields after loading, and the caller should call [`Config::validate`] again afterwards.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address every core's `SO_REUSEPORT` listener binds. Default `0.0.0.0:8080`.
+    /// Trade-off: `0.0.0.0` accepts on every interface; bind a single address to keep the
+    /// server private. Danger: ports below 1024 need `CAP_NET_BIND_SERVICE`, which the shipped
+    /// systemd unit does not grant.
+    pub listen: SocketAddr,
+    /// Number of cores, i.e. monoio runtimes, each pinned to one CPU with its own listener.
+    /// `0` (default) means one per CPU this process may run on ([`Config::effective_cores`]).
+    /// Trade-off: fewer cores leave CPU to other processes (a load generator on the same box);
+    /// more cores than CPUs only add context switches. At most 1024.
+    pub cores: usize,
+    /// Upgraded WebSocket connections this process holds at once; beyond it the handshake gets
+    /// HTTP 503 with `Retry-After` (DESIGN §3 Admission). Default 1,000,000.
+    /// Trade-off: it must fit under `RLIMIT_NOFILE` (`tether check-limits` says whether it
+    /// does) and under memory (about 1 KiB user + 3 KiB kernel per idle connection). Danger: a
+    /// value above what the box can hold turns overload into `EMFILE`/OOM instead of a clean 503.
+    pub max_connections: usize,
+    /// New connections accepted per second per process; `0` (default) = unlimited.
+    /// Trade-off: a cap smooths a reconnect storm (handshakes cost CPU and TLS terminators
+    /// upstream) at the price of slower recovery; the excess waits in the kernel accept queue
+    /// (`net.core.somaxconn`). Danger: a cap far below the storm rate makes clients time out
+    /// and retry, which lengthens the storm.
+    pub accept_rate: u32,
+    /// Handshake, header, message and queue limits.
+    pub limits: Limits,
+    /// Server pings and the pong deadline (DESIGN §3 Heartbeats).
+    pub heartbeat: Heartbeat,
+    /// Graceful shutdown on SIGTERM (DESIGN §3 Graceful shutdown).
+    pub drain: Drain,
+    /// Per-channel policies; the first rule whose `pattern` matches a channel name wins
+    /// ([`Config::channel_rule`]). Default: one rule, pattern `*`, overflow `disconnect`,
+    /// history 1000. A channel no rule matches gets that default rule.
+    pub channels: Vec<ChannelRule>,
+    /// Publish deduplication by `pub.id` / `Idempotency-Key`.
+    pub dedup: Dedup,
+    /// Where channel seq numbers, history and cross-node fan-out live (DESIGN §6).
+    pub broker: Broker,
+    /// Optional `Origin` allow-list (DESIGN §3 Admission), top-level key `allowed_origins`,
+    /// e.g. `["https://app.example.com"]`. Empty (default) = any origin. Entries are
+    /// serialized origins, `scheme://host[:port]` without a path, or `null`; the comparison
+    /// is ASCII case-insensitive. A handshake with no `Origin` header is admitted either way
+    /// (non-browser clients send none; the allow-list guards against cross-site browsers).
+    /// Danger: it is not authentication; any non-browser client can send any Origin.
+    pub allowed_origins: Vec<String>,
+}
+
+/// Handshake, header, message and outbound-queue limits (`[limits]`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Milliseconds from accept until the upgrade request must be complete; a slower client
+    /// is dropped (slowloris defence). Default 5000, at least 100.
+    /// Trade-off: too short drops clients on slow mobile links; too long lets idle sockets pin
+    /// file descriptors during an attack.
+    pub handshake_timeout_ms: u64,
+    /// Largest HTTP request head (request line plus headers) in bytes. Default 8192, between
+    /// 1024 and 1 MiB. A larger head gets 431. Trade-off: big cookies need more; every byte is
+    /// buffered per pending handshake.
+    pub max_header_bytes: usize,
+    /// Largest client WebSocket message in bytes, summed over its fragments; larger closes
+    /// with 1009 (RFC 6455 §7.4.1). Default 65536, between 125 (the largest control frame
+    /// payload, RFC 6455 §5.5) and 1 GiB. Danger: a partial message is buffered per
+    /// connection, so this is also the worst-case read buffer per connection.
+    pub max_message_bytes: usize,
+    /// Largest `POST /publish/{channel}` body in bytes; larger gets 413. Default 1048576,
+    /// between 1 and 1 GiB. Trade-off: a published message is held once in history and once
+    /// in flight however many subscribers it has, but each subscriber's queue counts it
+    /// against `queue_max_bytes`.
+    pub max_publish_bytes: usize,
+    /// Outbound queue bound per connection in bytes (frames are shared `Bytes`, so this counts
+    /// the frames a connection still has to write, not copies). Default 1048576, at least 1024.
+    /// When full the channel's overflow policy applies (DESIGN §3 Slow subscribers).
+    /// Trade-off: larger rides out longer stalls before a 1013, but bounds worst-case memory
+    /// at `max_connections × queue_max_bytes`. Danger: below the size of one encoded message,
+    /// every subscriber of that message overflows at once.
+    pub queue_max_bytes: usize,
+    /// Outbound queue bound per connection in messages. Default 4096, at least 1. Bounds the
+    /// queue's bookkeeping (one entry per frame) when messages are tiny.
+    pub queue_max_messages: usize,
+    /// Close-handshake deadline in milliseconds (DESIGN §8): after sending a close frame the
+    /// server keeps the socket for at most this long waiting for the peer's close, then drops
+    /// the TCP connection. Default 5000, at least 100. Trade-off: a slow subscriber that
+    /// resumes reading within it still receives its 1013; the socket stays open meanwhile.
+    pub close_timeout_ms: u64,
+}
+
+/// Server pings and the pong deadline (`[heartbeat]`, DESIGN §3 Heartbeats).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Heartbeat {
+    /// Milliseconds between pings to one connection; pings are spread over the interval, not
+    /// sent in lock-step. Default 25000 (below the 60 s idle cut of common load balancers and
+    /// nginx), at least 100. Trade-off: shorter detects dead peers sooner and keeps more
+    /// middleboxes happy, at `connections / interval` pings per second (40,000/s at 1M and
+    /// 25 s).
+    pub ping_interval_ms: u64,
+    /// Milliseconds a pinged connection has to show life (any inbound frame) before it is
+    /// reaped and its TCP connection closed. Default 10000, at least 1. Danger: shorter than
+    /// a real round trip under load reaps healthy clients, which then all reconnect.
+    pub pong_timeout_ms: u64,
+}
+
+/// Graceful shutdown on SIGTERM (`[drain]`, DESIGN §3).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Drain {
+    /// Milliseconds over which connection closes are spread after SIGTERM, so clients do not
+    /// all reconnect in the same instant. Default 10000; 0 closes everything at once; at most
+    /// 3,600,000. Danger: the service manager's stop timeout (`TimeoutStopSec` in
+    /// `systemd/tether.service`, 30 s) must exceed this plus `limits.close_timeout_ms`, or
+    /// the process is killed mid-drain.
+    pub window_ms: u64,
+    /// Close code sent to every connection on drain. Default 1012 (service restart). Allowed:
+    /// 1000 (normal), 1001 (going away: the server is not coming back here), 1012 (service
+    /// restart: reconnect), 1013 (try again later). Clients reconnect on 1001, 1012 and 1013
+    /// but not on 1000 (DESIGN §3 Close codes); any other code would tell clients something
+    /// false about why they were closed.
+    pub close_code: u16,
+}
+
+/// What a full outbound queue does to a subscriber (DESIGN §3 Slow subscribers).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Overflow {
+    /// Close with 1013 Try Again Later; the client reconnects and resumes from its last
+    /// processed seq. For ordered streams. TOML `"disconnect"`.
+    Disconnect,
+    /// Drop the oldest queued messages of the channel; the client sees a seq gap.
+    /// TOML `"drop-oldest"`.
+    DropOldest,
+    /// Keep only the latest queued message of the channel (tickers, cursors).
+    /// TOML `"conflate"`.
+    Conflate,
+}
+
+/// One `[[channels]]` rule: the policy for channels whose name matches `pattern`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChannelRule {
+    /// Glob on channel names (required): `*` matches any run of characters, `?` exactly one
+    /// ([`glob_match`]), e.g. `"prices.*"`. 1–128 bytes of `[A-Za-z0-9._:-]`, `*` and `?`.
+    pub pattern: String,
+    /// Overflow policy for matching channels. Default `"disconnect"`.
+    #[serde(default = "default_overflow")]
+    pub overflow: Overflow,
+    /// Messages kept per channel for resume (`sub` with `from`); 0 = none. Default 1000, at
+    /// most 10,000,000. Trade-off: a longer history lets clients resume after longer
+    /// outages instead of getting a `reset`; it costs memory per channel on its home core
+    /// (history × message size, held even with no subscribers).
+    #[serde(default = "default_history")]
+    pub history: usize,
+}
+
+/// Publish deduplication (`[dedup]`): a `pub` whose `id` (or an HTTP publish whose
+/// `Idempotency-Key`) was seen within the window gets the original ack and is not published
+/// again.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Dedup {
+    /// Milliseconds a publish id is remembered. Default 300000 (5 min), at least 1000.
+    /// Trade-off: must outlast a client's retry after a reconnect (backoff caps at 30 s) or a
+    /// retried publish is delivered twice; longer costs memory per remembered id.
+    pub window_ms: u64,
+    /// Most ids remembered per process; past it the oldest are forgotten early. Default
+    /// 1,000,000, at least 1. Bounds dedup memory (about 100 B per id) whatever the publish
+    /// rate. Danger: if the publish rate × window exceeds this, duplicates can slip through.
+    pub max_entries: usize,
+}
+
+/// Which broker holds channel state (`[broker]`, DESIGN §6).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BrokerKind {
+    /// Embedded, single process. Seq numbers and history die with the process (a restart
+    /// changes every channel's epoch). TOML `"memory"`.
+    Memory,
+    /// Redis: seq, history and dedup ids live in Redis, fan-out between nodes uses Redis
+    /// pub/sub, so clients can resume on any node. TOML `"redis"`.
+    Redis,
+}
+
+/// Broker selection (`[broker]`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Broker {
+    /// `"memory"` (default) or `"redis"`.
+    pub kind: BrokerKind,
+    /// Redis URL, used only when `kind = "redis"`; must start with `redis://` or `rediss://`
+    /// (TLS). Default `redis://127.0.0.1:6379`. Danger: credentials in the URL end up in the
+    /// config file; keep it readable only by the service user.
+    pub url: String,
+}
+
+/// A configuration error naming the key and the bad value.
+///
+/// `key` is a dotted path (`limits.queue_max_bytes`, `channels[1].overflow`); it is empty
+/// only when no key applies (an unreadable file, a TOML syntax error before any key).
+/// Displays as `config: limits.queue_max_bytes = 0: must be at least 1024`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Dotted key path, e.g. `channels[1].overflow`.
+    pub key: String,
+    /// What is wrong, e.g. `must be at least 1024`; for TOML errors it starts with the line
+    /// and column.
+    pub message: String,
+    /// The offending value as written (TOML syntax), when known.
+    pub value: Option<String>,
+}
+
+impl ConfigError {
+    /// An error about `key` holding `value`.
+    pub fn new(
+        key: impl Into<String>,
+        value: impl fmt::Display,
+        message: impl Into<String>,
+    ) -> Self {
+        ConfigError {
+            key: key.into(),
+            message: message.into(),
+            value: Some(value.to_string()),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("config: ")?;
+        if !self.key.is_empty() {
+            f.write_str(&self.key)?;
+            if let Some(v) = &self.value {
+                write!(f, " = {v}")?;
+            }
+            f.write_str(": ")?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn default_overflow() -> Overflow {
+    Overflow::Disconnect
+}
+
+fn default_history() -> usize {
+    1000
+}
+
+impl Default for ChannelRule {
+    /// Pattern `*`, overflow `disconnect`, history 1000.
+    fn default() -> Self {
+        ChannelRule {
+            pattern: "*".to_owned(),
+            overflow: default_overflow(),
+            history: default_history(),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            handshake_timeout_ms: 5000,
+            max_header_bytes: 8192,
+            max_message_bytes: 65536,
+            max_publish_bytes: 1_048_576,
+            queue_max_bytes: 1_048_576,
+            queue_max_messages: 4096,
+            close_timeout_ms: 5000,
+        }
+    }
+}
+
+impl Default for Heartbeat {
+    fn default() -> Self {
+        Heartbeat {
+            ping_interval_ms: 25_000,
+            pong_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl Default for Drain {
+    fn default() -> Self {
+        Drain {
+            window_ms: 10_000,
+            close_code: 1012,
+        }
+    }
+}
+
+impl Default for Dedup {
+    fn default() -> Self {
+        Dedup {
+            window_ms: 300_000,
+            max_entries: 1_000_000,
+        }
+    }
+}
+
+impl Default for Broker {
+    fn default() -> Self {
+        Broker {
+            kind: BrokerKind::Memory,
+            url: "redis://127.0.0.1:6379".to_owned(),
+        }
+    }
+}
+
+impl Default for Config {
+    /// The defaults of DESIGN §7.
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            cores: 0,
+            max_connections: 1_000_000,
+            accept_rate: 0,
+            limits: Limits::default(),
+            heartbeat: Heartbeat::default(),
+            drain: Drain::default(),
+            channels: vec![ChannelRule::default()],
+            dedup: Dedup::default(),
+            broker: Broker::default(),
+            allowed_origins: Vec::new(),
+        }
+    }
+}
+
+/// The rule for channels no configured rule matches.
+static FALLBACK_RULE: LazyLock<ChannelRule> = LazyLock::new(ChannelRule::default);
+
+impl Config {
+    /// Parses a TOML document and validates it.
+    ///
+    /// Errors: a TOML syntax error, an unknown key, a value of the wrong type (each naming the
+    /// key when one can be located, plus line and column), or any [`Config::validate`] error.
+    pub fn from_toml_str(s: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(s).map_err(|e| toml_error::to_config_error(s, &e))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads `path` and parses it with [`Config::from_toml_str`]. An unreadable file gives an
+    /// error with an empty key naming the path.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            key: String::new(),
+            message: format!("cannot read {}: {e}", path.display()),
+            value: None,
+        })?;
+        Config::from_toml_str(&text).map_err(|mut e| {
+            e.message = format!("{} ({})", e.message, path.display());
+            e
+        })
+    }
+
+    /// Checks every value against the ranges documented on its field; the first violation is
+    /// returned, naming the key and the value. Call again after overriding fields from flags.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        validate::validate(self)
+    }
+
+    /// First rule whose glob `pattern` matches `channel` (`*` matches any run of characters,
+    /// `?` exactly one); the default rule (`*`, disconnect, history 1000) when none does.
+    pub fn channel_rule(&self, channel: &str) -> &ChannelRule {
+        self.channels
+            .iter()
+            .find(|r| glob_match(&r.pattern, channel))
+            .unwrap_or(&FALLBACK_RULE)
+    }
+
+    /// Effective number of cores: `cores`, or when it is 0 the number of CPUs this process
+    /// may run on (`std::thread::available_parallelism`, which honours the affinity mask and
+    /// cgroup quota), or 1 if that cannot be determined.
+    pub fn effective_cores(&self) -> usize {
+        if self.cores > 0 {
+            return self.cores;
+        }
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    }
+
+    /// Whether a handshake's `Origin` header value passes `allowed_origins` (DESIGN §3
+    /// Admission): true when the list is empty, when the header is absent, or when it equals
+    /// an entry ignoring ASCII case. A refused origin should get HTTP 403.
+    pub fn origin_allowed(&self, origin: Option<&str>) -> bool {
+        match origin {
+            None => true,
+            Some(o) => {
+                self.allowed_origins.is_empty()
+                    || self
+                        .allowed_origins
+                        .iter()
+                        .any(|a| a.eq_ignore_ascii_case(o.trim()))
+            }
+        }
+    }
+}
+
+/// Glob match of a channel `name` against `pattern`: `*` matches any run of characters
+/// (including none), `?` exactly one character, anything else itself. Linear backtracking on
+/// the last `*`, so worst case O(len(pattern) × len(name)); no allocation.
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    let (p, n) = (pattern.as_bytes(), name.as_bytes());
+    let (mut pi, mut ni) = (0usize, 0usize);
+    // Position after the last `*` seen, and the name position it is currently matched up to.
+    let mut star: Option<(usize, usize)> = None;
+    while ni < n.len() {
+        if pi < p.len() && p[pi] == b'*' {
+            pi += 1;
+            star = Some((pi, ni));
+        } else if pi < p.len() && p[pi] == b'?' {
+            pi += 1;
+            ni += utf8_len(n[ni]);
+        } else if pi < p.len() && p[pi] == n[ni] {
+            pi += 1;
+            ni += 1;
+        } else if let Some((sp, sn)) = star {
+            // Let the last `*` swallow one more character and retry from there.
+            let next = sn + utf8_len(n[sn]);
+            star = Some((sp, next));
+            pi = sp;
+            ni = next;
+        } else {
+            return false;
+        }
+    }
+    p[pi.min(p.len())..].iter().all(|&c| c == b'*') && ni == n.len()
+}
+
+/// Length of the UTF-8 sequence starting with `lead`, so `?` consumes one character.
+fn utf8_len(lead: u8) -> usize {
+    match lead {
+        0xF0..=0xFF => 4,
+        0xE0..=0xEF => 3,
+        0xC0..=0xDF => 2,
+        _ => 1,
+    }
+}

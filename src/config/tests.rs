@@ -1,0 +1,400 @@
+use super::*;
+
+fn err(toml: &str) -> ConfigError {
+    match Config::from_toml_str(toml) {
+        Ok(c) => panic!("expected an error for {toml:?}, got {c:?}"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn empty_document_gives_design_defaults() {
+    let c = Config::from_toml_str("").unwrap();
+    assert_eq!(c, Config::default());
+    assert_eq!(c.listen, "0.0.0.0:8080".parse().unwrap());
+    assert_eq!(c.cores, 0);
+    assert_eq!(c.max_connections, 1_000_000);
+    assert_eq!(c.accept_rate, 0);
+    assert_eq!(c.limits.handshake_timeout_ms, 5000);
+    assert_eq!(c.limits.max_header_bytes, 8192);
+    assert_eq!(c.limits.max_message_bytes, 65536);
+    assert_eq!(c.limits.max_publish_bytes, 1_048_576);
+    assert_eq!(c.limits.queue_max_bytes, 1_048_576);
+    assert_eq!(c.limits.queue_max_messages, 4096);
+    assert_eq!(c.limits.close_timeout_ms, 5000);
+    assert_eq!(c.heartbeat.ping_interval_ms, 25_000);
+    assert_eq!(c.heartbeat.pong_timeout_ms, 10_000);
+    assert_eq!(c.drain.window_ms, 10_000);
+    assert_eq!(c.drain.close_code, 1012);
+    assert_eq!(
+        c.channels,
+        vec![ChannelRule {
+            pattern: "*".into(),
+            overflow: Overflow::Disconnect,
+            history: 1000
+        }]
+    );
+    assert_eq!(c.dedup.window_ms, 300_000);
+    assert_eq!(c.dedup.max_entries, 1_000_000);
+    assert_eq!(c.broker.kind, BrokerKind::Memory);
+    assert_eq!(c.broker.url, "redis://127.0.0.1:6379");
+    assert!(c.allowed_origins.is_empty());
+    Config::default().validate().unwrap();
+}
+
+#[test]
+fn shipped_example_config_is_the_defaults() {
+    let c = Config::from_toml_str(include_str!("../../systemd/tether.toml")).unwrap();
+    assert_eq!(c, Config::default());
+}
+
+#[test]
+fn full_document_parses() {
+    let c = Config::from_toml_str(
+        r#"
+listen = "127.0.0.1:9000"
+cores = 2
+max_connections = 20000
+accept_rate = 5000
+allowed_origins = ["https://app.example.com", "null"]
+
+[limits]
+queue_max_bytes = 65536
+
+[heartbeat]
+ping_interval_ms = 1000
+
+[drain]
+window_ms = 1000
+close_code = 1001
+
+[[channels]]
+pattern = "prices.*"
+overflow = "conflate"
+history = 0
+
+[[channels]]
+pattern = "log.?"
+overflow = "drop-oldest"
+
+[[channels]]
+pattern = "*"
+
+[dedup]
+window_ms = 60000
+max_entries = 10
+
+[broker]
+kind = "redis"
+url = "rediss://cache:6380/0"
+"#,
+    )
+    .unwrap();
+    assert_eq!(c.listen.port(), 9000);
+    assert_eq!(c.effective_cores(), 2);
+    assert_eq!(c.limits.queue_max_bytes, 65536);
+    assert_eq!(
+        c.limits.max_message_bytes, 65536,
+        "unset keys in a table keep their default"
+    );
+    assert_eq!(
+        c.channels[1],
+        ChannelRule {
+            pattern: "log.?".into(),
+            overflow: Overflow::DropOldest,
+            history: 1000
+        }
+    );
+    assert_eq!(c.broker.kind, BrokerKind::Redis);
+    assert_eq!(c.drain.close_code, 1001);
+}
+
+#[test]
+fn every_range_check_names_key_and_value() {
+    let cases: &[(&str, &str, &str)] = &[
+        ("cores = 5000", "cores", "5000"),
+        ("max_connections = 0", "max_connections", "0"),
+        (
+            "[limits]\nhandshake_timeout_ms = 0",
+            "limits.handshake_timeout_ms",
+            "0",
+        ),
+        (
+            "[limits]\nmax_header_bytes = 100",
+            "limits.max_header_bytes",
+            "100",
+        ),
+        (
+            "[limits]\nmax_header_bytes = 2000000",
+            "limits.max_header_bytes",
+            "2000000",
+        ),
+        (
+            "[limits]\nmax_message_bytes = 124",
+            "limits.max_message_bytes",
+            "124",
+        ),
+        (
+            "[limits]\nmax_message_bytes = 2000000000",
+            "limits.max_message_bytes",
+            "2000000000",
+        ),
+        (
+            "[limits]\nmax_publish_bytes = 0",
+            "limits.max_publish_bytes",
+            "0",
+        ),
+        (
+            "[limits]\nmax_publish_bytes = 2000000000",
+            "limits.max_publish_bytes",
+            "2000000000",
+        ),
+        (
+            "[limits]\nqueue_max_bytes = 0",
+            "limits.queue_max_bytes",
+            "0",
+        ),
+        (
+            "[limits]\nqueue_max_messages = 0",
+            "limits.queue_max_messages",
+            "0",
+        ),
+        (
+            "[limits]\nclose_timeout_ms = 10",
+            "limits.close_timeout_ms",
+            "10",
+        ),
+        (
+            "[heartbeat]\nping_interval_ms = 99",
+            "heartbeat.ping_interval_ms",
+            "99",
+        ),
+        (
+            "[heartbeat]\npong_timeout_ms = 0",
+            "heartbeat.pong_timeout_ms",
+            "0",
+        ),
+        ("[drain]\nwindow_ms = 3600001", "drain.window_ms", "3600001"),
+        ("[drain]\nclose_code = 1011", "drain.close_code", "1011"),
+        ("[dedup]\nwindow_ms = 999", "dedup.window_ms", "999"),
+        ("[dedup]\nmax_entries = 0", "dedup.max_entries", "0"),
+        (
+            "[[channels]]\npattern = \"a\"\nhistory = 10000001",
+            "channels[0].history",
+            "10000001",
+        ),
+        (
+            "[[channels]]\npattern = \"\"",
+            "channels[0].pattern",
+            "\"\"",
+        ),
+        (
+            "[[channels]]\npattern = \"a b\"",
+            "channels[0].pattern",
+            "\"a b\"",
+        ),
+        (
+            "[[channels]]\npattern = \"*\"\n[[channels]]\npattern = \"x.*\"",
+            "channels[1].pattern",
+            "\"x.*\"",
+        ),
+        (
+            "[[channels]]\npattern = \"x\"\n[[channels]]\npattern = \"x\"",
+            "channels[1].pattern",
+            "\"x\"",
+        ),
+        (
+            "[broker]\nkind = \"redis\"\nurl = \"http://x\"",
+            "broker.url",
+            "\"http://x\"",
+        ),
+        (
+            "allowed_origins = [\"https://a.example/path\"]",
+            "allowed_origins[0]",
+            "\"https://a.example/path\"",
+        ),
+        (
+            "allowed_origins = [\"a.example\"]",
+            "allowed_origins[0]",
+            "\"a.example\"",
+        ),
+    ];
+    for (toml, key, value) in cases {
+        let e = err(toml);
+        assert_eq!(e.key, *key, "for {toml:?}: {e}");
+        assert_eq!(e.value.as_deref(), Some(*value), "for {toml:?}: {e}");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("config: {key} = {value}: ")),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn display_matches_documented_style() {
+    let e = err("[limits]\nqueue_max_bytes = 0");
+    assert_eq!(
+        e.to_string(),
+        "config: limits.queue_max_bytes = 0: must be at least 1024"
+    );
+}
+
+#[test]
+fn every_allowed_close_code_passes() {
+    for code in [1000, 1001, 1012, 1013] {
+        Config::from_toml_str(&format!("[drain]\nclose_code = {code}")).unwrap();
+    }
+}
+
+#[test]
+fn memory_broker_ignores_url() {
+    Config::from_toml_str("[broker]\nurl = \"not a url\"").unwrap();
+}
+
+#[test]
+fn long_and_odd_patterns_refused() {
+    let long = "a".repeat(129);
+    assert_eq!(
+        err(&format!("[[channels]]\npattern = \"{long}\"")).key,
+        "channels[0].pattern"
+    );
+    Config::from_toml_str(&format!("[[channels]]\npattern = \"{}\"", "a".repeat(128))).unwrap();
+    assert_eq!(
+        err("[[channels]]\npattern = \"a/b\"").key,
+        "channels[0].pattern"
+    );
+}
+
+#[test]
+fn unknown_keys_are_errors_naming_the_key() {
+    let e = err("listne = \"0.0.0.0:1\"");
+    assert_eq!(e.key, "listne", "{e}");
+    assert!(e.message.contains("line 1"), "{e}");
+    let e = err("[limits]\nqueue_max_byte = 10");
+    assert_eq!(e.key, "limits.queue_max_byte", "{e}");
+    assert!(e.message.contains("line 2"), "{e}");
+    let e = err("[[channels]]\npattern = \"a\"\n[[channels]]\npattern = \"b\"\nhistroy = 3");
+    assert_eq!(e.key, "channels[1].histroy", "{e}");
+    let e = err("[limit]\nqueue_max_bytes = 10");
+    assert_eq!(e.key, "limit", "{e}");
+}
+
+#[test]
+fn wrong_types_name_the_key() {
+    let e = err("[limits]\nqueue_max_bytes = \"1MB\"");
+    assert_eq!(e.key, "limits.queue_max_bytes", "{e}");
+    assert_eq!(e.value.as_deref(), Some("\"1MB\""), "{e}");
+    assert!(e.message.contains("line 2"), "{e}");
+    let e = err("listen = \"localhost\"");
+    assert_eq!(e.key, "listen", "{e}");
+    let e = err("max_connections = -1");
+    assert_eq!(e.key, "max_connections", "{e}");
+    let e =
+        err("[[channels]]\npattern = \"a\"\n[[channels]]\npattern = \"b\"\noverflow = \"block\"");
+    assert_eq!(e.key, "channels[1].overflow", "{e}");
+    let e = err("[broker]\nkind = \"Redis\"");
+    assert_eq!(e.key, "broker.kind", "{e}");
+    let e = err("limits.queue_max_bytes = true");
+    assert_eq!(e.key, "limits.queue_max_bytes", "{e}");
+    let e = err("limits = { max_header_bytes = 9000, queue_max_bytes = \"x\" }");
+    assert_eq!(e.key, "limits.queue_max_bytes", "{e}");
+}
+
+#[test]
+fn missing_pattern_names_the_key() {
+    let e = err("[[channels]]\noverflow = \"conflate\"");
+    assert_eq!(e.key, "channels[0].pattern", "{e}");
+}
+
+#[test]
+fn syntax_error_gives_line() {
+    let e = err("cores = 1\n[limits\n");
+    assert!(e.message.contains("line 2"), "{e}");
+}
+
+#[test]
+fn load_reads_a_file_and_names_a_missing_one() {
+    let dir = std::env::temp_dir().join(format!("tether-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("t.toml");
+    std::fs::write(&path, "cores = 3\n").unwrap();
+    assert_eq!(Config::load(&path).unwrap().cores, 3);
+    std::fs::write(&path, "cores = -3\n").unwrap();
+    let e = Config::load(&path).unwrap_err();
+    assert_eq!(e.key, "cores");
+    assert!(e.message.contains("t.toml"), "{e}");
+    let e = Config::load(&dir.join("absent.toml")).unwrap_err();
+    assert!(e.key.is_empty() && e.message.contains("absent.toml"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn glob_matching() {
+    assert!(glob_match("*", ""));
+    assert!(glob_match("*", "anything.at:all"));
+    assert!(glob_match("prices.*", "prices.btc"));
+    assert!(glob_match("prices.*", "prices."));
+    assert!(!glob_match("prices.*", "price.btc"));
+    assert!(!glob_match("prices.*", "xprices.btc"));
+    assert!(glob_match("a?c", "abc"));
+    assert!(!glob_match("a?c", "ac"));
+    assert!(!glob_match("a?c", "abbc"));
+    assert!(glob_match("a*b*c", "aXXbYYc"));
+    assert!(glob_match("a*b*c", "abc"));
+    assert!(!glob_match("a*b*c", "acb"));
+    assert!(glob_match("*.log", "x.y.log"));
+    assert!(!glob_match("*.log", "x.log.y"));
+    assert!(glob_match("**", "x"));
+    assert!(glob_match("exact", "exact"));
+    assert!(!glob_match("exact", "exactly"));
+    assert!(!glob_match("", "x"));
+    assert!(glob_match("", ""));
+    assert!(glob_match("?", "é"), "? is one character, not one byte");
+    assert!(glob_match("*a*a*a*a*b", "aaaaaaaaaaaaaaaaaaaaaab"));
+    assert!(!glob_match("*a*a*a*a*b", "aaaaaaaaaaaaaaaaaaaaaaa"));
+}
+
+#[test]
+fn first_matching_rule_wins_and_fallback_applies() {
+    let c = Config::from_toml_str(
+        "[[channels]]\npattern = \"prices.btc\"\nhistory = 5\n\
+         [[channels]]\npattern = \"prices.*\"\noverflow = \"conflate\"\n\
+         [[channels]]\npattern = \"log?\"\noverflow = \"drop-oldest\"",
+    )
+    .unwrap();
+    assert_eq!(c.channel_rule("prices.btc").history, 5);
+    assert_eq!(c.channel_rule("prices.btc").overflow, Overflow::Disconnect);
+    assert_eq!(c.channel_rule("prices.eth").overflow, Overflow::Conflate);
+    assert_eq!(c.channel_rule("log1").overflow, Overflow::DropOldest);
+    let fallback = c.channel_rule("news");
+    assert_eq!(*fallback, ChannelRule::default());
+    let empty = Config {
+        channels: Vec::new(),
+        ..Config::default()
+    };
+    assert_eq!(*empty.channel_rule("x"), ChannelRule::default());
+}
+
+#[test]
+fn effective_cores_defaults_to_cpus() {
+    assert!(Config::default().effective_cores() >= 1);
+    assert_eq!(
+        Config {
+            cores: 7,
+            ..Config::default()
+        }
+        .effective_cores(),
+        7
+    );
+}
+
+#[test]
+fn origin_allow_list() {
+    let open = Config::default();
+    assert!(open.origin_allowed(Some("https://evil.example")));
+    let c = Config::from_toml_str("allowed_origins = [\"https://app.example.com\"]").unwrap();
+    assert!(c.origin_allowed(Some("https://APP.example.com")));
+    assert!(!c.origin_allowed(Some("https://evil.example")));
+    assert!(c.origin_allowed(None), "non-browser clients send no Origin");
+}
