@@ -123,7 +123,7 @@ fn on_readable(core: &Rc<RefCell<CoreState>>, id: ConnId, fd: std::os::fd::RawFd
             match c.phase {
                 Phase::Http => http_api::on_bytes(&mut st, id, &scratch[..n]),
                 Phase::Open | Phase::ClosingByUs => on_ws_bytes(&mut st, id, &scratch[..n]),
-                Phase::Flushing => {}
+                Phase::Flushing | Phase::Lingering => {}
             }
             if st.conn(id).is_none_or(|c| c.flags & KILL != 0) || n < scratch.len() {
                 return;
@@ -146,7 +146,7 @@ pub fn on_ws_bytes(st: &mut CoreState, id: ConnId, data: &[u8]) {
     let mut pos = 0;
     while pos < buf.len() {
         let Some(c) = st.conn(id) else { return };
-        if c.flags & KILL != 0 || c.phase == Phase::Flushing {
+        if c.flags & KILL != 0 || matches!(c.phase, Phase::Flushing | Phase::Lingering) {
             pos = buf.len();
             break;
         }
@@ -174,18 +174,9 @@ pub fn on_ws_bytes(st: &mut CoreState, id: ConnId, data: &[u8]) {
     }
 }
 
-/// Fails the connection for a protocol violation (RFC 6455 §7.1.7) with the violation's code.
+/// Fails the connection for a protocol violation with the violation's code.
 fn fail(st: &mut CoreState, id: ConnId, v: Violation) {
-    let phase = st.conn(id).map(|c| c.phase);
-    match phase {
-        Some(Phase::Open) => st.close_by_us(id, v.code, v.reason, ReapReason::Protocol),
-        Some(_) => {
-            if let Some(c) = st.conn(id) {
-                c.kill(ReapReason::Protocol);
-            }
-        }
-        None => {}
-    }
+    st.fail(id, v.code, v.reason);
 }
 
 fn on_message(st: &mut CoreState, id: ConnId, m: Message) {

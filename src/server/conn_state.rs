@@ -42,9 +42,12 @@ pub enum Phase {
     /// We sent a close frame and wait for the peer's (until the close deadline); inbound data
     /// frames are discarded, nothing but the queued tail and the close frame goes out.
     ClosingByUs,
-    /// Close frames were exchanged (or the connection failed): the TCP connection is closed as
-    /// soon as the queue is written.
+    /// Close frames were exchanged (or the connection failed, RFC 6455 §7.1.7): once the queue
+    /// is written we send FIN.
     Flushing,
+    /// FIN sent: input is read and discarded until the peer's FIN (or the close deadline), so
+    /// unread input never turns our close into a reset that could destroy the close frame.
+    Lingering,
 }
 
 impl Phase {

@@ -234,7 +234,12 @@ impl CoreState {
             Ok(true) => {
                 c.last_drained = now;
                 if c.phase == Phase::Flushing {
-                    c.kill(ReapReason::Close);
+                    // SAFETY: fd is open while the entry exists.
+                    unsafe { libc::shutdown(c.fd, libc::SHUT_WR) };
+                    c.phase = Phase::Lingering;
+                    c.reap.get_or_insert(ReapReason::Close);
+                    let due = now + Self::ticks(self.shared.config.limits.close_timeout_ms);
+                    self.schedule(id, due);
                 }
             }
             Ok(false) => {
@@ -256,6 +261,24 @@ impl CoreState {
         if self.dirty.is_empty() {
             self.dirty = dirty;
         }
+    }
+
+    /// Fails the connection (RFC 6455 §7.1.7): sends a close frame with `code`, then FIN once
+    /// it is written, without waiting for the peer's close.
+    pub fn fail(&mut self, id: ConnId, code: u16, reason: &str) {
+        let shared = self.shared.clone();
+        let Some(c) = self.conn(id) else { return };
+        if !c.phase.can_write() {
+            c.kill(ReapReason::Protocol);
+            return;
+        }
+        c.push(codec::close_frame(code, reason), NO_CHAN);
+        c.phase = Phase::Flushing;
+        c.reap = Some(ReapReason::Protocol);
+        shared.metrics[self.me].close(code);
+        let due = self.now_tick() + Self::ticks(shared.config.limits.close_timeout_ms);
+        self.schedule(id, due);
+        self.flush(id);
     }
 
     /// Starts the close handshake from our side (RFC 6455 §7.1.2): the close frame goes out

@@ -79,7 +79,7 @@ fn on_timer(st: &mut CoreState, id: ConnId, due: u32, now: u32) {
             let next = if c.flags & AWAIT_PONG != 0 { c.ping_sent + pong.max(1) } else { next };
             st.schedule(id, next.max(now + 1));
         }
-        Phase::ClosingByUs | Phase::Flushing => c.kill(ReapReason::CloseTimeout),
+        Phase::ClosingByUs | Phase::Flushing | Phase::Lingering => c.kill(ReapReason::CloseTimeout),
     }
 }
 
@@ -116,11 +116,12 @@ pub fn start_drain(st: &mut CoreState) {
 }
 
 /// Schedules the first heartbeat of a connection that just upgraded, at a random point of the
-/// first interval so pings are spread, not sent in lock-step.
+/// second half of the first interval: pings are spread, not sent in lock-step, and a fresh
+/// connection is not pinged in its first moments (conformance suites count every frame).
 pub fn first_ping(st: &mut CoreState, id: ConnId) {
     let interval = CoreState::ticks(st.shared.config.heartbeat.ping_interval_ms).max(1);
     let now = st.now_tick();
-    let offset = rand::random_range(1..=interval);
+    let offset = rand::random_range(interval.div_ceil(2)..=interval);
     if let Some(c) = st.conn(id) {
         c.ping_sent = now.wrapping_add(offset).wrapping_sub(interval);
         c.last_rx = now;
