@@ -1,1 +1,271 @@
-//! placeholder
+//! The tether client for ordinary tokio applications, and the `tether sub` / `tether pub`
+//! command-line tools (DESIGN §2, §4, §7).
+//!
+//! A [`Client`] owns one background task that holds the WebSocket connection to
+//! `ws://HOST:PORT/ws`, reconnects with full-jitter backoff on the close codes of DESIGN §3, and
+//! after every reconnect resubscribes each channel from the last seq the application
+//! **committed** and resends the publish outbox in its original order.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), tether::client::ClientError> {
+//! use tether::client::{Client, ClientConfig, Event};
+//! let mut client = Client::connect(ClientConfig::new("ws://127.0.0.1:8080/ws"))?;
+//! client.subscribe("news", None)?;
+//! loop {
+//!     match client.next_event().await? {
+//!         Event::Message { ch, seq, data, .. } => {
+//!             println!("{ch} #{seq}: {}", data.get()); // process and record it, then:
+//!             client.commit(&ch, seq).await?;
+//!         }
+//!         Event::Reset { ch, .. } => { /* start over: re-fetch the state of `ch` */ }
+//!         _ => {}
+//!     }
+//! }
+//! # }
+//! ```
+//!
+//! # Layout
+//!
+//! - [`close`]: which close codes reconnect and which stop; the `retry_after_ms` hint.
+//! - [`backoff`]: full-jitter reconnect delays.
+//! - [`offsets`]: the offset file (committed positions that survive a process restart).
+//! - `wire`: client frames out, server frames in (DESIGN §2).
+//! - `session`: the application side: [`Client`], [`Publisher`], [`AckHandle`].
+//! - `shared`: resume positions, counters and commands shared by both sides.
+//! - `task`: the background connection task: connect, resubscribe, outbox, dedup, reconnect.
+//! - `cli`: [`run_sub`] and [`run_pub`].
+
+pub mod backoff;
+mod cli;
+pub mod close;
+pub mod offsets;
+mod session;
+mod shared;
+mod task;
+mod wire;
+
+#[cfg(test)]
+mod tests_cli;
+#[cfg(test)]
+mod tests_e2e;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::value::RawValue;
+
+pub use backoff::{Backoff, BackoffConfig};
+pub use cli::{run_pub, run_sub, PubArgs, SubArgs};
+pub use close::{classify_close, retry_hint, CloseAction};
+pub use offsets::{OffsetStore, Position};
+pub use session::{AckHandle, Client, Publisher};
+pub use wire::{new_publish_id, valid_channel};
+
+/// Why a client stopped or a request failed. Each variant says what the caller should do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientError {
+    /// The server closed the connection with a code that must not be retried (DESIGN §3:
+    /// 1002, 1003, 1007, 1008, 1009, 1010, and every code not listed as reconnectable,
+    /// including 1000 and 1005). Fix the cause before reconnecting.
+    Closed {
+        /// RFC 6455 §7.4 close code (1005 when the close frame carried none).
+        code: u16,
+        /// The close reason text as received.
+        reason: String,
+    },
+    /// The server answered a request with `error` (DESIGN §2): the publish (or subscription)
+    /// was refused and retrying the same request will not help.
+    Refused {
+        /// The server's `code` field as text (a JSON number is rendered in decimal).
+        code: String,
+        /// The server's `reason` field.
+        reason: String,
+    },
+    /// The server refused the WebSocket upgrade with a non-retryable HTTP status (anything but
+    /// 429, 500, 502, 503 and 504), e.g. 404 for a wrong path.
+    Handshake {
+        /// HTTP status code of the refusal.
+        status: u16,
+    },
+    /// The URL cannot be used (not `ws://`, no host, unparsable).
+    InvalidUrl(String),
+    /// A channel name outside 1–128 bytes of `[A-Za-z0-9._:-]` (DESIGN §7).
+    InvalidChannel(String),
+    /// Publish data that is not valid JSON, or that cannot be serialized.
+    InvalidData(String),
+    /// The server broke the wire protocol (non-JSON text, missing fields, binary frames, an
+    /// RFC 6455 violation). The client closes with 1002 and stops.
+    Protocol(String),
+    /// A local I/O error (offset file, output file, stdout).
+    Io(String),
+    /// The client was closed by the application ([`Client::close`]) or dropped.
+    Shutdown,
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Closed { code, reason } => write!(f, "server closed with {code}: {reason}"),
+            Self::Refused { code, reason } => write!(f, "refused by server ({code}): {reason}"),
+            Self::Handshake { status } => write!(f, "WebSocket upgrade refused: HTTP {status}"),
+            Self::InvalidUrl(e) => write!(f, "invalid URL: {e}"),
+            Self::InvalidChannel(ch) => write!(
+                f,
+                "invalid channel name {ch:?}: expected 1-128 bytes of [A-Za-z0-9._:-]"
+            ),
+            Self::InvalidData(e) => write!(f, "invalid publish data: {e}"),
+            Self::Protocol(e) => write!(f, "protocol error from server: {e}"),
+            Self::Io(e) => write!(f, "I/O error: {e}"),
+            Self::Shutdown => write!(f, "client was shut down"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+impl From<std::io::Error> for ClientError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Io(e.to_string())
+    }
+}
+
+/// What the background task reports to the application, in connection order.
+///
+/// `Subscribed`, `Message`, `Reset` and `Error` are never dropped: while the application does
+/// not consume them the client stops reading from the socket (the server's slow-subscriber
+/// policy then applies, DESIGN §3). `Connected` and `Disconnected` are informational and are
+/// dropped when 64 events are already waiting.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// A WebSocket connection is open; subscriptions and the outbox have been (re)sent on it.
+    Connected,
+    /// The server confirmed a subscription (`subscribed`, DESIGN §2).
+    Subscribed {
+        /// Channel name.
+        ch: String,
+        /// The channel's head seq at subscribe time (0 before any publish).
+        seq: u64,
+        /// The channel's epoch, an opaque string echoed back on resume.
+        epoch: String,
+        /// `Some(true)` when the resume from `from` succeeded; `None` when no `from` was sent.
+        recovered: Option<bool>,
+    },
+    /// One message. Call [`Client::commit`] once it is processed and recorded.
+    Message {
+        /// Channel name.
+        ch: String,
+        /// Per-channel sequence number (1, 2, 3, …).
+        seq: u64,
+        /// The `data` JSON exactly as the server sent it.
+        data: Box<RawValue>,
+        /// The whole `msg` frame text exactly as received (`{"op":"msg",…}`).
+        raw: String,
+    },
+    /// The resume point is gone (evicted from history, or the epoch changed): start over
+    /// (re-fetch state elsewhere); messages continue live at `seq + 1`.
+    Reset {
+        /// Channel name.
+        ch: String,
+        /// The channel's head seq; the next message is `seq + 1`.
+        seq: u64,
+        /// The channel's current epoch.
+        epoch: String,
+        /// `evicted` or `epoch` (DESIGN §2).
+        reason: String,
+        /// The oldest seq still in the channel's history.
+        oldest: u64,
+    },
+    /// The server refused a request that is not a pending publish (e.g. a `sub` for an invalid
+    /// channel, or a `from` beyond the head).
+    Error {
+        /// The server's `code` as text.
+        code: String,
+        /// The server's `reason`.
+        reason: String,
+        /// The request id, when the server echoed one.
+        id: Option<String>,
+    },
+    /// The connection ended with a reconnectable code or an I/O error; the client reconnects
+    /// after `retry_in`.
+    Disconnected {
+        /// The close code received, or `None` when the connection ended without a close frame
+        /// (I/O error, timeout: RFC 6455 §7.1.5 "abnormal closure", 1006).
+        code: Option<u16>,
+        /// Close reason or error text.
+        reason: String,
+        /// The backoff delay before the next connection attempt.
+        retry_in: Duration,
+    },
+}
+
+/// The server's acknowledgement of a publish (`ack`, DESIGN §2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ack {
+    /// The publish id (client-generated or caller-given).
+    pub id: String,
+    /// Channel name.
+    pub ch: String,
+    /// The seq the message is stored as.
+    pub seq: u64,
+    /// The `ack` frame text exactly as received.
+    pub raw: String,
+}
+
+/// Counters of a client since it was created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// WebSocket connections opened.
+    pub connects: u64,
+    /// Messages dropped because their seq was at or below one already delivered on the same
+    /// connection, or at or below the committed seq.
+    pub duplicates_dropped: u64,
+    /// Messages whose seq skipped ahead of the previous one (a drop-oldest or conflate policy,
+    /// DESIGN §3). They are delivered anyway.
+    pub gaps: u64,
+    /// `Connected` / `Disconnected` events dropped because the application was not reading.
+    pub status_events_dropped: u64,
+}
+
+/// How a [`Client`] connects, reconnects and keeps offsets.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// `ws://HOST:PORT/ws`. TLS (`wss://`) is not built in.
+    pub url: String,
+    /// Reconnect delays (DESIGN §4).
+    pub backoff: BackoffConfig,
+    /// Seed for the backoff jitter; `None` seeds from the OS. Set it in tests.
+    pub seed: Option<u64>,
+    /// Limit on TCP connect plus WebSocket upgrade. Default 10 s.
+    pub connect_timeout: Duration,
+    /// Reconnect when no frame at all arrives for this long. The server pings every 25 s by
+    /// default (DESIGN §3), so the default of 60 s only fires on a dead path (a NAT or proxy
+    /// that dropped the connection without telling either side). `None` disables it.
+    pub idle_timeout: Option<Duration>,
+    /// Offset file holding committed positions across process restarts. At-least-once: a
+    /// crash between processing a message and its commit repeats that one message.
+    pub offset_file: Option<PathBuf>,
+    /// Most publishes awaiting their ack; `Publisher::send` waits for room beyond it.
+    /// Default 10,000.
+    pub max_outbox: usize,
+    /// Data events buffered for the application before the client stops reading the socket.
+    /// Default 1,024.
+    pub event_buffer: usize,
+}
+
+impl ClientConfig {
+    /// The defaults for `url`: backoff 500 ms base / 30 s cap / 10 s stable, OS seed, 10 s
+    /// connect timeout, 60 s idle timeout, no offset file.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            backoff: BackoffConfig::default(),
+            seed: None,
+            connect_timeout: Duration::from_secs(10),
+            idle_timeout: Some(Duration::from_secs(60)),
+            offset_file: None,
+            max_outbox: 10_000,
+            event_buffer: 1024,
+        }
+    }
+}

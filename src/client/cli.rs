@@ -1,0 +1,405 @@
+//! `tether sub` and `tether pub` (DESIGN §4, §7).
+
+use std::fs::{File, OpenOptions};
+use std::future::Future;
+use std::io::{self, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::json;
+use serde_json::value::RawValue;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+use super::offsets::Position;
+use super::session::Client;
+use super::wire::check_channel;
+use super::{Ack, ClientConfig, ClientError, Event};
+
+/// Arguments of `tether sub URL CH [--from N] [--offset-file F] [--append-to F]`.
+#[derive(Debug, Clone)]
+pub struct SubArgs {
+    /// `ws://HOST:PORT/ws`.
+    pub url: String,
+    /// Channel to follow.
+    pub channel: String,
+    /// Last seq already processed (`0` replays from seq 1); used when neither the append file
+    /// nor the offset file gives a position. `None`: start live.
+    pub from: Option<u64>,
+    /// Offset file: commits are written there (atomically, once per message) and read back at
+    /// start. At-least-once: a crash between printing a line and its commit prints that one
+    /// message again on restart.
+    pub offset_file: Option<PathBuf>,
+    /// Append messages to this file instead of stdout and resume from its last line's `seq`;
+    /// writing the line is recording it, so a restart repeats nothing.
+    pub append_to: Option<PathBuf>,
+}
+
+/// Arguments of `tether pub URL CH JSON [--id ID]`.
+#[derive(Debug, Clone)]
+pub struct PubArgs {
+    /// `ws://HOST:PORT/ws`.
+    pub url: String,
+    /// Channel to publish on.
+    pub channel: String,
+    /// The message's `data`, as JSON text.
+    pub data: String,
+    /// Publish id; a fresh random id when `None`. Reusing an id across runs makes a retried
+    /// command idempotent within the server's dedup window.
+    pub id: Option<String>,
+}
+
+/// `tether sub`: prints each `msg` frame as one JSON line exactly as received
+/// (`{"op":"msg","ch":…,"seq":…,"data":…}`) to stdout, or appends it to `append_to`; flushes;
+/// only then commits. Resets and disconnects go to stderr as JSON lines. Reconnects and
+/// resumes by itself and runs until SIGINT or SIGTERM (then `Ok`).
+///
+/// With `append_to`, the file's last complete line gives the resume point; a torn last line
+/// (no newline: the process was killed mid-write) is truncated away first. The epoch then comes
+/// from `offset_file` when one is given.
+///
+/// # Errors
+/// [`ClientError::Closed`] on a stop close code; [`ClientError::Refused`] when the server
+/// refuses the subscription; [`ClientError::Io`] when output or the files fail;
+/// [`ClientError::InvalidData`] when the append file's last line is not a `msg` object.
+pub async fn run_sub(args: SubArgs) -> Result<(), ClientError> {
+    run_sub_until(args, shutdown_signal()).await
+}
+
+/// `tether pub`: publishes once with a stable id, retrying across reconnects (with backoff)
+/// until acked, and prints the `ack` frame as one JSON line on stdout.
+///
+/// # Errors
+/// [`ClientError::InvalidData`] for data that is not JSON and [`ClientError::InvalidChannel`],
+/// both before connecting; [`ClientError::Refused`] when the server refuses the publish;
+/// [`ClientError::Closed`] on a stop close code.
+pub async fn run_pub(args: PubArgs) -> Result<(), ClientError> {
+    let ack = publish_once(&args).await?;
+    let mut out = tokio::io::stdout();
+    write_line(&mut out, &ack.raw).await
+}
+
+pub(super) async fn publish_once(args: &PubArgs) -> Result<Ack, ClientError> {
+    let data: Box<RawValue> = serde_json::from_str(&args.data)
+        .map_err(|e| ClientError::InvalidData(format!("DATA is not JSON: {e}")))?;
+    check_channel(&args.channel)?;
+    publish_with(ClientConfig::new(&args.url), args, &data).await
+}
+
+pub(super) async fn publish_with(
+    cfg: ClientConfig,
+    args: &PubArgs,
+    data: &RawValue,
+) -> Result<Ack, ClientError> {
+    let client = Client::connect(cfg)?;
+    let sent = client
+        .publisher()
+        .send(&args.channel, args.id.clone(), data)
+        .await;
+    let ack = match sent {
+        Ok(handle) => handle.await,
+        Err(e) => Err(e),
+    };
+    client.close().await;
+    ack
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+async fn write_line<W: AsyncWrite + Unpin>(out: &mut W, text: &str) -> Result<(), ClientError> {
+    let mut line = Vec::with_capacity(text.len() + 1);
+    line.extend_from_slice(text.as_bytes());
+    line.push(b'\n');
+    // One write per line, so a kill leaves at most one torn line at the end.
+    out.write_all(&line).await?;
+    out.flush().await?;
+    Ok(())
+}
+
+/// `run_sub` with the stop condition and the client configuration supplied by the caller.
+pub(super) async fn run_sub_until(
+    args: SubArgs,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ClientError> {
+    let mut cfg = ClientConfig::new(&args.url);
+    cfg.offset_file = args.offset_file.clone();
+    run_sub_with(cfg, args, shutdown).await
+}
+
+pub(super) async fn run_sub_with(
+    cfg: ClientConfig,
+    args: SubArgs,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ClientError> {
+    check_channel(&args.channel)?;
+    let mut file_last = None;
+    let mut out: Box<dyn AsyncWrite + Unpin + Send> = match &args.append_to {
+        Some(path) => {
+            let scan = path.clone();
+            file_last = tokio::task::spawn_blocking(move || recover_append_file(&scan))
+                .await
+                .map_err(|e| ClientError::Io(e.to_string()))??;
+            let file = tokio::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(path)
+                .await?;
+            Box::new(file)
+        }
+        None => Box::new(tokio::io::stdout()),
+    };
+    let mut client = Client::connect(cfg)?;
+    let ch = args.channel.as_str();
+    match file_last {
+        Some(seq) => {
+            let epoch = client.position(ch).and_then(|p| p.epoch);
+            client.subscribe_at(ch, Position { seq, epoch })?;
+        }
+        None => client.subscribe(ch, args.from)?,
+    }
+    tokio::pin!(shutdown);
+    let result = loop {
+        let ev = tokio::select! {
+            () = &mut shutdown => break Ok(()),
+            ev = client.next_event() => ev,
+        };
+        match ev {
+            Ok(Event::Message { ch, seq, raw, .. }) => {
+                if let Err(e) = write_line(&mut out, &raw).await {
+                    break Err(e);
+                }
+                if let Err(e) = client.commit(&ch, seq).await {
+                    break Err(e);
+                }
+            }
+            Ok(Event::Reset {
+                ch,
+                seq,
+                epoch,
+                reason,
+                oldest,
+            }) => {
+                let line = json!({"op":"reset","ch":ch,"seq":seq,"epoch":epoch,"reason":reason,"oldest":oldest});
+                eprintln!("{line}");
+            }
+            Ok(Event::Disconnected {
+                code,
+                reason,
+                retry_in,
+            }) => {
+                let line = json!({"event":"disconnected","code":code,"reason":reason,
+                    "retry_in_ms":u64::try_from(retry_in.as_millis()).unwrap_or(u64::MAX)});
+                eprintln!("{line}");
+            }
+            Ok(Event::Error { code, reason, id }) => {
+                eprintln!(
+                    "{}",
+                    json!({"op":"error","code":code,"reason":reason,"id":id})
+                );
+                break Err(ClientError::Refused { code, reason });
+            }
+            Ok(Event::Connected | Event::Subscribed { .. }) => {}
+            Err(e) => break Err(e),
+        }
+    };
+    client.close().await;
+    result
+}
+
+/// Makes the append file end on a complete line and returns the `seq` of its last line
+/// (`None` for a missing or empty file). Bytes after the last newline are a line torn by a
+/// kill mid-write: they are truncated away (and the truncation fsynced) so appending continues
+/// on a clean line.
+///
+/// # Errors
+/// I/O errors; `InvalidData` when the last complete line is not a JSON object with an integer
+/// `seq` (the file is not a `tether sub` output, or is corrupt).
+pub(super) fn recover_append_file(path: &Path) -> io::Result<Option<u64>> {
+    let mut file = match OpenOptions::new().read(true).write(true).open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let len = file.metadata()?.len();
+    let (end, last_line) = last_line(&mut file, len)?;
+    if end < len {
+        file.set_len(end)?;
+        file.sync_all()?;
+    }
+    let Some(line) = last_line else {
+        return Ok(None);
+    };
+    #[derive(Deserialize)]
+    struct Line {
+        seq: u64,
+    }
+    let parsed: Line = serde_json::from_slice(&line).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: last line is not a msg with a seq: {e}", path.display()),
+        )
+    })?;
+    Ok(Some(parsed.seq))
+}
+
+/// Scans backwards from `len`: returns the length up to and including the last newline, and
+/// the last non-empty complete line, reading only as much of the file's tail as needed.
+fn last_line(file: &mut File, len: u64) -> io::Result<(u64, Option<Vec<u8>>)> {
+    const CHUNK: u64 = 64 * 1024;
+    let mut tail: Vec<u8> = Vec::new();
+    let mut start = len;
+    let mut end: Option<u64> = None;
+    loop {
+        let from = start.saturating_sub(CHUNK);
+        let mut chunk = vec![0; usize::try_from(start - from).unwrap_or(0)];
+        file.seek(SeekFrom::Start(from))?;
+        file.read_exact(&mut chunk)?;
+        chunk.extend_from_slice(&tail);
+        tail = chunk;
+        start = from;
+        let end_in_tail = match end {
+            Some(e) => usize::try_from(e - start).unwrap_or(0),
+            None => match tail.iter().rposition(|&b| b == b'\n') {
+                Some(i) => {
+                    end = Some(start + i as u64 + 1);
+                    i + 1
+                }
+                None if start == 0 => return Ok((0, None)),
+                None => continue,
+            },
+        };
+        let body = &tail[..end_in_tail];
+        let trimmed_end = body
+            .iter()
+            .rposition(|b| !b.is_ascii_whitespace())
+            .map_or(0, |i| i + 1);
+        let content = &body[..trimmed_end];
+        if let Some(i) = content.iter().rposition(|&b| b == b'\n') {
+            return Ok((start + end_in_tail as u64, Some(content[i + 1..].to_vec())));
+        }
+        if start == 0 {
+            let line = (!content.is_empty()).then(|| content.to_vec());
+            return Ok((end_in_tail as u64, line));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    fn temp_file(name: &str, content: &[u8]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "tether-append-{name}-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("out.jsonl");
+        fs::write(&path, content).expect("write");
+        path
+    }
+
+    fn msg(seq: u64) -> String {
+        format!("{{\"op\":\"msg\",\"ch\":\"c\",\"seq\":{seq},\"data\":{{\"n\":{seq}}}}}\n")
+    }
+
+    #[test]
+    fn missing_and_empty_files() {
+        let path = temp_file("empty", b"");
+        assert_eq!(recover_append_file(&path).expect("empty"), None);
+        assert_eq!(
+            recover_append_file(&path.with_file_name("nope")).expect("missing"),
+            None
+        );
+    }
+
+    #[test]
+    fn last_complete_line_gives_seq() {
+        let content = format!("{}{}{}", msg(1), msg(2), msg(3));
+        let path = temp_file("complete", content.as_bytes());
+        assert_eq!(recover_append_file(&path).expect("ok"), Some(3));
+        assert_eq!(fs::read_to_string(&path).expect("read"), content);
+    }
+
+    #[test]
+    fn torn_line_is_truncated() {
+        let good = format!("{}{}", msg(1), msg(2));
+        let torn = format!("{good}{{\"op\":\"msg\",\"ch\":\"c\",\"se");
+        let path = temp_file("torn", torn.as_bytes());
+        assert_eq!(recover_append_file(&path).expect("ok"), Some(2));
+        assert_eq!(fs::read_to_string(&path).expect("read"), good);
+    }
+
+    #[test]
+    fn only_a_torn_line() {
+        let path = temp_file("only-torn", b"{\"op\":\"msg\",\"seq\":1");
+        assert_eq!(recover_append_file(&path).expect("ok"), None);
+        assert_eq!(fs::read(&path).expect("read"), b"");
+    }
+
+    #[test]
+    fn single_line_and_blank_lines() {
+        let path = temp_file("single", msg(7).as_bytes());
+        assert_eq!(recover_append_file(&path).expect("ok"), Some(7));
+        let path = temp_file("blank", format!("{}\n\n", msg(8)).as_bytes());
+        assert_eq!(recover_append_file(&path).expect("ok"), Some(8));
+    }
+
+    #[test]
+    fn long_file_reads_only_the_tail() {
+        let mut content = String::new();
+        for seq in 1..=5000 {
+            content.push_str(&msg(seq));
+        }
+        // A last line longer than one read chunk.
+        let big = format!(
+            "{{\"op\":\"msg\",\"ch\":\"c\",\"seq\":5001,\"data\":\"{}\"}}\n",
+            "x".repeat(200_000)
+        );
+        content.push_str(&big);
+        content.push_str("{\"op\":\"msg\",\"ch\":\"c\",\"seq\":50");
+        let path = temp_file("long", content.as_bytes());
+        assert_eq!(recover_append_file(&path).expect("ok"), Some(5001));
+        assert!(fs::read_to_string(&path).expect("read").ends_with("\"}\n"));
+    }
+
+    #[test]
+    fn corrupt_last_line_is_an_error() {
+        let path = temp_file("corrupt", format!("{}not json\n", msg(1)).as_bytes());
+        let err = recover_append_file(&path).expect_err("corrupt");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[tokio::test]
+    async fn bad_json_fails_before_connecting() {
+        let args = PubArgs {
+            url: "ws://127.0.0.1:1/ws".into(),
+            channel: "c".into(),
+            data: "{not json".into(),
+            id: None,
+        };
+        let err = publish_once(&args).await.expect_err("bad json");
+        assert!(matches!(err, ClientError::InvalidData(_)), "{err:?}");
+        let args = PubArgs {
+            data: "1".into(),
+            channel: "bad name".into(),
+            ..args
+        };
+        let err = publish_once(&args).await.expect_err("bad channel");
+        assert!(matches!(err, ClientError::InvalidChannel(_)), "{err:?}");
+    }
+}

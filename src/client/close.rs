@@ -1,0 +1,110 @@
+//! Which close codes a client reconnects on (DESIGN §3, §4; codes from RFC 6455 §7.4.1 and
+//! the IANA WebSocket close code registry).
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// What a client does after the server closed the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseAction {
+    /// Wait for the backoff delay, reconnect and resume.
+    Reconnect,
+    /// Do not reconnect; report the code to the application.
+    Stop,
+}
+
+/// Classifies a close code received from the server, exactly as DESIGN §3 lists them.
+///
+/// Reconnect on 1001 (going away: shutdown), 1006 (abnormal closure: no close frame, any I/O
+/// error), 1011 (internal error), 1012 (service restart: drain) and 1013 (try again later:
+/// slow consumer, overload). Every other code stops: the listed 1002, 1003, 1007, 1008, 1009
+/// and 1010, and also 1000 (the server meant to end the session normally), 1005 (no status in
+/// the close frame) and unknown or application codes (3000–4999), because DESIGN §4 allows a
+/// reconnect only for the listed codes and I/O errors.
+pub fn classify_close(code: u16) -> CloseAction {
+    match code {
+        1001 | 1006 | 1011 | 1012 | 1013 => CloseAction::Reconnect,
+        _ => CloseAction::Stop,
+    }
+}
+
+/// The server's wait hint in a close reason: a JSON object such as
+/// `{"reason":"slow","retry_after_ms":250}` gives `Some(250 ms)`, the floor of the next
+/// reconnect delay (DESIGN §4). A reason that is not JSON, or has no non-negative integer
+/// `retry_after_ms`, gives `None`.
+pub fn retry_hint(reason: &str) -> Option<Duration> {
+    #[derive(Deserialize)]
+    struct Hint {
+        retry_after_ms: Option<u64>,
+    }
+    let hint: Hint = serde_json::from_str(reason.trim()).ok()?;
+    hint.retry_after_ms.map(Duration::from_millis)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnectable_codes_reconnect() {
+        for code in [1001, 1006, 1011, 1012, 1013] {
+            assert_eq!(classify_close(code), CloseAction::Reconnect, "code {code}");
+        }
+    }
+
+    #[test]
+    fn terminal_codes_stop() {
+        for code in [1002, 1003, 1007, 1008, 1009, 1010] {
+            assert_eq!(classify_close(code), CloseAction::Stop, "code {code}");
+        }
+    }
+
+    #[test]
+    fn unlisted_codes_stop() {
+        for code in [
+            0,
+            999,
+            1000,
+            1004,
+            1005,
+            1014,
+            1015,
+            2999,
+            3000,
+            4000,
+            4999,
+            u16::MAX,
+        ] {
+            assert_eq!(classify_close(code), CloseAction::Stop, "code {code}");
+        }
+    }
+
+    #[test]
+    fn retry_hint_reads_json_reason() {
+        assert_eq!(
+            retry_hint(r#"{"reason":"slow","retry_after_ms":250}"#),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(
+            retry_hint(r#" {"retry_after_ms":0} "#),
+            Some(Duration::ZERO)
+        );
+    }
+
+    #[test]
+    fn retry_hint_ignores_anything_else() {
+        for reason in [
+            "",
+            "queue_max_bytes exceeded",
+            r#"{"reason":"slow"}"#,
+            r#"{"retry_after_ms":-5}"#,
+            r#"{"retry_after_ms":"250"}"#,
+            r#"{"retry_after_ms":1.5}"#,
+            "[1,2]",
+            r#"{"retry_after_ms":250"#,
+        ] {
+            assert_eq!(retry_hint(reason), None, "reason {reason:?}");
+        }
+    }
+}

@@ -1,0 +1,569 @@
+//! The background connection task: connect, resubscribe from committed positions, resend the
+//! outbox, read frames, and reconnect with backoff (DESIGN §3, §4).
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::SplitSink;
+use futures::{SinkExt, StreamExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::{sleep, sleep_until, timeout, Instant};
+use tokio_tungstenite::tungstenite::error::ProtocolError;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::{connect_async_with_config, MaybeTlsStream, WebSocketStream};
+
+use super::backoff::Backoff;
+use super::close::{classify_close, retry_hint, CloseAction};
+use super::offsets::Position;
+use super::shared::{is_status, lock, Command, Outq, Pending, Shared};
+use super::wire::{need, sub_frame, unsub_frame, Inbound};
+use super::{Ack, ClientError, Event};
+
+type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// How long a closing connection may take to flush our close frame and read the peer's.
+const CLOSE_DRAIN: Duration = Duration::from_secs(1);
+/// How long reading may continue after the write half failed, to pick up the close frame
+/// that usually explains why.
+const WRITE_FAILURE_GRACE: Duration = Duration::from_secs(1);
+
+/// How a connection (or a connection attempt) ended.
+enum Ended {
+    Reconnect {
+        code: Option<u16>,
+        reason: String,
+        floor: Option<Duration>,
+    },
+    Stop(ClientError),
+    /// The application closed the client (`Some`) or dropped every handle (`None`).
+    Shutdown(Option<oneshot::Sender<()>>),
+}
+
+fn abnormal(reason: impl Into<String>) -> Ended {
+    Ended::Reconnect {
+        code: None,
+        reason: reason.into(),
+        floor: None,
+    }
+}
+
+/// Per-connection channel state.
+#[derive(Default)]
+struct ChanConn {
+    /// `from` sent in this connection's `sub`.
+    from: Option<u64>,
+    /// Highest seq delivered on this connection (or the resume baseline).
+    last: Option<u64>,
+}
+
+struct Conn {
+    writes: mpsc::UnboundedSender<Message>,
+    chans: HashMap<String, ChanConn>,
+}
+
+impl Conn {
+    fn send(&self, text: String) {
+        // A closed writer means the connection is ending; the reader reports why.
+        let _ = self.writes.send(Message::text(text));
+    }
+}
+
+pub(crate) struct Task {
+    pub url: String,
+    pub connect_timeout: Duration,
+    pub idle_timeout: Option<Duration>,
+    pub backoff: Backoff,
+    pub shared: Arc<Shared>,
+    pub cmds: mpsc::UnboundedReceiver<Command>,
+    pub events: mpsc::Sender<Event>,
+    /// Subscribed channels in subscription order (resubscribed in this order).
+    subs: Vec<String>,
+    /// Publishes not yet acked, in publish order (resent in this order).
+    outbox: VecDeque<Pending>,
+    out: Outq,
+}
+
+impl Task {
+    pub(crate) fn new(
+        url: String,
+        connect_timeout: Duration,
+        idle_timeout: Option<Duration>,
+        backoff: Backoff,
+        shared: Arc<Shared>,
+        cmds: mpsc::UnboundedReceiver<Command>,
+        events: mpsc::Sender<Event>,
+    ) -> Self {
+        Self {
+            url,
+            connect_timeout,
+            idle_timeout,
+            backoff,
+            shared,
+            cmds,
+            events,
+            subs: Vec::new(),
+            outbox: VecDeque::new(),
+            out: Outq::default(),
+        }
+    }
+
+    pub(crate) async fn run(mut self) {
+        let end = loop {
+            let attempt = timeout(
+                self.connect_timeout,
+                connect_async_with_config(self.url.clone(), None, true),
+            );
+            let ended = match self.offline(attempt).await {
+                Err(end) => end,
+                Ok(Err(_elapsed)) => abnormal("connect timed out"),
+                Ok(Ok(Err(e))) => handshake_ended(e),
+                Ok(Ok(Ok((ws, _response)))) => {
+                    self.shared
+                        .counters
+                        .connects
+                        .fetch_add(1, Ordering::Relaxed);
+                    let opened = Instant::now();
+                    let ended = self.session(ws).await;
+                    self.backoff.connected_for(opened.elapsed());
+                    ended
+                }
+            };
+            match ended {
+                Ended::Reconnect {
+                    code,
+                    reason,
+                    floor,
+                } => {
+                    let retry_in = self.backoff.next_delay(floor);
+                    tracing::debug!(?code, %reason, ?retry_in, "tether client disconnected");
+                    let ev = Event::Disconnected {
+                        code,
+                        reason,
+                        retry_in,
+                    };
+                    self.out.push_status(ev, &self.shared.counters);
+                    if let Err(end) = self.offline(sleep(retry_in)).await {
+                        break end;
+                    }
+                }
+                other => break other,
+            }
+        };
+        self.finish(end).await;
+    }
+
+    /// Drives `fut` while no connection is open: commands are queued, events delivered.
+    async fn offline<F: Future>(&mut self, fut: F) -> Result<F::Output, Ended> {
+        tokio::pin!(fut);
+        // A second sender handle: a reserved slot borrows its sender, and must not borrow `self`.
+        let events = self.events.clone();
+        loop {
+            tokio::select! {
+                out = &mut fut => return Ok(out),
+                cmd = self.cmds.recv() => {
+                    if let Some(end) = self.command(cmd, None) {
+                        return Err(end);
+                    }
+                }
+                permit = events.reserve(), if !self.out.q.is_empty() => {
+                    self.out.deliver(permit);
+                }
+            }
+        }
+    }
+
+    fn command(&mut self, cmd: Option<Command>, conn: Option<&mut Conn>) -> Option<Ended> {
+        match cmd {
+            None => return Some(Ended::Shutdown(None)),
+            Some(Command::Close(done)) => return Some(Ended::Shutdown(Some(done))),
+            Some(Command::Subscribe(ch)) => {
+                if !self.subs.contains(&ch) {
+                    if let Some(conn) = conn {
+                        self.send_sub(conn, &ch);
+                    }
+                    self.subs.push(ch);
+                }
+            }
+            Some(Command::Unsubscribe(ch)) => {
+                if let Some(i) = self.subs.iter().position(|s| *s == ch) {
+                    self.subs.remove(i);
+                    if let Some(conn) = conn {
+                        conn.chans.remove(&ch);
+                        conn.send(unsub_frame(&ch));
+                    }
+                }
+            }
+            Some(Command::Publish(p)) => {
+                if let Some(conn) = conn {
+                    conn.send(p.frame.clone());
+                }
+                self.outbox.push_back(p);
+            }
+        }
+        None
+    }
+
+    fn send_sub(&self, conn: &mut Conn, ch: &str) {
+        let pos = lock(&self.shared.book).positions.get(ch).cloned();
+        let from = pos.as_ref().map(|p| p.seq);
+        let epoch = pos.as_ref().and_then(|p| p.epoch.as_deref());
+        conn.send(sub_frame(ch, from, epoch));
+        conn.chans
+            .insert(ch.to_string(), ChanConn { from, last: None });
+    }
+
+    /// One open connection, from resubscribe to close.
+    async fn session(&mut self, ws: Ws) -> Ended {
+        let (sink, mut stream) = ws.split();
+        let (writes, queued) = mpsc::unbounded_channel();
+        let mut writer: JoinHandle<()> = tokio::spawn(write_loop(sink, queued));
+        let mut writer_done = false;
+        let mut conn = Conn {
+            writes,
+            chans: HashMap::new(),
+        };
+        for ch in self.subs.clone() {
+            self.send_sub(&mut conn, &ch);
+        }
+        for p in &self.outbox {
+            conn.send(p.frame.clone());
+        }
+        self.out
+            .push_status(Event::Connected, &self.shared.counters);
+
+        let far = Duration::from_secs(86_400 * 365);
+        let idle_limit = self.idle_timeout;
+        let mut last_seen = Instant::now();
+        let idle = sleep_until(last_seen + idle_limit.unwrap_or(far));
+        tokio::pin!(idle);
+        let mut grace: Option<Instant> = None;
+
+        let events = self.events.clone();
+        let ended = loop {
+            let reading = self.out.data == 0;
+            if !reading {
+                // Time spent waiting for the application is not the server's silence.
+                last_seen = Instant::now();
+            }
+            tokio::select! {
+                cmd = self.cmds.recv() => {
+                    if let Some(end) = self.command(cmd, Some(&mut conn)) {
+                        break end;
+                    }
+                }
+                permit = events.reserve(), if !self.out.q.is_empty() => {
+                    self.out.deliver(permit);
+                }
+                frame = stream.next(), if reading => {
+                    last_seen = Instant::now();
+                    if let Some(end) = self.inbound(frame, &mut conn) {
+                        break end;
+                    }
+                }
+                () = &mut idle, if reading && idle_limit.is_some() => {
+                    let due = last_seen + idle_limit.unwrap_or(far);
+                    if Instant::now() >= due {
+                        break abnormal("no frame from the server within the idle timeout");
+                    }
+                    idle.as_mut().reset(due);
+                }
+                _ = &mut writer, if !writer_done => {
+                    writer_done = true;
+                    grace = Some(Instant::now() + WRITE_FAILURE_GRACE);
+                }
+                () = sleep_until(grace.unwrap_or_else(|| Instant::now() + far)), if grace.is_some() => {
+                    break abnormal("write to the server failed");
+                }
+            }
+        };
+
+        let (close, drain) = match &ended {
+            Ended::Shutdown(_) => (Some((CloseCode::Normal, "client shutdown")), true),
+            Ended::Stop(ClientError::Protocol(_)) => (Some((CloseCode::Protocol, "")), true),
+            // The server's close frame: tungstenite queued the reply, draining flushes it.
+            Ended::Stop(_) | Ended::Reconnect { code: Some(_), .. } => (None, true),
+            Ended::Reconnect { code: None, .. } => (None, false),
+        };
+        if let Some((code, reason)) = close {
+            let frame = CloseFrame {
+                code,
+                reason: reason.into(),
+            };
+            let _ = conn.writes.send(Message::Close(Some(frame)));
+        }
+        drop(conn);
+        if drain {
+            let _ = timeout(CLOSE_DRAIN, async {
+                if !writer_done {
+                    let _ = (&mut writer).await;
+                }
+                while let Some(Ok(_)) = stream.next().await {}
+            })
+            .await;
+        }
+        writer.abort();
+        ended
+    }
+
+    fn inbound(
+        &mut self,
+        frame: Option<Result<Message, WsError>>,
+        conn: &mut Conn,
+    ) -> Option<Ended> {
+        match frame {
+            None => Some(abnormal("connection closed without a close frame")),
+            Some(Err(e)) => Some(read_error(e)),
+            Some(Ok(Message::Text(text))) => self.text(text.as_str(), conn).err().map(Ended::Stop),
+            Some(Ok(Message::Close(frame))) => {
+                let (code, reason) = frame.map_or((1005, String::new()), |f| {
+                    (u16::from(f.code), f.reason.to_string())
+                });
+                Some(match classify_close(code) {
+                    CloseAction::Reconnect => {
+                        let floor = retry_hint(&reason);
+                        Ended::Reconnect {
+                            code: Some(code),
+                            reason,
+                            floor,
+                        }
+                    }
+                    CloseAction::Stop => Ended::Stop(ClientError::Closed { code, reason }),
+                })
+            }
+            Some(Ok(Message::Binary(_))) => Some(Ended::Stop(ClientError::Protocol(
+                "binary frame; protocol v1 uses text frames".into(),
+            ))),
+            // Pings are answered by tungstenite; pongs and raw frames carry nothing for us.
+            Some(Ok(_)) => None,
+        }
+    }
+
+    fn text(&mut self, text: &str, conn: &mut Conn) -> Result<(), ClientError> {
+        let f = Inbound::parse(text)?;
+        let op = f.op.as_str();
+        let counters = &self.shared.counters;
+        match op {
+            "msg" => {
+                let ch = need(op, f.ch, "ch")?;
+                let seq = need(op, f.seq, "seq")?;
+                let data = need(op, f.data, "data")?;
+                if !self.subs.contains(&ch) {
+                    return Ok(()); // in flight when we unsubscribed
+                }
+                let st = conn.chans.entry(ch.clone()).or_default();
+                if let Some(last) = st.last {
+                    if seq <= last {
+                        counters.duplicates.fetch_add(1, Ordering::Relaxed);
+                        return Ok(());
+                    }
+                    if seq > last + 1 {
+                        counters.gaps.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                st.last = Some(seq);
+                self.out.push_data(Event::Message {
+                    ch,
+                    seq,
+                    data,
+                    raw: text.to_string(),
+                });
+            }
+            "subscribed" => {
+                let ch = need(op, f.ch, "ch")?;
+                let seq = need(op, f.seq, "seq")?;
+                let epoch = need(op, f.epoch, "epoch")?;
+                let st = conn.chans.entry(ch.clone()).or_default();
+                // A resume replays from+1.., a fresh subscription goes live after the head.
+                st.last = Some(match (f.recovered, st.from) {
+                    (Some(true), Some(from)) => from,
+                    _ => seq,
+                });
+                {
+                    let mut book = lock(&self.shared.book);
+                    match book.positions.get_mut(&ch) {
+                        // Starting live: the head is where a reconnect must pick up, even if
+                        // nothing is committed before the connection drops.
+                        None => {
+                            let pos = Position {
+                                seq,
+                                epoch: Some(epoch.clone()),
+                            };
+                            book.positions.insert(ch.clone(), pos);
+                        }
+                        Some(p) if p.epoch.is_none() => p.epoch = Some(epoch.clone()),
+                        Some(_) => {}
+                    }
+                }
+                let recovered = f.recovered;
+                self.out.push_data(Event::Subscribed {
+                    ch,
+                    seq,
+                    epoch,
+                    recovered,
+                });
+            }
+            "reset" => {
+                let ch = need(op, f.ch, "ch")?;
+                let seq = need(op, f.seq, "seq")?;
+                let epoch = need(op, f.epoch, "epoch")?;
+                let reason = f.reason.unwrap_or_default();
+                let oldest = f.oldest.unwrap_or(0);
+                conn.chans.entry(ch.clone()).or_default().last = Some(seq);
+                self.out.push_data(Event::Reset {
+                    ch,
+                    seq,
+                    epoch,
+                    reason,
+                    oldest,
+                });
+            }
+            "ack" => {
+                let id = need(op, f.id, "id")?;
+                let seq = need(op, f.seq, "seq")?;
+                // A resend after a reconnect can be acked twice; only the first counts.
+                if let Some(i) = self.outbox.iter().position(|p| p.id == id) {
+                    if let Some(p) = self.outbox.remove(i) {
+                        let ch = f.ch.unwrap_or(p.ch);
+                        let _ = p.reply.send(Ok(Ack {
+                            id,
+                            ch,
+                            seq,
+                            raw: text.to_string(),
+                        }));
+                        drop(p.permit);
+                    }
+                }
+            }
+            "error" => {
+                let code = f.code.unwrap_or_default();
+                let reason = f.reason.unwrap_or_default();
+                let pending =
+                    f.id.as_ref()
+                        .and_then(|id| self.outbox.iter().position(|p| p.id == *id));
+                match pending.and_then(|i| self.outbox.remove(i)) {
+                    Some(p) => {
+                        let _ = p.reply.send(Err(ClientError::Refused { code, reason }));
+                    }
+                    None => self.out.push_data(Event::Error {
+                        code,
+                        reason,
+                        id: f.id,
+                    }),
+                }
+            }
+            // Unknown ops are ignored so a newer server can add frames.
+            _ => tracing::debug!(op, "ignoring unknown server frame"),
+        }
+        Ok(())
+    }
+
+    async fn finish(mut self, end: Ended) {
+        let (err, done) = match end {
+            Ended::Stop(e) => (e, None),
+            Ended::Shutdown(done) => (ClientError::Shutdown, done),
+            Ended::Reconnect { .. } => (ClientError::Shutdown, None),
+        };
+        *lock(&self.shared.terminal) = Some(err.clone());
+        self.shared.room.close();
+        for p in self.outbox.drain(..) {
+            let _ = p.reply.send(Err(err.clone()));
+        }
+        self.cmds.close();
+        while let Ok(cmd) = self.cmds.try_recv() {
+            match cmd {
+                Command::Publish(p) => {
+                    let _ = p.reply.send(Err(err.clone()));
+                }
+                Command::Close(d) => {
+                    let _ = d.send(());
+                }
+                Command::Subscribe(_) | Command::Unsubscribe(_) => {}
+            }
+        }
+        if let Some(done) = done {
+            let _ = done.send(());
+            return;
+        }
+        // On a stop the application still gets every message received before it; after
+        // them `next_event` returns the error.
+        for ev in self.out.q.drain(..).filter(|ev| !is_status(ev)) {
+            if self.events.send(ev).await.is_err() {
+                break;
+            }
+        }
+    }
+}
+
+async fn write_loop(
+    mut sink: SplitSink<Ws, Message>,
+    mut queued: mpsc::UnboundedReceiver<Message>,
+) {
+    while let Some(m) = queued.recv().await {
+        if sink.feed(m).await.is_err() {
+            return;
+        }
+        // Batch whatever else is queued into the same flush.
+        while let Ok(m) = queued.try_recv() {
+            if sink.feed(m).await.is_err() {
+                return;
+            }
+        }
+        if sink.flush().await.is_err() {
+            return;
+        }
+    }
+    let _ = sink.flush().await;
+}
+
+/// Maps a read error: transport failures reconnect (1006), protocol violations stop.
+fn read_error(e: WsError) -> Ended {
+    match e {
+        WsError::ConnectionClosed | WsError::AlreadyClosed | WsError::Io(_) => {
+            abnormal(e.to_string())
+        }
+        WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => abnormal(e.to_string()),
+        WsError::Protocol(_) | WsError::Utf8(_) | WsError::Capacity(_) | WsError::AttackAttempt => {
+            Ended::Stop(ClientError::Protocol(e.to_string()))
+        }
+        other => abnormal(other.to_string()),
+    }
+}
+
+/// Maps a failed connection attempt: overload statuses and transport failures retry (with
+/// `Retry-After` as the floor), a wrong URL or endpoint stops.
+fn handshake_ended(e: WsError) -> Ended {
+    match e {
+        WsError::Http(resp) => {
+            let status = resp.status().as_u16();
+            if matches!(status, 429 | 500 | 502 | 503 | 504) {
+                let floor = resp
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map(Duration::from_secs);
+                let reason = format!("upgrade refused: HTTP {status}");
+                Ended::Reconnect {
+                    code: None,
+                    reason,
+                    floor,
+                }
+            } else {
+                Ended::Stop(ClientError::Handshake { status })
+            }
+        }
+        WsError::Url(u) => Ended::Stop(ClientError::InvalidUrl(u.to_string())),
+        WsError::Protocol(ProtocolError::HandshakeIncomplete) | WsError::Io(_) => {
+            abnormal(e.to_string())
+        }
+        WsError::Protocol(p) => Ended::Stop(ClientError::Protocol(p.to_string())),
+        other => abnormal(other.to_string()),
+    }
+}

@@ -1,0 +1,160 @@
+//! End-to-end tests of the upgrade refusals and of the `tether sub` / `tether pub` tools
+//! against a fake tether server on 127.0.0.1:0.
+
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::time::timeout;
+
+use super::cli::{publish_with, run_sub_with};
+use super::tests_e2e::{
+    accept, bounded, close, drain, fast, listen, msg, next, recv, send, temp_dir,
+};
+use super::*;
+
+/// Answers one HTTP request with `response` instead of upgrading.
+async fn refuse_upgrade(l: &TcpListener, response: &str) {
+    let (mut s, _) = l.accept().await.expect("accept");
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = s.read(&mut chunk).await.expect("read");
+        assert!(n > 0, "request ended early");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    s.write_all(response.as_bytes()).await.expect("write");
+}
+
+#[tokio::test]
+async fn upgrade_refusals_retry_on_503_and_stop_on_404() {
+    bounded(async {
+        let (l, url) = listen().await;
+        let server = tokio::spawn(async move {
+            let busy =
+                "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 2\r\nContent-Length: 0\r\n\r\n";
+            refuse_upgrade(&l, busy).await;
+            refuse_upgrade(&l, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n").await;
+        });
+        let mut c = Client::connect(fast(&url)).expect("client");
+        match next(&mut c).await {
+            Event::Disconnected {
+                code: None,
+                retry_in,
+                ..
+            } => {
+                assert!(
+                    retry_in >= Duration::from_secs(2),
+                    "Retry-After is the floor: {retry_in:?}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let err = timeout(Duration::from_secs(5), c.next_event())
+            .await
+            .expect("in time");
+        assert_eq!(
+            err.expect_err("stopped"),
+            ClientError::Handshake { status: 404 }
+        );
+        server.await.expect("server");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn pub_command_retries_until_acked_with_a_stable_id() {
+    bounded(async {
+        let (l, url) = listen().await;
+        let server = tokio::spawn(async move {
+            let mut ws = accept(&l).await;
+            let first = recv(&mut ws).await;
+            assert_eq!(
+                first,
+                json!({"op":"pub","ch":"c","id":"fixed-1","data":{"a":[1,2]}})
+            );
+            drop(ws);
+            let mut ws = accept(&l).await;
+            assert_eq!(recv(&mut ws).await, first);
+            send(&mut ws, r#"{"op":"ack","id":"fixed-1","ch":"c","seq":9}"#).await;
+            drain(ws).await;
+        });
+        let args = PubArgs {
+            url: url.clone(),
+            channel: "c".into(),
+            data: r#"{"a":[1,2]}"#.into(),
+            id: Some("fixed-1".into()),
+        };
+        let data: Box<serde_json::value::RawValue> =
+            serde_json::from_str(&args.data).expect("json");
+        let ack = publish_with(fast(&url), &args, &data).await.expect("acked");
+        assert_eq!(ack.raw, r#"{"op":"ack","id":"fixed-1","ch":"c","seq":9}"#);
+        server.await.expect("server");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sub_command_appends_each_seq_exactly_once_across_a_cut() {
+    bounded(async {
+        let (l, url) = listen().await;
+        let dir = temp_dir("append");
+        let path = dir.join("out.jsonl");
+        let mut existing = format!("{}\n{}\n", msg("c", 1), msg("c", 2));
+        existing.push_str(r#"{"op":"msg","ch":"c","se"#); // torn by a SIGKILL
+        std::fs::write(&path, existing).expect("write");
+
+        let server = tokio::spawn(async move {
+            let mut ws = accept(&l).await;
+            assert_eq!(recv(&mut ws).await, json!({"op":"sub","ch":"c","from":2}));
+            let sub = r#"{"op":"subscribed","ch":"c","seq":4,"epoch":"e","recovered":true}"#;
+            send(&mut ws, sub).await;
+            send(&mut ws, &msg("c", 3)).await;
+            send(&mut ws, &msg("c", 4)).await;
+            drop(ws); // cut
+
+            let mut ws = accept(&l).await;
+            let sub = recv(&mut ws).await;
+            assert_eq!(sub["epoch"], "e");
+            let from = sub["from"].as_u64().expect("from");
+            assert!(
+                (2..=4).contains(&from),
+                "resumes from a committed seq: {sub}"
+            );
+            let sub = r#"{"op":"subscribed","ch":"c","seq":5,"epoch":"e","recovered":true}"#;
+            send(&mut ws, sub).await;
+            for seq in from + 1..=5 {
+                send(&mut ws, &msg("c", seq)).await;
+            }
+            send(&mut ws, &msg("c", 5)).await; // duplicate
+            close(ws, 1008, "done").await;
+        });
+
+        let args = SubArgs {
+            url: url.clone(),
+            channel: "c".into(),
+            from: None,
+            offset_file: None,
+            append_to: Some(path.clone()),
+        };
+        let end = run_sub_with(fast(&url), args, std::future::pending()).await;
+        assert_eq!(
+            end,
+            Err(ClientError::Closed {
+                code: 1008,
+                reason: "done".into()
+            })
+        );
+        let lines: Vec<String> = std::fs::read_to_string(&path)
+            .expect("read")
+            .lines()
+            .map(str::to_string)
+            .collect();
+        let want: Vec<String> = (1..=5).map(|seq| msg("c", seq)).collect();
+        assert_eq!(lines, want);
+        server.await.expect("server");
+        std::fs::remove_dir_all(dir).ok();
+    })
+    .await;
+}
