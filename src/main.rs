@@ -73,15 +73,18 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("TETHER_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Serve { config, listen, cores, echo } => serve(config, listen, cores, echo),
         Cmd::Sub { url, channel, from, offset_file, append_to } => {
-            let _ = (url, channel, from, offset_file, append_to); client_main(async { Err::<(), String>("x".into()) })
+            let args = tether::client::SubArgs { url, channel, from, offset_file, append_to };
+            client_main(tether::client::run_sub(args))
         }
         Cmd::Pub { url, channel, data, id } => {
-            let _ = (url, channel, data, id); client_main(async { Err::<(), String>("x".into()) })
+            let args = tether::client::PubArgs { url, channel, data, id };
+            client_main(tether::client::run_pub(args))
         }
         Cmd::CheckLimits(args) => ExitCode::from(args.run() as u8),
     }
