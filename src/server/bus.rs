@@ -57,6 +57,36 @@ pub enum CoreMsg {
     Unsubscribe { ch: Arc<str>, core: u16 },
     /// Deliver the encoded frame of message `seq` of `ch` to local subscribers.
     Deliver { ch: Arc<str>, seq: u64, frame: Bytes },
+    /// `GET /connections`: list this core's `top` connections by queued bytes.
+    Inspect { reply: ConnRef, top: usize },
+    /// One core's answer to [`CoreMsg::Inspect`].
+    Inspected { reply: ConnRef, rows: Vec<ConnRow> },
+}
+
+/// One connection in `GET /connections` (a debugging view of the largest outbound queues).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ConnRow {
+    /// `core:key:generation`.
+    pub id: String,
+    /// Peer address.
+    pub peer: String,
+    /// Bytes queued and not yet written.
+    pub queued_bytes: usize,
+    /// Frames queued.
+    pub queued_messages: usize,
+    /// Seconds since the outbound queue was last empty.
+    pub secs_since_drain: f64,
+    /// Channels subscribed to (confirmed ones).
+    pub subscriptions: Vec<String>,
+}
+
+/// What an HTTP connection waits for from other cores.
+#[derive(Debug)]
+pub enum HttpWait {
+    /// The home core's answer to a publish.
+    Publish(PublishResult),
+    /// `/connections`: rows gathered so far, and how many cores have yet to answer.
+    Inspect { missing: usize, top: usize, rows: Vec<ConnRow> },
 }
 
 /// How a `sub` with `from` resolved at the home core.

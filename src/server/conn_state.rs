@@ -13,7 +13,7 @@ use std::task::Waker;
 use bytes::Bytes;
 use smallvec::SmallVec;
 
-use super::bus::PublishResult;
+use super::bus::HttpWait;
 use super::metrics::ReapReason;
 use crate::ws::codec::Decoder;
 
@@ -70,7 +70,7 @@ pub const ECHO: u16 = 8;
 pub const AWAIT_PONG: u16 = 16;
 /// The drain scheduled this connection's close; the timer entry means "close now".
 pub const DRAIN: u16 = 32;
-/// An HTTP publish result is ready in `reply`.
+/// The HTTP answer in `reply` is complete.
 pub const REPLY_READY: u16 = 64;
 /// At least one HTTP request was answered on this connection (its timeout is an idle one).
 pub const HTTP_SERVED: u16 = 128;
@@ -143,8 +143,9 @@ pub struct Conn {
     pub last_drained: u32,
     /// Peer address, for `/connections`.
     pub peer: SocketAddr,
-    /// An HTTP publish's result, handed over by the processor.
-    pub reply: Option<Box<PublishResult>>,
+    /// What an HTTP request waits for (a publish result, inspection rows), filled in by the
+    /// processor.
+    pub reply: Option<Box<HttpWait>>,
 }
 
 impl Conn {

@@ -9,7 +9,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use slab::Slab;
 
-use super::bus::{ConnRef, CoreMsg, Endpoint, PublishResult, Resume};
+use super::bus::{ConnRef, ConnRow, CoreMsg, Endpoint, HttpWait, PublishResult, Resume};
 use super::conn_state::*;
 use super::home::{home_of, Homes};
 use super::local::{relocate_entry, LocalChannels};
@@ -426,7 +426,7 @@ impl CoreState {
             CoreMsg::Published { reply, ch, id, result } => {
                 let Some(c) = self.conn(reply.id) else { return };
                 if c.phase == Phase::Http {
-                    c.reply = Some(Box::new(result));
+                    c.reply = Some(Box::new(HttpWait::Publish(result)));
                     c.flags |= REPLY_READY;
                     c.wake();
                     return;
@@ -444,7 +444,65 @@ impl CoreState {
             }
             CoreMsg::Subscribed { ch, conn, head, epoch, resume } => self.subscribed(&ch, conn, head, &epoch, resume),
             CoreMsg::Unsubscribe { ch, core } => self.homes.unsubscribe(&ch, core as usize),
+            CoreMsg::Inspect { reply, top } => {
+                let rows = self.inspect(top);
+                self.route(reply.core as usize, CoreMsg::Inspected { reply, rows });
+            }
+            CoreMsg::Inspected { reply, rows: more } => {
+                let Some(c) = self.conn(reply.id) else { return };
+                if let Some(HttpWait::Inspect { missing, top, rows }) = c.reply.as_deref_mut() {
+                    rows.extend(more);
+                    *missing -= 1;
+                    if *missing == 0 {
+                        rows.sort_by(|a, b| b.queued_bytes.cmp(&a.queued_bytes));
+                        rows.truncate(*top);
+                        c.flags |= REPLY_READY;
+                        c.wake();
+                    }
+                }
+            }
             CoreMsg::Deliver { .. } => unreachable!("the processor walks deliveries itself"),
+        }
+    }
+
+    /// This core's `top` upgraded connections by queued bytes.
+    pub fn inspect(&self, top: usize) -> Vec<ConnRow> {
+        let now = self.now_tick();
+        let mut all: Vec<(usize, usize)> =
+            self.conns.iter().filter(|(_, c)| c.flags & UPGRADED != 0).map(|(k, c)| (c.out_bytes, k)).collect();
+        if all.len() > top && top > 0 {
+            all.select_nth_unstable_by(top - 1, |a, b| b.0.cmp(&a.0));
+        }
+        all.truncate(top);
+        all.iter()
+            .map(|&(_, k)| {
+                let c = &self.conns[k];
+                ConnRow {
+                    id: format!("{}:{}:{}", self.me, k, c.gen),
+                    peer: c.peer.to_string(),
+                    queued_bytes: c.out_bytes,
+                    queued_messages: c.out.len(),
+                    secs_since_drain: if c.out.is_empty() { 0.0 } else { now.wrapping_sub(c.last_drained) as f64 * TICK_MS as f64 / 1000.0 },
+                    subscriptions: c
+                        .subs
+                        .iter()
+                        .filter(|e| e.pos != PENDING)
+                        .filter_map(|e| self.local.chans.get(e.chan as usize).map(|l| l.name.to_string()))
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// Asks every core (this one included) for its `top` connections; the answer completes
+    /// the HTTP request of `id`.
+    pub fn start_inspect(&mut self, id: ConnId, top: usize) {
+        let cores = self.shared.cores;
+        let Some(c) = self.conn(id) else { return };
+        c.reply = Some(Box::new(HttpWait::Inspect { missing: cores, top, rows: Vec::new() }));
+        c.flags |= AWAITING;
+        for core in 0..cores {
+            self.route(core, CoreMsg::Inspect { reply: ConnRef { core: self.me as u16, id }, top });
         }
     }
 

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use bytes::Bytes;
 
-use super::bus::PublishResult;
+use super::bus::{HttpWait, PublishResult};
 use super::conn::on_ws_bytes;
 use super::conn_state::*;
 use super::core::CoreState;
@@ -33,8 +33,14 @@ pub fn on_reply(st: &mut CoreState, id: ConnId) {
     c.flags &= !(REPLY_READY | AWAITING);
     let keep_alive = c.flags & KEEP_ALIVE != 0;
     let resp = match c.reply.take().map(|b| *b) {
-        Some(PublishResult::Stored { seq }) => http::response(200, "application/json", &protocol::seq_json(seq), &[], keep_alive),
-        Some(PublishResult::Refused(e)) => http::error_response(409, &e.reason, &[], keep_alive),
+        Some(HttpWait::Publish(PublishResult::Stored { seq })) => {
+            http::response(200, "application/json", &protocol::seq_json(seq), &[], keep_alive)
+        }
+        Some(HttpWait::Publish(PublishResult::Refused(e))) => http::error_response(409, &e.reason, &[], keep_alive),
+        Some(HttpWait::Inspect { rows, .. }) => {
+            let body = serde_json::to_vec(&serde_json::json!({ "connections": rows })).unwrap_or_default();
+            http::response(200, "application/json", &body, &[], keep_alive)
+        }
         None => return,
     };
     send(st, id, resp, keep_alive);
@@ -105,7 +111,18 @@ fn route(st: &mut CoreState, id: ConnId, req: &Request, body: &[u8]) {
             let text = metrics::render(&st.shared.metrics, draining);
             http::response(200, "text/plain; version=0.0.4", text.as_bytes(), &[], keep_alive)
         }
-        (_, "/healthz" | "/readyz" | "/metrics") => http::error_response(405, "use GET", &[("Allow", "GET")], keep_alive),
+        (Method::Get, "/connections") => {
+            let top = req.query.as_deref().and_then(|q| http::query_param(q, "top")).and_then(|t| t.parse().ok()).unwrap_or(10usize);
+            if let Some(c) = st.conn(id) {
+                if keep_alive {
+                    c.flags |= KEEP_ALIVE;
+                } else {
+                    c.flags &= !KEEP_ALIVE;
+                }
+            }
+            return st.start_inspect(id, top.min(10_000));
+        }
+        (_, "/healthz" | "/readyz" | "/metrics" | "/connections") => http::error_response(405, "use GET", &[("Allow", "GET")], keep_alive),
         _ => http::error_response(404, "no such endpoint", &[], keep_alive),
     };
     send(st, id, resp, keep_alive);

@@ -1,0 +1,514 @@
+//! Shared helpers for the integration tests: a real `tether serve` process on 127.0.0.1:0,
+//! Prometheus scraping, raw-socket RFC 6455 clients, and small HTTP/1.1 clients.
+//!
+//! Every wait here is bounded; a helper that runs out of time panics with what it saw.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tether::ws::codec::{decode_server_frame, encode_client_frame};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Default bound for one network step (connect, one response, one frame).
+pub const STEP: Duration = Duration::from_secs(10);
+
+/// The key from RFC 6455 §1.3 and its accept value.
+pub const SAMPLE_KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
+pub const SAMPLE_ACCEPT: &str = "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=";
+
+/// RFC 6455 opcodes.
+pub const OP_CONT: u8 = 0x0;
+pub const OP_TEXT: u8 = 0x1;
+pub const OP_BINARY: u8 = 0x2;
+pub const OP_CLOSE: u8 = 0x8;
+pub const OP_PING: u8 = 0x9;
+pub const OP_PONG: u8 = 0xA;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Serializes heavy tests of one test binary so their timing checks do not compete for the
+/// two CPUs of the box.
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A `tether serve` child process. Dropping it SIGKILLs the process if it still runs and
+/// removes its config file; if the test is panicking, the tail of the server log is printed.
+pub struct Server {
+    child: Child,
+    pub addr: SocketAddr,
+    pub pid: i32,
+    config_path: PathBuf,
+    log_path: PathBuf,
+    exited: Option<ExitStatus>,
+}
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+impl Server {
+    /// Starts `tether serve --listen 127.0.0.1:0 --config <tmp file with config_toml> <extra>`
+    /// and waits (bounded) for the `tether listening on ADDR` line.
+    pub fn start(config_toml: &str, extra: &[&str]) -> Server {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let base = std::env::temp_dir().join(format!("tether-it-{}-{n}", std::process::id()));
+        let config_path = base.with_extension("toml");
+        let log_path = base.with_extension("log");
+        std::fs::write(&config_path, config_toml).expect("write config");
+        let log = std::fs::File::create(&log_path).expect("create log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
+            .arg("serve")
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--config")
+            .arg(&config_path)
+            .args(extra)
+            .env("TETHER_LOG", std::env::var("TETHER_LOG").unwrap_or_else(|_| "info".into()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("spawn tether");
+        let pid = child.id() as i32;
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            let mut line = String::new();
+            let _ = r.read_line(&mut line);
+            let _ = tx.send(line);
+            // Keep draining so the child never blocks on a full pipe.
+            let mut sink = Vec::new();
+            let _ = r.read_to_end(&mut sink);
+        });
+        let mut srv = Server { child, addr: "127.0.0.1:1".parse().unwrap(), pid, config_path, log_path, exited: None };
+        let line = match rx.recv_timeout(Duration::from_secs(15)) {
+            Ok(l) => l,
+            Err(_) => panic!("tether did not print its listening line within 15 s\n{}", srv.log_tail(40)),
+        };
+        let addr = line
+            .trim()
+            .strip_prefix("tether listening on ")
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected first stdout line {line:?}\n{}", srv.log_tail(40)));
+        srv.addr = addr;
+        srv
+    }
+
+    /// `ws://ADDR/ws`.
+    pub fn ws_url(&self) -> String {
+        format!("ws://{}/ws", self.addr)
+    }
+
+    /// The last `n` lines of the server's stderr log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// Sends `sig` (e.g. `libc::SIGTERM`) to the server.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        unsafe {
+            libc::kill(self.pid, sig);
+        }
+    }
+
+    /// Waits up to `limit` for the process to exit and returns its status (None: still running).
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let end = Instant::now() + limit;
+        loop {
+            if let Some(st) = self.exited {
+                return Some(st);
+            }
+            if let Ok(Some(st)) = self.child.try_wait() {
+                self.exited = Some(st);
+                return Some(st);
+            }
+            if Instant::now() >= end {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Server resident set size in KiB (`VmRSS` from /proc/PID/status).
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Number of open file descriptors of the server (/proc/PID/fd).
+    pub fn fd_count(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid)).map(|d| d.count()).unwrap_or(0)
+    }
+
+    /// `GET /metrics` over a fresh connection.
+    pub async fn metrics(&self) -> Metrics {
+        let (status, _, body) = http_request(self.addr, "GET", "/metrics", &[], b"").await;
+        assert_eq!(status, 200, "GET /metrics");
+        Metrics(String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// Sum of the samples of `name` whose labels contain every `label="value"` in `labels`.
+    pub async fn metric(&self, name: &str, labels: &[&str]) -> f64 {
+        self.metrics().await.sum(name, labels)
+    }
+
+    /// Polls `metric(name, labels)` until `pred` holds; panics after `limit` with the last value.
+    pub async fn wait_metric(&self, name: &str, labels: &[&str], limit: Duration, pred: impl Fn(f64) -> bool) -> f64 {
+        let end = Instant::now() + limit;
+        loop {
+            let v = self.metric(name, labels).await;
+            if pred(v) {
+                return v;
+            }
+            if Instant::now() >= end {
+                panic!("{name}{labels:?} = {v} did not reach the expected value within {limit:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Total upgraded WebSocket connections (sum of `tether_connections{core}`).
+    pub async fn gauge(&self) -> f64 {
+        self.metric("tether_connections", &[]).await
+    }
+
+    /// Waits until the connection gauge equals `n`.
+    pub async fn wait_gauge(&self, n: f64, limit: Duration) {
+        self.wait_metric("tether_connections", &[], limit, |v| v == n).await;
+    }
+
+    /// `POST /publish/{ch}` with `body` over a fresh connection; returns the `seq`.
+    pub async fn publish(&self, ch: &str, body: &str) -> u64 {
+        let (status, _, resp) = http_request(self.addr, "POST", &format!("/publish/{ch}"), &[], body.as_bytes()).await;
+        assert_eq!(status, 200, "publish answer: {}", String::from_utf8_lossy(&resp));
+        seq_of_reply(&resp)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.exited.is_none() && !matches!(self.child.try_wait(), Ok(Some(_))) {
+            // SAFETY: see `signal`.
+            unsafe {
+                libc::kill(self.pid, libc::SIGKILL);
+            }
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("---- tether log tail ----\n{}", self.log_tail(60));
+        }
+        let _ = std::fs::remove_file(&self.config_path);
+        let _ = std::fs::remove_file(&self.log_path);
+    }
+}
+
+/// One scrape of `/metrics`.
+pub struct Metrics(pub String);
+
+impl Metrics {
+    /// Sum of the samples of `name` whose labels contain every `label="value"` in `labels`.
+    pub fn sum(&self, name: &str, labels: &[&str]) -> f64 {
+        self.samples(name).filter(|(l, _)| labels.iter().all(|want| l.contains(want))).map(|(_, v)| v).sum()
+    }
+
+    /// Every `(labels, value)` sample of `name`.
+    pub fn samples<'a>(&'a self, name: &'a str) -> impl Iterator<Item = (&'a str, f64)> + 'a {
+        self.0.lines().filter(|l| !l.starts_with('#')).filter_map(move |l| {
+            let rest = l.strip_prefix(name)?;
+            let (labels, value) = if let Some(r) = rest.strip_prefix('{') {
+                let close = r.find('}')?;
+                (&r[..close], r[close + 1..].trim())
+            } else if rest.starts_with(' ') {
+                ("", rest.trim())
+            } else {
+                return None;
+            };
+            Some((labels, value.parse().ok()?))
+        })
+    }
+}
+
+/// Extracts `N` from `{"seq":N}`.
+pub fn seq_of_reply(body: &[u8]) -> u64 {
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_else(|e| panic!("reply {:?}: {e}", String::from_utf8_lossy(body)));
+    v["seq"].as_u64().unwrap_or_else(|| panic!("no seq in {v}"))
+}
+
+/// Connects with a bound.
+pub async fn connect(addr: SocketAddr) -> TcpStream {
+    tokio::time::timeout(STEP, TcpStream::connect(addr)).await.expect("connect timed out").expect("connect")
+}
+
+/// Connects with `SO_RCVBUF` set before `connect` (so the window scale reflects it).
+pub async fn connect_small_rcvbuf(addr: SocketAddr, rcvbuf: usize) -> TcpStream {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, Some(socket2::Protocol::TCP)).unwrap();
+    sock.set_recv_buffer_size(rcvbuf).unwrap();
+    sock.connect_timeout(&addr.into(), STEP).expect("connect");
+    sock.set_nonblocking(true).unwrap();
+    TcpStream::from_std(sock.into()).unwrap()
+}
+
+/// Makes the next close of `s` send a TCP RST instead of a FIN (SO_LINGER 0).
+pub fn set_rst_on_close(s: &TcpStream) {
+    socket2::SockRef::from(s).set_linger(Some(Duration::ZERO)).unwrap();
+}
+
+/// Reads an HTTP/1.1 response head; returns (status, head text, leftover bytes after the head).
+pub async fn read_head(s: &mut TcpStream) -> (u16, String, Vec<u8>) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = find(&buf, b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+            let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("bad status line in {head:?}"));
+            return (status, head, buf[end + 4..].to_vec());
+        }
+        let n = tokio::time::timeout(STEP, s.read(&mut chunk)).await.expect("response head timed out").expect("read head");
+        assert!(n > 0, "connection closed before a full response head; got {:?}", String::from_utf8_lossy(&buf));
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// The value of header `name` (case-insensitive) in a response head.
+pub fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().skip(1).find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Reads a response with `Content-Length` (body may be empty).
+async fn read_response(s: &mut TcpStream) -> (u16, String, Vec<u8>) {
+    let (status, head, mut body) = read_head(s).await;
+    let len: usize = header(&head, "content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let mut chunk = [0u8; 8192];
+    while body.len() < len {
+        let n = tokio::time::timeout(STEP, s.read(&mut chunk)).await.expect("response body timed out").expect("read body");
+        assert!(n > 0, "connection closed mid-body");
+        body.extend_from_slice(&chunk[..n]);
+    }
+    body.truncate(len);
+    (status, head, body)
+}
+
+/// One HTTP/1.1 request on a fresh connection (`Connection: close`).
+pub async fn http_request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String, Vec<u8>) {
+    let mut s = connect(addr).await;
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+    read_response(&mut s).await
+}
+
+/// An HTTP/1.1 keep-alive connection for publishing many messages.
+pub struct HttpConn {
+    s: TcpStream,
+    addr: SocketAddr,
+}
+
+impl HttpConn {
+    pub async fn new(addr: SocketAddr) -> HttpConn {
+        HttpConn { s: connect(addr).await, addr }
+    }
+
+    /// `POST path` with `body` and extra headers; returns (status, body).
+    pub async fn post(&mut self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, Vec<u8>) {
+        let mut req = format!("POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n", self.addr, body.len());
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req.push_str("\r\n");
+        let mut out = req.into_bytes();
+        out.extend_from_slice(body);
+        self.s.write_all(&out).await.unwrap();
+        let (status, _, body) = read_response(&mut self.s).await;
+        (status, body)
+    }
+
+    /// `POST /publish/{ch}`, asserting 200; returns the seq.
+    pub async fn publish(&mut self, ch: &str, body: &[u8]) -> u64 {
+        let (status, resp) = self.post(&format!("/publish/{ch}"), &[], body).await;
+        assert_eq!(status, 200, "publish answer: {}", String::from_utf8_lossy(&resp));
+        seq_of_reply(&resp)
+    }
+}
+
+/// A raw RFC 6455 client over a plain TCP stream: masked frames out, server frames in.
+pub struct RawWs {
+    pub s: TcpStream,
+    pub buf: Vec<u8>,
+}
+
+/// A decoded server frame.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    pub fin: bool,
+    pub opcode: u8,
+    pub payload: Bytes,
+}
+
+impl Frame {
+    /// Close code of a close frame (1005 when the payload is empty).
+    pub fn close_code(&self) -> u16 {
+        assert_eq!(self.opcode, OP_CLOSE, "not a close frame: {self:?}");
+        if self.payload.len() >= 2 {
+            u16::from_be_bytes([self.payload[0], self.payload[1]])
+        } else {
+            1005
+        }
+    }
+
+    pub fn text(&self) -> &str {
+        std::str::from_utf8(&self.payload).expect("utf-8 payload")
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.payload).unwrap_or_else(|e| panic!("frame {:?} is not JSON: {e}", self.text()))
+    }
+}
+
+/// What a raw read ended with.
+#[derive(Debug)]
+pub enum Ended {
+    /// Orderly EOF (FIN).
+    Eof,
+    /// A socket error such as ECONNRESET.
+    Error(std::io::ErrorKind),
+}
+
+/// The request head of an upgrade with the usual headers, plus `extra` header lines.
+pub fn upgrade_request(addr: SocketAddr, path: &str, key: &str) -> String {
+    format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+}
+
+impl RawWs {
+    /// Connects and upgrades on `path`, asserting 101.
+    pub async fn connect(addr: SocketAddr, path: &str) -> RawWs {
+        Self::upgrade(connect(addr).await, addr, path).await
+    }
+
+    /// Upgrades an already connected stream on `path`, asserting 101.
+    pub async fn upgrade(mut s: TcpStream, addr: SocketAddr, path: &str) -> RawWs {
+        s.write_all(upgrade_request(addr, path, SAMPLE_KEY).as_bytes()).await.unwrap();
+        let (status, head, rest) = read_head(&mut s).await;
+        assert_eq!(status, 101, "upgrade refused: {head}");
+        RawWs { s, buf: rest }
+    }
+
+    /// Sends one masked frame.
+    pub async fn send(&mut self, opcode: u8, fin: bool, payload: &[u8]) {
+        let f = encode_client_frame(opcode, fin, payload, [0x37, 0xfa, 0x21, 0x3d]);
+        self.s.write_all(&f).await.expect("send frame");
+    }
+
+    /// Sends a text frame with `json`.
+    pub async fn send_json(&mut self, json: &serde_json::Value) {
+        self.send(OP_TEXT, true, json.to_string().as_bytes()).await;
+    }
+
+    /// Next frame, or how the stream ended; panics after `limit`.
+    pub async fn next(&mut self, limit: Duration) -> Result<Frame, Ended> {
+        let end = tokio::time::Instant::now() + limit;
+        let mut chunk = vec![0u8; 65536];
+        loop {
+            match decode_server_frame(&self.buf) {
+                Ok(Some((used, fin, opcode, payload))) => {
+                    self.buf.drain(..used);
+                    return Ok(Frame { fin, opcode, payload });
+                }
+                Ok(None) => {}
+                Err(v) => panic!("server sent an invalid frame: {v:?}"),
+            }
+            let n = match tokio::time::timeout_at(end, self.s.read(&mut chunk)).await {
+                Err(_) => panic!("no frame within {limit:?} (buffered {} bytes)", self.buf.len()),
+                Ok(Ok(0)) => return Err(Ended::Eof),
+                Ok(Ok(n)) => n,
+                Ok(Err(e)) => return Err(Ended::Error(e.kind())),
+            };
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Next frame, panicking if the stream ended.
+    pub async fn frame(&mut self, limit: Duration) -> Frame {
+        self.next(limit).await.unwrap_or_else(|e| panic!("stream ended ({e:?}) while a frame was expected"))
+    }
+
+    /// Next non-ping frame (pings are not answered).
+    pub async fn frame_skip_pings(&mut self, limit: Duration) -> Frame {
+        loop {
+            let f = self.frame(limit).await;
+            if f.opcode != OP_PING {
+                return f;
+            }
+        }
+    }
+
+    /// Reads frames until a close frame and returns its code.
+    pub async fn expect_close(&mut self, limit: Duration) -> u16 {
+        let end = Instant::now() + limit;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            let f = self.frame(left).await;
+            if f.opcode == OP_CLOSE {
+                return f.close_code();
+            }
+        }
+    }
+
+    /// Reads until the server ends the TCP stream; returns how it ended and whatever frames
+    /// arrived before.
+    pub async fn until_end(&mut self, limit: Duration) -> (Ended, Vec<Frame>) {
+        let end = Instant::now() + limit;
+        let mut frames = Vec::new();
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.next(left).await {
+                Ok(f) => frames.push(f),
+                Err(e) => return (e, frames),
+            }
+        }
+    }
+
+    /// `sub` to `ch` and waits for `subscribed` (skipping pings).
+    pub async fn subscribe(&mut self, ch: &str) -> serde_json::Value {
+        self.send_json(&serde_json::json!({"op": "sub", "ch": ch})).await;
+        let f = self.frame_skip_pings(STEP).await;
+        let v = f.json();
+        assert_eq!(v["op"], "subscribed", "reply to sub: {v}");
+        v
+    }
+}
+
+/// Fast extraction of `"seq":N` from a server `msg` frame without parsing the (large) data.
+pub fn msg_seq(payload: &[u8]) -> u64 {
+    let at = find(payload, b"\"seq\":").unwrap_or_else(|| panic!("no seq in {:?}", String::from_utf8_lossy(&payload[..payload.len().min(200)])));
+    payload[at + 6..].iter().take_while(|b| b.is_ascii_digit()).fold(0u64, |n, d| n * 10 + (d - b'0') as u64)
+}
