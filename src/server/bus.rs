@@ -57,6 +57,11 @@ pub enum CoreMsg {
     Unsubscribe { ch: Arc<str>, core: u16 },
     /// Deliver the encoded frame of message `seq` of `ch` to local subscribers.
     Deliver { ch: Arc<str>, seq: u64, frame: Bytes },
+    /// A resuming subscriber's core wants the next history batch after `after` (≤ `until`).
+    ReplayFetch { ch: Arc<str>, conn: ConnRef, after: u64, until: u64 },
+    /// The home core's answer: frames after `after`, or `evicted = Some(oldest)` when that part
+    /// of history is gone meanwhile.
+    ReplayBatch { ch: Arc<str>, conn: ConnId, frames: Vec<Bytes>, evicted: Option<u64> },
     /// `GET /connections`: list this core's `top` connections by queued bytes.
     Inspect { reply: ConnRef, top: usize },
     /// One core's answer to [`CoreMsg::Inspect`].
@@ -94,8 +99,9 @@ pub enum HttpWait {
 pub enum Resume {
     /// No `from` was given: live from `head`.
     Live,
-    /// `from` was found: replay these frames (seqs `from+1 ..= head`) before live ones.
-    Recovered(Vec<Bytes>),
+    /// `from` was found: replay seqs `from+1 ..= until` (the head at subscribe) before live
+    /// ones. `frames` is the first batch; the rest is fetched as the connection drains.
+    Recovered { from: u64, frames: Vec<Bytes>, until: u64 },
     /// The resume point is gone: send `reset` (evicted or epoch) with the oldest kept seq.
     Reset { reason: crate::protocol::ResetReason, oldest: u64 },
     /// `from` is beyond `head`: answer with an `error`.

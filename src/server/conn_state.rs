@@ -146,6 +146,8 @@ pub struct Conn {
     /// What an HTTP request waits for (a publish result, inspection rows), filled in by the
     /// processor.
     pub reply: Option<Box<HttpWait>>,
+    /// Resume replays in progress, in order (usually none).
+    pub replays: Option<Box<Vec<super::replay::Replay>>>,
 }
 
 impl Conn {
@@ -170,6 +172,7 @@ impl Conn {
             last_drained: now,
             peer,
             reply: None,
+            replays: None,
         }
     }
 

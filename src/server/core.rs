@@ -161,11 +161,17 @@ impl CoreState {
     pub fn enqueue(&mut self, id: ConnId, frame: Bytes, chan: u32, policy: Option<Overflow>) -> bool {
         let limits = &self.shared.config.limits;
         let (max_bytes, max_msgs) = (limits.queue_max_bytes, limits.queue_max_messages);
-        let metrics = &self.shared.metrics[self.me];
         let Some(c) = self.conns.get_mut(id.key as usize).filter(|c| c.gen == id.gen) else { return false };
         if !c.phase.can_write() {
             return false;
         }
+        if c.replays.is_some() && chan != NO_CHAN {
+            if let Some(held) = self.hold_for_replay(id, chan, &frame, policy.unwrap_or(Overflow::Disconnect)) {
+                return held;
+            }
+        }
+        let metrics = &self.shared.metrics[self.me];
+        let Some(c) = self.conns.get_mut(id.key as usize).filter(|c| c.gen == id.gen) else { return false };
         let fits = |c: &Conn, extra: usize| c.out.len() < max_msgs && c.out_bytes + extra <= max_bytes;
         if !fits(c, frame.len()) {
             match policy.unwrap_or(Overflow::Disconnect) {
@@ -230,7 +236,15 @@ impl CoreState {
         if c.flags & WANT_WRITE != 0 {
             return;
         }
-        match c.flush() {
+        let mut r = c.flush();
+        // A resume replay refills the queue each time the socket has taken all of it.
+        while matches!(r, Ok(true)) && self.pump_replay(id) {
+            let Some(again) = self.conn(id) else { return };
+            again.flags &= !DIRTY;
+            r = again.flush();
+        }
+        let Some(c) = self.conn(id) else { return };
+        match r {
             Ok(true) => {
                 c.last_drained = now;
                 if c.phase == Phase::Flushing {
@@ -328,6 +342,9 @@ impl CoreState {
         let entry = chan.and_then(|chan| {
             let c = self.conn(id)?;
             let i = c.subs.iter().position(|e| e.chan == chan)?;
+            if let Some(rs) = c.replays.as_mut() {
+                rs.retain(|r| r.chan != chan);
+            }
             Some(c.subs.swap_remove(i))
         });
         match entry {
@@ -444,6 +461,14 @@ impl CoreState {
             }
             CoreMsg::Subscribed { ch, conn, head, epoch, resume } => self.subscribed(&ch, conn, head, &epoch, resume),
             CoreMsg::Unsubscribe { ch, core } => self.homes.unsubscribe(&ch, core as usize),
+            CoreMsg::ReplayFetch { ch, conn, after, until } => {
+                let (frames, evicted) = match self.homes.replay_batch(&ch, after, until) {
+                    Ok(f) => (f, None),
+                    Err(oldest) => (Vec::new(), Some(oldest)),
+                };
+                self.route(conn.core as usize, CoreMsg::ReplayBatch { ch, conn: conn.id, frames, evicted });
+            }
+            CoreMsg::ReplayBatch { ch, conn, frames, evicted } => self.replay_batch(conn, &ch, frames, evicted),
             CoreMsg::Inspect { reply, top } => {
                 let rows = self.inspect(top);
                 self.route(reply.core as usize, CoreMsg::Inspected { reply, rows });
@@ -533,24 +558,19 @@ impl CoreState {
         }
         let lc = &mut self.local.chans[chan as usize];
         lc.pending -= 1;
-        let policy = lc.overflow;
         let pos = self.local.add(chan, id);
         if let Some(c) = self.conn(id) {
             c.subs[i].pos = pos;
         }
         let first = match &resume {
             Resume::Live => protocol::subscribed_json(ch, head, epoch, None),
-            Resume::Recovered(_) => protocol::subscribed_json(ch, head, epoch, Some(true)),
+            Resume::Recovered { .. } => protocol::subscribed_json(ch, head, epoch, Some(true)),
             Resume::Reset { reason, oldest } => protocol::reset_json(ch, head, epoch, *reason, *oldest),
             Resume::Ahead => unreachable!("handled above"),
         };
         self.enqueue(id, codec::encode_frame(0x1, &first), NO_CHAN, None);
-        if let Resume::Recovered(frames) = resume {
-            for f in frames {
-                if !self.enqueue(id, f, chan, Some(policy)) {
-                    break;
-                }
-            }
+        if let Resume::Recovered { from, frames, until } = resume {
+            self.start_replay(id, chan, ch.clone(), epoch.into(), from, frames, until);
         }
         self.flush(id);
     }

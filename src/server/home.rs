@@ -28,6 +28,10 @@ pub fn new_epoch() -> Arc<str> {
     format!("{:016x}", rand::random::<u64>()).into()
 }
 
+/// History frames handed out per replay batch: a resume streams history in batches as the
+/// subscriber drains, never the whole history into one queue.
+pub const REPLAY_BATCH: usize = 512;
+
 /// One channel at its home.
 pub struct HomeChannel {
     /// Channel name, shared with every message that names it.
@@ -47,6 +51,14 @@ impl HomeChannel {
     /// Oldest seq still in history (head + 1 when history is empty).
     pub fn oldest(&self) -> u64 {
         self.head + 1 - self.history.len() as u64
+    }
+
+    /// Up to [`REPLAY_BATCH`] history frames with seqs `after+1 ..= until`; the caller has
+    /// checked that `after + 1 >= oldest()`.
+    pub fn batch(&self, after: u64, until: u64) -> Vec<Bytes> {
+        let skip = (after + 1 - self.oldest()) as usize;
+        let n = (until.saturating_sub(after) as usize).min(REPLAY_BATCH);
+        self.history.iter().skip(skip).take(n).cloned().collect()
     }
 
     /// Cores with at least one subscription.
@@ -214,12 +226,19 @@ impl Homes {
             Some(_) if epoch.is_some_and(|e| e != &*c.epoch) => Resume::Reset { reason: ResetReason::Epoch, oldest: c.oldest() },
             Some(f) if f > c.head => Resume::Ahead,
             Some(f) if f + 1 < c.oldest() => Resume::Reset { reason: ResetReason::Evicted, oldest: c.oldest() },
-            Some(f) => {
-                let skip = (f + 1 - c.oldest()) as usize;
-                Resume::Recovered(c.history.iter().skip(skip).cloned().collect())
-            }
+            Some(f) => Resume::Recovered { from: f, frames: c.batch(f, c.head), until: c.head },
         };
         (c.name.clone(), c.head, c.epoch.clone(), resume)
+    }
+
+    /// The next replay batch for a resuming subscriber: frames after `after`, or `Err(oldest)`
+    /// when they were evicted meanwhile.
+    pub fn replay_batch(&self, ch: &str, after: u64, until: u64) -> Result<Vec<Bytes>, u64> {
+        let Some(c) = self.chans.get(ch) else { return Err(1) };
+        if after + 1 < c.oldest() {
+            return Err(c.oldest());
+        }
+        Ok(c.batch(after, until))
     }
 
     /// Drops one subscription of core `core` to `ch`.
@@ -282,17 +301,36 @@ mod tests {
         }
         let epoch = h.get("a").unwrap().epoch.clone();
         match h.subscribe("a", 0, Some(7), Some(&epoch), 4).3 {
-            Resume::Recovered(f) => assert_eq!(f.len(), 3),
+            Resume::Recovered { frames, until } => assert_eq!((frames.len(), until), (3, 10)),
             r => panic!("{r:?}"),
         }
         match h.subscribe("a", 0, Some(6), None, 4).3 {
-            Resume::Recovered(f) => assert_eq!(f.len(), 4),
+            Resume::Recovered { frames, .. } => assert_eq!(frames.len(), 4),
             r => panic!("{r:?}"),
         }
         assert!(matches!(h.subscribe("a", 0, Some(5), None, 4).3, Resume::Reset { reason: ResetReason::Evicted, oldest: 7 }));
         assert!(matches!(h.subscribe("a", 0, Some(10), Some("other"), 4).3, Resume::Reset { reason: ResetReason::Epoch, .. }));
         assert!(matches!(h.subscribe("a", 0, Some(11), None, 4).3, Resume::Ahead));
-        assert!(matches!(h.subscribe("a", 0, Some(10), None, 4).3, Resume::Recovered(ref f) if f.is_empty()));
+        assert!(matches!(h.subscribe("a", 0, Some(10), None, 4).3, Resume::Recovered { ref frames, .. } if frames.is_empty()));
+    }
+
+    #[test]
+    fn replay_comes_in_batches_and_notices_eviction() {
+        let mut h = Homes::new(1, Dedup::new(1000, 100));
+        for _ in 0..2000 {
+            h.publish("a", None, b"1", 5000, 0);
+        }
+        let Resume::Recovered { frames, until } = h.subscribe("a", 0, Some(0), None, 5000).3 else { panic!() };
+        assert_eq!((frames.len(), until), (REPLAY_BATCH, 2000));
+        let next = h.replay_batch("a", REPLAY_BATCH as u64, until).unwrap();
+        assert_eq!(next.len(), REPLAY_BATCH);
+        let tail = h.replay_batch("a", 1990, until).unwrap();
+        assert_eq!(tail.len(), 10);
+        let mut small = Homes::new(1, Dedup::new(1000, 100));
+        for _ in 0..20 {
+            small.publish("b", None, b"1", 10, 0);
+        }
+        assert_eq!(small.replay_batch("b", 5, 20), Err(11));
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //! - [`home`]: channels at their home core: seq, epoch, history, dedup.
 //! - [`local`]: channels at a subscriber's core: the subscriber lists.
 //! - [`processor`]: the task that applies messages and fans frames out in chunks.
+//! - [`replay`]: resume replay from history, paced by the subscriber's queue.
 //! - [`tick`]: the per-core clock: heartbeats, deadlines and the staggered drain.
 //! - [`timer`]: the timer wheel.
 //! - [`metrics`]: per-core counters and the Prometheus rendering.
@@ -29,6 +30,7 @@ pub mod http_api;
 pub mod local;
 pub mod metrics;
 pub mod processor;
+pub mod replay;
 pub mod tick;
 pub mod timer;
 
