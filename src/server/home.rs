@@ -301,7 +301,7 @@ mod tests {
         }
         let epoch = h.get("a").unwrap().epoch.clone();
         match h.subscribe("a", 0, Some(7), Some(&epoch), 4).3 {
-            Resume::Recovered { frames, until } => assert_eq!((frames.len(), until), (3, 10)),
+            Resume::Recovered { from, frames, until } => assert_eq!((from, frames.len(), until), (7, 3, 10)),
             r => panic!("{r:?}"),
         }
         match h.subscribe("a", 0, Some(6), None, 4).3 {
@@ -320,7 +320,7 @@ mod tests {
         for _ in 0..2000 {
             h.publish("a", None, b"1", 5000, 0);
         }
-        let Resume::Recovered { frames, until } = h.subscribe("a", 0, Some(0), None, 5000).3 else { panic!() };
+        let Resume::Recovered { frames, until, .. } = h.subscribe("a", 0, Some(0), None, 5000).3 else { panic!() };
         assert_eq!((frames.len(), until), (REPLAY_BATCH, 2000));
         let next = h.replay_batch("a", REPLAY_BATCH as u64, until).unwrap();
         assert_eq!(next.len(), REPLAY_BATCH);

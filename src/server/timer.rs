@@ -34,7 +34,9 @@ impl TimerWheel {
     /// Files `id` to fire at tick `due` (a due tick not after [`now`](Self::now) fires on the
     /// next advance).
     pub fn schedule(&mut self, id: ConnId, due: u32) {
-        let due = due.max(self.now.wrapping_add(1));
+        let next = self.now.wrapping_add(1);
+        // Wrap-aware max: ticks are u32 (10 ms each, a wrap every ~497 days).
+        let due = if (due.wrapping_sub(next) as i32) < 0 { next } else { due };
         let mask = self.slots.len() - 1;
         self.slots[due as usize & mask].push((id, due));
     }
