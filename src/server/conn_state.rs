@@ -267,3 +267,16 @@ pub fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_record_stays_compact() {
+        // The per-connection cost at C1M: keep the slab entry small (see benches/density).
+        let size = std::mem::size_of::<Conn>();
+        eprintln!("Conn: {size} bytes");
+        assert!(size <= 256, "Conn is {size} bytes");
+    }
+}
