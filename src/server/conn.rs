@@ -6,12 +6,12 @@ use std::cell::RefCell;
 use std::future::{poll_fn, Future};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::rc::Rc;
 use std::task::Poll;
 
 use bytes::Bytes;
-use futures::future::{Fuse, FusedFuture, FutureExt};
+use futures::future::FutureExt;
 use monoio::net::TcpStream;
 
 use super::conn_state::*;
@@ -38,7 +38,9 @@ enum Event {
 /// Serves connection `id` until it ends, then removes every trace of it.
 pub async fn run(core: Rc<RefCell<CoreState>>, stream: TcpStream, id: ConnId) {
     let mut rd = pin!(stream.readable(false).fuse());
-    let mut wr = pin!(Fuse::terminated());
+    // Waiting for writability is rare (a slow consumer), so its future lives on the heap only
+    // while needed instead of widening every idle connection's task.
+    let mut wr: Option<Pin<Box<dyn Future<Output = io::Result<()>> + '_>>> = None;
     loop {
         let ev = poll_fn(|cx| {
             let mut st = core.borrow_mut();
@@ -50,10 +52,8 @@ pub async fn run(core: Rc<RefCell<CoreState>>, stream: TcpStream, id: ConnId) {
                 return Poll::Ready(Event::Reply);
             }
             if c.flags & WANT_WRITE != 0 {
-                if wr.is_terminated() {
-                    wr.set(stream.writable(false).fuse());
-                }
-                if let Poll::Ready(r) = wr.as_mut().poll(cx) {
+                let w = wr.get_or_insert_with(|| Box::pin(stream.writable(false)));
+                if let Poll::Ready(r) = w.as_mut().poll(cx) {
                     return Poll::Ready(Event::Writable(r));
                 }
             }
@@ -81,7 +81,7 @@ pub async fn run(core: Rc<RefCell<CoreState>>, stream: TcpStream, id: ConnId) {
                 }
             }
             Event::Writable(r) => {
-                wr.set(Fuse::terminated());
+                wr = None;
                 let mut st = core.borrow_mut();
                 if let Some(c) = st.conn(id) {
                     c.flags &= !WANT_WRITE;

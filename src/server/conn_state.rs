@@ -141,8 +141,6 @@ pub struct Conn {
     pub ping_sent: u32,
     /// Tick at which the outbound queue was last empty.
     pub last_drained: u32,
-    /// Peer address, for `/connections`.
-    pub peer: SocketAddr,
     /// What an HTTP request waits for (a publish result, inspection rows), filled in by the
     /// processor.
     pub reply: Option<Box<HttpWait>>,
@@ -152,7 +150,7 @@ pub struct Conn {
 
 impl Conn {
     /// A connection accepted at tick `now`.
-    pub fn new(gen: u32, fd: RawFd, peer: SocketAddr, now: u32) -> Conn {
+    pub fn new(gen: u32, fd: RawFd, now: u32) -> Conn {
         Conn {
             gen,
             fd,
@@ -170,10 +168,17 @@ impl Conn {
             last_rx: now,
             ping_sent: now,
             last_drained: now,
-            peer,
             reply: None,
             replays: None,
         }
+    }
+
+    /// The peer's address, asked of the kernel (not stored: it would cost every connection
+    /// 32 bytes for a debugging view).
+    pub fn peer(&self) -> Option<SocketAddr> {
+        // SAFETY: fd is open while the entry exists; the borrow does not outlive this call.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.fd) };
+        socket2::SockRef::from(&fd).peer_addr().ok()?.as_socket()
     }
 
     /// Wakes the connection's task.

@@ -100,11 +100,11 @@ impl CoreState {
     }
 
     /// Registers a freshly accepted socket; returns its id.
-    pub fn insert_conn(&mut self, fd: std::os::fd::RawFd, peer: std::net::SocketAddr) -> ConnId {
+    pub fn insert_conn(&mut self, fd: std::os::fd::RawFd) -> ConnId {
         self.next_gen = self.next_gen.wrapping_add(1);
         let now = self.now_tick();
         let gen = self.next_gen;
-        let key = self.conns.insert(Conn::new(gen, fd, peer, now)) as u32;
+        let key = self.conns.insert(Conn::new(gen, fd, now)) as u32;
         let id = ConnId { key, gen };
         let due = now + Self::ticks(self.shared.config.limits.handshake_timeout_ms);
         self.schedule(id, due);
@@ -408,6 +408,8 @@ impl CoreState {
             if c.flags & DRAIN != 0 {
                 metrics.drain_remaining.fetch_sub(1, Relaxed);
             }
+        } else if c.reap == Some(ReapReason::HandshakeTimeout) {
+            metrics.reaped(ReapReason::HandshakeTimeout);
         }
         for e in c.subs {
             self.drop_sub(e);
@@ -504,7 +506,7 @@ impl CoreState {
                 let c = &self.conns[k];
                 ConnRow {
                     id: format!("{}:{}:{}", self.me, k, c.gen),
-                    peer: c.peer.to_string(),
+                    peer: c.peer().map_or_else(|| "?".into(), |p| p.to_string()),
                     queued_bytes: c.out_bytes,
                     queued_messages: c.out.len(),
                     secs_since_drain: if c.out.is_empty() { 0.0 } else { now.wrapping_sub(c.last_drained) as f64 * TICK_MS as f64 / 1000.0 },

@@ -58,9 +58,12 @@ pub enum ReapReason {
     Protocol,
     /// Server drain on shutdown.
     Drain,
+    /// No complete request head within `limits.handshake_timeout_ms` (never upgraded).
+    HandshakeTimeout,
 }
 
-const REAP_NAMES: [&str; 8] = ["close", "reset", "eof", "pong_timeout", "overflow", "close_timeout", "protocol", "drain"];
+const REAP_NAMES: [&str; 9] =
+    ["close", "reset", "eof", "pong_timeout", "overflow", "close_timeout", "protocol", "drain", "handshake_timeout"];
 
 /// Overflow policies, the `policy` label of `tether_overflow_total`.
 pub const OVERFLOW_POLICIES: [&str; 3] = ["disconnect", "drop-oldest", "conflate"];

@@ -244,14 +244,16 @@ async fn accept_loop(core: Rc<RefCell<CoreState>>, listener: TcpListener) {
         let Some(r) = r else { break };
         acc.set(listener.accept().fuse());
         match r {
-            Ok((stream, peer)) => {
+            Ok((stream, _peer)) => {
                 let _ = stream.set_nodelay(true);
                 let id = {
                     let mut st = core.borrow_mut();
                     st.metrics().accepted.fetch_add(1, Relaxed);
-                    st.insert_conn(stream.as_raw_fd(), peer)
+                    st.insert_conn(stream.as_raw_fd())
                 };
-                monoio::spawn(conn::run(core.clone(), stream, id));
+                let task = conn::run(core.clone(), stream, id);
+                tracing::trace!(bytes = std::mem::size_of_val(&task), "connection task size");
+                monoio::spawn(task);
             }
             Err(e) => {
                 // EMFILE/ENFILE: back off briefly instead of spinning on a full fd table.

@@ -47,8 +47,11 @@ fn on_timer(st: &mut CoreState, id: ConnId, due: u32, now: u32) {
         Phase::Http => {
             if c.flags & (HTTP_SERVED | DRAIN) == 0 {
                 metrics.handshake_failure(HandshakeFailure::Timeout);
+                c.kill(ReapReason::HandshakeTimeout);
+            } else {
+                // An idle keep-alive connection, or the drain.
+                c.kill(ReapReason::Eof);
             }
-            c.kill(ReapReason::Eof);
         }
         Phase::Open if c.flags & DRAIN != 0 => {
             let reason = if drain_code == 1001 { "shutdown" } else { "restart" };
