@@ -78,9 +78,18 @@ fn on_timer(st: &mut CoreState, id: ConnId, due: u32, now: u32) {
                 st.enqueue(id, PING.clone(), NO_CHAN, None);
             }
             let Some(c) = st.conn(id) else { return };
-            let next = if c.flags & AWAIT_PONG != 0 { c.ping_sent + pong.min(interval.max(1)) } else { c.ping_sent + interval };
-            let next = if c.flags & AWAIT_PONG != 0 { c.ping_sent + pong.max(1) } else { next };
-            st.schedule(id, next.max(now + 1));
+            // Next look: the next ping time, or the pong deadline if that comes first. A pong
+            // clears AWAIT_PONG without touching the timer, so the ping time must be a
+            // candidate even while a pong is awaited.
+            let ping_due = c.ping_sent.wrapping_add(interval.max(1));
+            let mut next = ping_due;
+            if c.flags & AWAIT_PONG != 0 {
+                let pong_due = c.ping_sent.wrapping_add(pong.max(1));
+                let ping_ahead = (ping_due.wrapping_sub(now) as i32) > 0;
+                next = if ping_ahead && (ping_due.wrapping_sub(pong_due) as i32) < 0 { ping_due } else { pong_due };
+            }
+            let next = if (next.wrapping_sub(now) as i32) > 0 { next } else { now + 1 };
+            st.schedule(id, next);
         }
         Phase::ClosingByUs | Phase::Flushing | Phase::Lingering => c.kill(ReapReason::CloseTimeout),
     }
