@@ -9,10 +9,10 @@ use std::time::Instant;
 use bytes::Bytes;
 use slab::Slab;
 
-use super::bus::{ConnRef, ConnRow, CoreMsg, Endpoint, HttpWait, PublishResult, Resume};
+use super::bus::{ConnRef, CoreMsg, Endpoint, HttpWait, PublishResult};
 use super::conn_state::*;
 use super::home::{home_of, Homes};
-use super::local::{relocate_entry, LocalChannels};
+use super::local::LocalChannels;
 use super::metrics::{CoreMetrics, ReapReason};
 use super::timer::{TimerWheel, TICK_MS};
 use super::Shared;
@@ -266,12 +266,11 @@ impl CoreState {
 
     /// Flushes every connection queued to in this pass.
     pub fn flush_dirty(&mut self) {
-        let dirty = std::mem::take(&mut self.dirty);
-        for id in &dirty {
-            self.flush(*id);
+        // Taken out (and given back, to keep its capacity) because flushing may queue more.
+        let mut dirty = std::mem::take(&mut self.dirty);
+        for id in dirty.drain(..) {
+            self.flush(id);
         }
-        let mut dirty = dirty;
-        dirty.clear();
         if self.dirty.is_empty() {
             self.dirty = dirty;
         }
@@ -317,73 +316,6 @@ impl CoreState {
         self.flush(id);
     }
 
-    /// A client `sub`: records a pending subscription and asks the channel's home core.
-    pub fn client_sub(&mut self, id: ConnId, ch: &str, from: Option<u64>, epoch: Option<String>) {
-        let cfg = &self.shared.config;
-        let chan = self.local.find_or_create(ch, || cfg.channel_rule(ch).overflow);
-        let Some(c) = self.conn(id) else { return };
-        if c.subs.iter().any(|e| e.chan == chan) {
-            let f = codec::encode_frame(0x1, &protocol::error_json("already_subscribed", &format!("already subscribed to {ch}"), None));
-            self.reply(id, f);
-            return;
-        }
-        c.subs.push(SubEntry { chan, pos: PENDING });
-        let lc = &mut self.local.chans[chan as usize];
-        lc.pending += 1;
-        let name = lc.name.clone();
-        let msg = CoreMsg::Subscribe { ch: name, conn: ConnRef { core: self.me as u16, id }, from, epoch: epoch.map(Into::into) };
-        let home = self.home(ch);
-        self.route(home, msg);
-    }
-
-    /// A client `unsub`.
-    pub fn client_unsub(&mut self, id: ConnId, ch: &str) {
-        let chan = self.local.find(ch);
-        let entry = chan.and_then(|chan| {
-            let c = self.conn(id)?;
-            let i = c.subs.iter().position(|e| e.chan == chan)?;
-            if let Some(rs) = c.replays.as_mut() {
-                rs.retain(|r| r.chan != chan);
-            }
-            Some(c.subs.swap_remove(i))
-        });
-        match entry {
-            Some(e) => self.drop_sub(e),
-            None => {
-                let f = codec::encode_frame(0x1, &protocol::error_json("not_subscribed", &format!("not subscribed to {ch}"), None));
-                self.reply(id, f);
-            }
-        }
-    }
-
-    /// Ends one subscription entry (already removed from its connection).
-    fn drop_sub(&mut self, e: SubEntry) {
-        let Some(lc) = self.local.chans.get_mut(e.chan as usize) else { return };
-        if e.pos == PENDING {
-            // The Subscribed reply will find no entry and release the home's interest.
-            lc.pending -= 1;
-        } else {
-            let name = lc.name.clone();
-            self.local.remove(e.chan, e.pos);
-            let home = self.home(&name);
-            self.route(home, CoreMsg::Unsubscribe { ch: name, core: self.me as u16 });
-        }
-        self.tidy(e.chan);
-    }
-
-    /// Compacts or drops a local channel unless a delivery is walking it.
-    pub fn tidy(&mut self, chan: u32) {
-        if self.active_chan == Some(chan) {
-            return;
-        }
-        let conns = &mut self.conns;
-        self.local.tidy(chan, |id, chan, pos| {
-            if let Some(c) = conns.get_mut(id.key as usize).filter(|c| c.gen == id.gen) {
-                relocate_entry(&mut c.subs, chan, pos);
-            }
-        });
-    }
-
     /// A client `pub` (or an HTTP publish when `reply` names an HTTP connection).
     pub fn client_pub(&mut self, reply: ConnId, ch: &str, id: Option<Box<str>>, data: Bytes) {
         let home = self.home(ch);
@@ -393,8 +325,9 @@ impl CoreState {
 
     /// Removes connection `id` and every trace of it: subscriptions, queue, gauge.
     pub fn teardown(&mut self, id: ConnId) {
-        let Some(c) = self.conns.get(id.key as usize).filter(|c| c.gen == id.gen) else { return };
-        let _ = c;
+        if self.conn(id).is_none() {
+            return;
+        }
         let c = self.conns.remove(id.key as usize);
         let metrics = &self.shared.metrics[self.me];
         if c.flags & UPGRADED != 0 {
@@ -492,88 +425,4 @@ impl CoreState {
         }
     }
 
-    /// This core's `top` upgraded connections by queued bytes.
-    pub fn inspect(&self, top: usize) -> Vec<ConnRow> {
-        let now = self.now_tick();
-        let mut all: Vec<(usize, usize)> =
-            self.conns.iter().filter(|(_, c)| c.flags & UPGRADED != 0).map(|(k, c)| (c.out_bytes, k)).collect();
-        if all.len() > top && top > 0 {
-            all.select_nth_unstable_by(top - 1, |a, b| b.0.cmp(&a.0));
-        }
-        all.truncate(top);
-        all.iter()
-            .map(|&(_, k)| {
-                let c = &self.conns[k];
-                ConnRow {
-                    id: format!("{}:{}:{}", self.me, k, c.gen),
-                    peer: c.peer().map_or_else(|| "?".into(), |p| p.to_string()),
-                    queued_bytes: c.out_bytes,
-                    queued_messages: c.out.len(),
-                    secs_since_drain: if c.out.is_empty() { 0.0 } else { now.wrapping_sub(c.last_drained) as f64 * TICK_MS as f64 / 1000.0 },
-                    subscriptions: c
-                        .subs
-                        .iter()
-                        .filter(|e| e.pos != PENDING)
-                        .filter_map(|e| self.local.chans.get(e.chan as usize).map(|l| l.name.to_string()))
-                        .collect(),
-                }
-            })
-            .collect()
-    }
-
-    /// Asks every core (this one included) for its `top` connections; the answer completes
-    /// the HTTP request of `id`.
-    pub fn start_inspect(&mut self, id: ConnId, top: usize) {
-        let cores = self.shared.cores;
-        let Some(c) = self.conn(id) else { return };
-        c.reply = Some(Box::new(HttpWait::Inspect { missing: cores, top, rows: Vec::new() }));
-        c.flags |= AWAITING;
-        for core in 0..cores {
-            self.route(core, CoreMsg::Inspect { reply: ConnRef { core: self.me as u16, id }, top });
-        }
-    }
-
-    /// The home core confirmed a subscription: activate it and tell the client.
-    fn subscribed(&mut self, ch: &Arc<str>, id: ConnId, head: u64, epoch: &str, resume: Resume) {
-        let chan = self.local.find(ch);
-        let entry = chan.and_then(|chan| {
-            let c = self.conns.get_mut(id.key as usize).filter(|c| c.gen == id.gen)?;
-            c.subs.iter().position(|e| e.chan == chan && e.pos == PENDING)
-        });
-        let (Some(chan), Some(i)) = (chan, entry) else {
-            // The connection left or unsubscribed meanwhile: release the home's interest.
-            let home = self.home(ch);
-            self.route(home, CoreMsg::Unsubscribe { ch: ch.clone(), core: self.me as u16 });
-            return;
-        };
-        if let Resume::Ahead = resume {
-            self.local.chans[chan as usize].pending -= 1;
-            if let Some(c) = self.conn(id) {
-                c.subs.swap_remove(i);
-            }
-            let home = self.home(ch);
-            self.route(home, CoreMsg::Unsubscribe { ch: ch.clone(), core: self.me as u16 });
-            let f = protocol::error_json("bad_request", &format!("from is beyond the head of {ch} ({head})"), None);
-            self.reply(id, codec::encode_frame(0x1, &f));
-            self.tidy(chan);
-            return;
-        }
-        let lc = &mut self.local.chans[chan as usize];
-        lc.pending -= 1;
-        let pos = self.local.add(chan, id);
-        if let Some(c) = self.conn(id) {
-            c.subs[i].pos = pos;
-        }
-        let first = match &resume {
-            Resume::Live => protocol::subscribed_json(ch, head, epoch, None),
-            Resume::Recovered { .. } => protocol::subscribed_json(ch, head, epoch, Some(true)),
-            Resume::Reset { reason, oldest } => protocol::reset_json(ch, head, epoch, *reason, *oldest),
-            Resume::Ahead => unreachable!("handled above"),
-        };
-        self.enqueue(id, codec::encode_frame(0x1, &first), NO_CHAN, None);
-        if let Resume::Recovered { from, frames, until } = resume {
-            self.start_replay(id, chan, ch.clone(), epoch.into(), from, frames, until);
-        }
-        self.flush(id);
-    }
 }

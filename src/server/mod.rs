@@ -13,10 +13,12 @@
 //! - [`conn`]: the task of one connection (readiness, reads, WebSocket frames, requests).
 //! - [`conn_state`]: the compact per-connection record and its outbound queue.
 //! - [`http_api`]: the upgrade and the HTTP endpoints.
+//! - [`inspect`]: `GET /connections`, gathered from every core.
 //! - [`home`]: channels at their home core: seq, epoch, history, dedup.
 //! - [`local`]: channels at a subscriber's core: the subscriber lists.
 //! - [`processor`]: the task that applies messages and fans frames out in chunks.
 //! - [`replay`]: resume replay from history, paced by the subscriber's queue.
+//! - [`subscribe`]: `sub`/`unsub` and the home core's confirmation, at the subscriber's core.
 //! - [`tick`]: the per-core clock: heartbeats, deadlines and the staggered drain.
 //! - [`timer`]: the timer wheel.
 //! - [`metrics`]: per-core counters and the Prometheus rendering.
@@ -27,10 +29,12 @@ pub mod conn_state;
 pub mod core;
 pub mod home;
 pub mod http_api;
+pub mod inspect;
 pub mod local;
 pub mod metrics;
 pub mod processor;
 pub mod replay;
+pub mod subscribe;
 pub mod tick;
 pub mod timer;
 
