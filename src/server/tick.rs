@@ -13,6 +13,9 @@ use super::core::{CoreState, PING};
 use super::metrics::{HandshakeFailure, ReapReason};
 use super::timer::TICK_MS;
 
+/// Longest wait for close answers after the drain window, in milliseconds.
+pub const DRAIN_CLOSE_WAIT_MS: u64 = 2000;
+
 /// Runs the clock of one core; returns when the core has finished draining.
 pub async fn run(core: Rc<RefCell<CoreState>>) {
     let mut fired = Vec::new();
@@ -29,8 +32,10 @@ pub async fn run(core: Rc<RefCell<CoreState>>) {
         st.flush_dirty();
         if st.draining {
             let cfg = &st.shared.config;
-            let deadline = *drain_deadline
-                .get_or_insert(now + CoreState::ticks(cfg.drain.window_ms + cfg.limits.close_timeout_ms) + 1);
+            // Peers get at most DRAIN_CLOSE_WAIT_MS after the window to answer their close, so
+            // a drain ends within window + 2 s even when peers never answer (DESIGN §8).
+            let wait = cfg.limits.close_timeout_ms.min(DRAIN_CLOSE_WAIT_MS);
+            let deadline = *drain_deadline.get_or_insert(now + CoreState::ticks(cfg.drain.window_ms + wait) + 1);
             if st.conns.is_empty() || now >= deadline {
                 return;
             }

@@ -10,7 +10,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -33,12 +32,13 @@ pub const OP_CLOSE: u8 = 0x8;
 pub const OP_PING: u8 = 0x9;
 pub const OP_PONG: u8 = 0xA;
 
-static SERIAL: Mutex<()> = Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Serializes heavy tests of one test binary so their timing checks do not compete for the
-/// two CPUs of the box.
-pub fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+/// two CPUs of the box. (An async mutex: the guard is held across the whole test; it does not
+/// poison when a test fails.)
+pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().await
 }
 
 /// A `tether serve` child process. Dropping it SIGKILLs the process if it still runs and
@@ -511,4 +511,45 @@ impl RawWs {
 pub fn msg_seq(payload: &[u8]) -> u64 {
     let at = find(payload, b"\"seq\":").unwrap_or_else(|| panic!("no seq in {:?}", String::from_utf8_lossy(&payload[..payload.len().min(200)])));
     payload[at + 6..].iter().take_while(|b| b.is_ascii_digit()).fold(0u64, |n, d| n * 10 + (d - b'0') as u64)
+}
+
+impl Server {
+    /// Like [`Server::start`] but listening on `listen` (e.g. `127.0.0.1:PORT` to restart a
+    /// server on the port a previous one used; the server binds with `SO_REUSEADDR`).
+    pub fn start_at(config_toml: &str, listen: SocketAddr, extra: &[&str]) -> Server {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let base = std::env::temp_dir().join(format!("tether-it-{}-at{n}", std::process::id()));
+        let config_path = base.with_extension("toml");
+        let log_path = base.with_extension("log");
+        std::fs::write(&config_path, config_toml).expect("write config");
+        let log = std::fs::File::create(&log_path).expect("create log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
+            .args(["serve", "--listen", &listen.to_string(), "--config"])
+            .arg(&config_path)
+            .args(extra)
+            .env("TETHER_LOG", std::env::var("TETHER_LOG").unwrap_or_else(|_| "info".into()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("spawn tether");
+        let pid = child.id() as i32;
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            let mut line = String::new();
+            let _ = r.read_line(&mut line);
+            let _ = tx.send(line);
+            let mut sink = Vec::new();
+            let _ = r.read_to_end(&mut sink);
+        });
+        let mut srv = Server { child, addr: listen, pid, config_path, log_path, exited: None };
+        let line = rx.recv_timeout(Duration::from_secs(15)).unwrap_or_default();
+        match line.trim().strip_prefix("tether listening on ").and_then(|a| a.parse().ok()) {
+            Some(addr) => srv.addr = addr,
+            None => panic!("no listening line on {listen} within 15 s (got {line:?})\n{}", srv.log_tail(40)),
+        }
+        srv
+    }
 }
