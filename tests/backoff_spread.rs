@@ -18,10 +18,14 @@ const CONFIG: &str = "[drain]\nwindow_ms = 200\n";
 struct Log {
     /// Every `Connected`, per client.
     connects: Vec<Vec<Instant>>,
+    /// When each client was first disconnected (the drain's close).
+    closes: Vec<Option<Instant>>,
     /// `Disconnected` events (failed attempts included), all clients.
     disconnects: usize,
     /// `Subscribed` events, all clients.
     subscribed: usize,
+    /// `Reset` events, all clients.
+    resets: usize,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -29,7 +33,7 @@ async fn drained_clients_reconnect_spread_out() {
     let _serial = serial().await;
     let srv = Server::start(CONFIG, &["--cores", "2"]);
     let addr = srv.addr;
-    let log = Arc::new(Mutex::new(Log { connects: vec![Vec::new(); CLIENTS], ..Log::default() }));
+    let log = Arc::new(Mutex::new(Log { connects: vec![Vec::new(); CLIENTS], closes: vec![None; CLIENTS], ..Log::default() }));
     let mut tasks = Vec::new();
     for i in 0..CLIENTS {
         let mut cfg = ClientConfig::new(srv.ws_url());
@@ -42,8 +46,13 @@ async fn drained_clients_reconnect_spread_out() {
                 let mut l = log.lock().unwrap();
                 match ev {
                     Event::Connected => l.connects[i].push(Instant::now()),
-                    Event::Disconnected { .. } => l.disconnects += 1,
+                    Event::Disconnected { .. } => {
+                        l.disconnects += 1;
+                        l.closes[i].get_or_insert_with(Instant::now);
+                    }
                     Event::Subscribed { .. } => l.subscribed += 1,
+                    // The restarted process has a new epoch: the resume is answered by a reset.
+                    Event::Reset { .. } => l.resets += 1,
                     _ => {}
                 }
             }
@@ -60,14 +69,26 @@ async fn drained_clients_reconnect_spread_out() {
     let down = t0.elapsed();
     let srv2 = Server::start_at(CONFIG, addr, &["--cores", "2"]);
     let up = t0.elapsed();
-    wait_for(&log, Duration::from_secs(40), |l| l.subscribed == 2 * CLIENTS).await;
+    wait_for(&log, Duration::from_secs(40), |l| l.subscribed + l.resets == 2 * CLIENTS).await;
     srv2.wait_gauge(CLIENTS as f64, STEP).await;
 
-    let l = log.lock().unwrap();
-    let back: Vec<Duration> = l.connects.iter().map(|c| {
-        assert_eq!(c.len(), 2, "each client connects once before and once after the restart");
-        c[1] - t0
-    }).collect();
+    for t in &tasks {
+        t.abort();
+    }
+    let (connects, closes, failed) = {
+        let l = log.lock().unwrap();
+        (l.connects.clone(), l.closes.clone(), l.disconnects - CLIENTS)
+    };
+    let back: Vec<Duration> = connects
+        .iter()
+        .map(|c| {
+            assert_eq!(c.len(), 2, "each client connects once before and once after the restart");
+            c[1] - t0
+        })
+        .collect();
+    // Each client's own wait: from its drain close to its reconnect.
+    let mut waits: Vec<Duration> = connects.iter().zip(&closes).map(|(c, d)| c[1] - d.expect("closed")).collect();
+    waits.sort();
     let last = back.iter().max().copied().unwrap_or_default();
     let mut slots = vec![0usize; last.as_millis() as usize / 100 + 1];
     for d in &back {
@@ -75,16 +96,15 @@ async fn drained_clients_reconnect_spread_out() {
     }
     let peak = slots.iter().copied().max().unwrap_or(0);
     eprintln!(
-        "drain: old process exited after {down:?}, new one listening after {up:?}; {} failed attempts; \
-         reconnects per 100 ms from SIGTERM: {slots:?}; peak {peak} ({:.1} %); last back after {last:?}",
-        l.disconnects - CLIENTS,
+        "drain: old process exited after {down:?}, new one listening after {up:?}; {failed} failed attempts; \
+         close-to-reconnect wait min {:?} median {:?} max {:?}; reconnects per 100 ms from SIGTERM: {slots:?}; \
+         peak {peak} ({:.1} %); last back after {last:?}",
+        waits[0],
+        waits[waits.len() / 2],
+        waits[waits.len() - 1],
         100.0 * peak as f64 / CLIENTS as f64
     );
     assert!(peak * 10 <= CLIENTS, "a 100 ms slot holds {peak} of {CLIENTS} reconnects: {slots:?}");
-    drop(l);
-    for t in tasks {
-        t.abort();
-    }
 }
 
 async fn wait_for(log: &Mutex<Log>, limit: Duration, done: impl Fn(&Log) -> bool) {
@@ -95,7 +115,7 @@ async fn wait_for(log: &Mutex<Log>, limit: Duration, done: impl Fn(&Log) -> bool
             if done(&l) {
                 return;
             }
-            assert!(Instant::now() < end, "after {limit:?}: {} subscribed, {} disconnects", l.subscribed, l.disconnects);
+            assert!(Instant::now() < end, "after {limit:?}: {} subscribed, {} resets, {} disconnects", l.subscribed, l.resets, l.disconnects);
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

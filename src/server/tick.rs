@@ -13,6 +13,9 @@ use super::core::{CoreState, PING};
 use super::metrics::{HandshakeFailure, ReapReason};
 use super::timer::TICK_MS;
 
+/// Drain closes carry `retry_after_ms` drawn uniformly from 0 to this, in milliseconds.
+pub const DRAIN_RETRY_SPREAD_MS: u64 = 3000;
+
 /// Longest wait for close answers after the drain window, in milliseconds.
 pub const DRAIN_CLOSE_WAIT_MS: u64 = 2000;
 
@@ -60,7 +63,11 @@ fn on_timer(st: &mut CoreState, id: ConnId, due: u32, now: u32) {
         }
         Phase::Open if c.flags & DRAIN != 0 => {
             let reason = if drain_code == 1001 { "shutdown" } else { "restart" };
-            let reason = format!("{{\"reason\":\"{reason}\",\"retry_after_ms\":1000}}");
+            // A per-connection random hint: clients take it as the floor of their next wait,
+            // so a common value would line them all up again; a random one spreads their
+            // return over DRAIN_RETRY_SPREAD_MS even when the drain window is short.
+            let retry = rand::random_range(0..=DRAIN_RETRY_SPREAD_MS);
+            let reason = format!("{{\"reason\":\"{reason}\",\"retry_after_ms\":{retry}}}");
             metrics.drain_remaining.fetch_sub(1, Relaxed);
             c.flags &= !DRAIN;
             st.close_by_us(id, drain_code, &reason, ReapReason::Drain);
