@@ -128,6 +128,10 @@ fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>, cores: Option<usiz
         eprintln!("{e}");
         return ExitCode::from(2);
     }
+    if cfg.broker.kind != tether::config::BrokerKind::Memory {
+        eprintln!("config: broker.kind = \"redis\": this build has only the embedded memory broker; remove [broker] or set kind = \"memory\"");
+        return ExitCode::from(2);
+    }
     let (soft, hard) = server::raise_nofile();
     tracing::info!(soft_before = soft, soft = hard, hard, "RLIMIT_NOFILE raised to the hard limit");
     if (hard as usize) < cfg.max_connections {

@@ -204,15 +204,16 @@ fn reject(st: &mut CoreState, id: ConnId, e: HttpError, why: HandshakeFailure, e
     send(st, id, resp, false);
 }
 
-/// Queues one response; without keep-alive (or while draining) the connection closes after it.
+/// Queues one response; without keep-alive the connection closes after it. Keep-alive
+/// connections stay open during a drain, so probes and scrapers that hold one see `/readyz`
+/// turn 503 and the drain progress in `/metrics` until the process exits.
 fn send(st: &mut CoreState, id: ConnId, resp: Vec<u8>, keep_alive: bool) {
-    let draining = st.shared.drain_code.load(Relaxed) != 0;
     let idle = st.now_tick() + CoreState::ticks(st.shared.config.limits.handshake_timeout_ms);
     st.metrics().http_requests.fetch_add(1, Relaxed);
     let Some(c) = st.conn(id) else { return };
     c.push(Bytes::from(resp), NO_CHAN);
     c.flags |= HTTP_SERVED;
-    if !keep_alive || draining {
+    if !keep_alive {
         c.phase = Phase::Flushing;
     }
     st.schedule(id, idle);

@@ -39,7 +39,7 @@ pub async fn run(core: Rc<RefCell<CoreState>>) {
             // a drain ends within window + 2 s even when peers never answer (DESIGN §8).
             let wait = cfg.limits.close_timeout_ms.min(DRAIN_CLOSE_WAIT_MS);
             let deadline = *drain_deadline.get_or_insert(now + CoreState::ticks(cfg.drain.window_ms + wait) + 1);
-            if st.conns.is_empty() || now >= deadline {
+            if st.metrics().connections.load(Relaxed) <= 0 || now >= deadline {
                 return;
             }
         }
@@ -116,9 +116,8 @@ pub fn start_drain(st: &mut CoreState) {
     }
     let now = st.now_tick();
     let window = CoreState::ticks(st.shared.config.drain.window_ms).max(1) as u64;
-    let ids: Vec<(ConnId, Phase)> =
-        st.conns.iter().map(|(k, c)| (ConnId { key: k as u32, gen: c.gen }, c.phase)).collect();
-    let open: Vec<ConnId> = ids.iter().filter(|(_, p)| *p == Phase::Open).map(|(id, _)| *id).collect();
+    let open: Vec<ConnId> =
+        st.conns.iter().filter(|(_, c)| c.phase == Phase::Open).map(|(k, c)| ConnId { key: k as u32, gen: c.gen }).collect();
     let n = open.len() as u64;
     st.metrics().drain_remaining.fetch_add(n as i64, Relaxed);
     for (i, id) in open.into_iter().enumerate() {
@@ -129,14 +128,8 @@ pub fn start_drain(st: &mut CoreState) {
         let due = now + 1 + ((i as u64 * window) / n.max(1)) as u32;
         st.schedule(id, due);
     }
-    for (id, phase) in ids {
-        if phase == Phase::Http {
-            if let Some(c) = st.conn(id) {
-                c.flags |= DRAIN;
-            }
-            st.schedule(id, now + 1);
-        }
-    }
+    // Plain HTTP connections keep being served (a probe sees /readyz answer 503) until the
+    // last WebSocket connection is gone.
 }
 
 /// Schedules the first heartbeat of a connection that just upgraded, at a random point of the
