@@ -23,6 +23,10 @@ use super::{proc_slot, procs, run_split, share, thread_count, wait_until};
 /// Deadline for TCP connect plus handshake, and separately for the `subscribed` answer.
 pub(crate) const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Report fields in display order (after `scenario`).
+const FIELDS: [&str; 9] =
+    ["connections", "errors", "opened", "failed", "dropped", "connect_s", "held_s", "procs", "error_kinds"];
+
 /// State shared by the controller and the worker threads.
 struct Shared {
     attempted: AtomicUsize,
@@ -45,7 +49,7 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
         return Err("--conns must be at least 1".into());
     }
     if args.procs > 1 && args.common.child_of.is_none() {
-        return procs::run_children(args.procs, "idle", &["connect_s", "held_s"]);
+        return procs::run_children(args.procs, "idle", &FIELDS, &["connect_s", "held_s"]);
     }
     let urls: Vec<WsUrl> = args.urls.iter().map(|u| super::args::parse_ws_url(u)).collect::<Result<_, _>>()?;
     let (proc_index, procs) = proc_slot(&args.common);

@@ -165,14 +165,15 @@ pub fn full_jitter(base: Duration, cap: Duration, attempt: u32) -> Duration {
     ceiling.mul_f64(rand::random::<f64>())
 }
 
-/// Polls `done` every 10 ms until it holds or `limit` passes; true when it held.
+/// Polls `done` every 10 ms until it holds or `limit` passes (`Duration::MAX`: no limit);
+/// true when it held.
 pub(crate) async fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
+    let deadline = Instant::now().checked_add(limit);
     loop {
         if done() {
             return true;
         }
-        if Instant::now() >= deadline {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
             return false;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

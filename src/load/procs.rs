@@ -15,9 +15,9 @@ use super::report::Report;
 
 /// Runs `procs` children of this same command line and aggregates their reports: integer
 /// fields are summed, except `max_keys` (maxima, e.g. durations); objects of integers (error
-/// tallies) are summed key by key; other values come from child 0. `ok` is true when every
-/// child reported `errors == 0` and exited 0.
-pub fn run_children(procs: usize, scenario: &str, max_keys: &[&str]) -> Result<Report, String> {
+/// tallies) are summed key by key; other values come from child 0. Fields are shown in `order`
+/// (others after). `ok` is true when every child reported `errors == 0` and exited 0.
+pub fn run_children(procs: usize, scenario: &str, order: &[&str], max_keys: &[&str]) -> Result<Report, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
     let args: Vec<_> = std::env::args_os().skip(1).collect();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(usize, Option<String>, Option<ExitStatus>)>();
@@ -87,6 +87,9 @@ pub fn run_children(procs: usize, scenario: &str, max_keys: &[&str]) -> Result<R
         reports.push(value);
     }
     let mut report = aggregate(scenario, &reports, max_keys);
+    // Children's JSON objects come back with sorted keys; restore the scenario's order.
+    let rank = |k: &str| if k == "scenario" { 0 } else { order.iter().position(|o| *o == k).map_or(usize::MAX, |p| p + 1) };
+    report.fields.sort_by_key(|(k, _)| rank(k));
     report.set("procs", procs);
     ok &= report.get("errors").and_then(Value::as_u64) == Some(0);
     report.ok = ok;
