@@ -15,9 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 fn start_server(echo: bool) -> Server {
-    let mut cfg = Config::default();
-    cfg.listen = "127.0.0.1:0".parse().unwrap();
-    cfg.cores = 1;
+    let cfg = Config { listen: "127.0.0.1:0".parse().unwrap(), cores: 1, ..Config::default() };
     Server::start(cfg, ServeOptions { echo }).expect("server starts")
 }
 

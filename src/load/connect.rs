@@ -88,7 +88,7 @@ pub fn run(args: ConnectArgs) -> Result<Report, String> {
     let mut r = Report::new("connect");
     r.set("conns", args.conns)
         .set("ok", total.ok)
-        .set("handshakes_per_s", (total.ok as f64 / elapsed.max(1e-9)).round())
+        .set("handshakes_per_s", (total.ok as f64 / elapsed.max(1e-9)).round() as u64)
         .set("p50_ms", total.latency.quantile_ms(0.5))
         .set("p90_ms", total.latency.quantile_ms(0.9))
         .set("p99_ms", total.latency.quantile_ms(0.99))

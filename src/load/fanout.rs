@@ -144,7 +144,7 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
         .set("publish_errors", c.publish_errors)
         .set("deliveries", total.deliveries)
         .set("expected", c.expected)
-        .set("deliveries_per_s", (total.deliveries as f64 / window_s.max(1e-9)).round())
+        .set("deliveries_per_s", (total.deliveries as f64 / window_s.max(1e-9)).round() as u64)
         .set("p50_ms", total.latency.quantile_ms(0.5))
         .set("p90_ms", total.latency.quantile_ms(0.9))
         .set("p99_ms", total.latency.quantile_ms(0.99))

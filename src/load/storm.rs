@@ -300,6 +300,8 @@ impl Client {
         match dropped {
             None => conn.reset(),
             Some(e) => {
+                // Free the descriptor before reconnecting: N clients must fit in N fds.
+                drop(conn);
                 let _ = shared.first_close_ns.compare_exchange(0, now_ns(), Ordering::Relaxed, Ordering::Relaxed);
                 if TERMINAL_CODES.contains(&e.close_code()) {
                     shared.lost.fetch_add(1, Ordering::Relaxed);
