@@ -20,6 +20,7 @@ pub mod client;
 pub mod config;
 pub mod http;
 pub mod limits;
+pub mod load;
 pub mod protocol;
 pub mod server;
 pub mod ws;

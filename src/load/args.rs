@@ -1,0 +1,256 @@
+//! Command-line arguments of `tether load` (DESIGN §7: the flags are a stable interface) and
+//! the parsers for their values: durations (`30s`), source-address ranges
+//! (`127.0.0.2-127.0.0.254`) and `ws://` URLs.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+/// Options every scenario shares: thread count, handshake concurrency, source addresses and
+/// the hidden child-process flags used by `--procs`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CommonArgs {
+    /// Worker threads in this process (each runs a single-threaded tokio runtime); 0 = one per
+    /// available CPU.
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Largest number of handshakes in flight at once in this process. Unbounded bursts
+    /// overflow the server's accept backlog and turn into 1 s SYN retransmits.
+    #[arg(long, default_value_t = 256)]
+    pub concurrency: usize,
+    /// Source addresses to bind before connecting, spread round-robin over connections:
+    /// comma-separated IPv4 addresses or inclusive ranges `A-B`, e.g. `127.0.0.2-127.0.0.254`.
+    /// Each source address has its own ephemeral port range, so the port range stops being
+    /// the limit (all of 127.0.0.0/8 is loopback on Linux).
+    #[arg(long, alias = "source", value_parser = parse_sources)]
+    pub sources: Option<Sources>,
+    /// Hidden: this process is child `i` of a `--procs` run (0-based).
+    #[arg(long, hide = true)]
+    pub child_index: Option<usize>,
+    /// Hidden: the number of processes of the `--procs` run this child belongs to.
+    #[arg(long, hide = true)]
+    pub child_of: Option<usize>,
+}
+
+/// `tether load idle`: open N connections, subscribe each to one of K channels, hold them.
+#[derive(Debug, Clone, clap::Args)]
+pub struct IdleArgs {
+    /// Server URLs (`ws://host:port/ws`); connections are spread round-robin over them.
+    #[arg(required = true, num_args = 1..)]
+    pub urls: Vec<String>,
+    /// Connections to open in total (over all processes).
+    #[arg(long)]
+    pub conns: usize,
+    /// Processes to run (this one re-executes itself P times, each child taking 1/P of the
+    /// connections) to get past the per-process open-file limit.
+    #[arg(long, default_value_t = 1)]
+    pub procs: usize,
+    /// New connections per second in total; 0 = as fast as `--concurrency` allows.
+    #[arg(long, default_value_t = 0.0)]
+    pub rate: f64,
+    /// Channels the connections subscribe to (connection i subscribes to `load.idle.{i % K}`).
+    #[arg(long, default_value_t = 1)]
+    pub channels: usize,
+    /// How long to hold the connections once all are open, e.g. `30s`, `500ms`, `2m`.
+    /// SIGTERM or SIGINT ends the hold early (the report is still printed).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub hold: Duration,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// How `fanout` publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PublishVia {
+    /// `{"op":"pub"}` on one extra WebSocket connection, acks read as they come.
+    Ws,
+    /// `POST /publish/{ch}` on one keep-alive HTTP/1.1 connection, one request at a time.
+    Http,
+}
+
+/// `tether load fanout`: N subscribers, M stamped messages per second of S bytes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct FanoutArgs {
+    /// Server URL (`ws://host:port/ws`).
+    pub url: String,
+    /// Subscribers (connection i subscribes to channel `i % K`).
+    #[arg(long)]
+    pub subs: usize,
+    /// Messages published per second, in total over all channels (round-robin).
+    #[arg(long)]
+    pub rate: f64,
+    /// Size of each message's `data` JSON in bytes (padded; at least the ~40-byte stamp).
+    #[arg(long, default_value_t = 64)]
+    pub size: usize,
+    /// How long to publish, e.g. `10s`.
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Channels (named `load.fanout.{run}.{k}`, `run` random per invocation).
+    #[arg(long, default_value_t = 1)]
+    pub channels: usize,
+    /// Publish path.
+    #[arg(long, value_enum, default_value_t = PublishVia::Ws)]
+    pub publish: PublishVia,
+    /// Raw mode for any RFC 6455 server: each subscriber sends TEXT as one text frame after the
+    /// handshake (nothing when empty), then counts and timestamps every data frame it receives
+    /// (latency from a `"t":NS` in the payload when present; order from `"k":N`). With a
+    /// non-zero `--rate` an extra connection sends the stamped payloads as text frames.
+    #[arg(long)]
+    pub raw: Option<String>,
+    /// Longest wait after the last publish for deliveries to arrive, e.g. `5s`.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub grace: Duration,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// `tether load connect`: full WebSocket handshakes per second.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConnectArgs {
+    /// Server URL (`ws://host:port/ws`).
+    pub url: String,
+    /// Handshakes to perform; each connection sends close 1000 and is reset right after.
+    #[arg(long)]
+    pub conns: usize,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// How `storm` drops the connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Trigger {
+    /// The server drains and restarts: with `--server-pid` this process sends SIGTERM (and runs
+    /// `--restart-cmd`); without it, someone else does and the storm starts at the first close.
+    Drain,
+    /// This process resets (RST) all its sockets at once.
+    Cut,
+}
+
+/// `tether load storm`: N subscribers dropped at once; time until all are back and resumed.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StormArgs {
+    /// Server URL (`ws://host:port/ws`).
+    pub url: String,
+    /// Subscribers.
+    #[arg(long)]
+    pub conns: usize,
+    /// What drops them.
+    #[arg(long, value_enum, default_value_t = Trigger::Cut)]
+    pub trigger: Trigger,
+    /// Channels (subscriber i on `load.storm.{run}.{i % K}`).
+    #[arg(long, default_value_t = 1)]
+    pub channels: usize,
+    /// With `--trigger drain`: the server process to SIGTERM once all subscribers are primed.
+    #[arg(long)]
+    pub server_pid: Option<i32>,
+    /// With `--trigger drain`: shell command (`sh -c`) run right after the SIGTERM to start the
+    /// replacement server; its stdout goes to this process's stderr.
+    #[arg(long)]
+    pub restart_cmd: Option<String>,
+    /// Full-jitter backoff base (DESIGN §4), e.g. `500ms`.
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    pub backoff_base: Duration,
+    /// Full-jitter backoff cap (DESIGN §4), e.g. `30s`.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub backoff_cap: Duration,
+    /// Give up this long after the trigger (or, for drain without `--server-pid`, after all
+    /// are primed and no close came).
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// Source addresses to bind, in round-robin order (never empty).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sources(pub Vec<IpAddr>);
+
+impl Sources {
+    /// The source address for connection `index` (global index, so `--procs` children agree).
+    pub fn pick(&self, index: usize) -> IpAddr {
+        self.0[index % self.0.len()]
+    }
+}
+
+/// Largest number of addresses a `--sources` value may expand to.
+const MAX_SOURCES: usize = 1 << 16;
+
+/// Parses `--sources`: comma-separated IPv4 addresses or inclusive ranges `A-B` (A ≤ B).
+/// Errors name the bad item.
+pub fn parse_sources(s: &str) -> Result<Sources, String> {
+    let mut out = Vec::new();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        match item.split_once('-') {
+            Some((a, b)) => {
+                let a: Ipv4Addr = a.trim().parse().map_err(|_| format!("bad address in range {item:?}"))?;
+                let b: Ipv4Addr = b.trim().parse().map_err(|_| format!("bad address in range {item:?}"))?;
+                let (a, b) = (u32::from(a), u32::from(b));
+                if a > b {
+                    return Err(format!("range {item:?} runs backwards"));
+                }
+                if (b - a) as usize >= MAX_SOURCES - out.len() {
+                    return Err(format!("more than {MAX_SOURCES} source addresses"));
+                }
+                out.extend((a..=b).map(|n| IpAddr::V4(Ipv4Addr::from(n))));
+            }
+            None => out.push(item.parse().map_err(|_| format!("bad source address {item:?}"))?),
+        }
+    }
+    if out.is_empty() {
+        return Err("no source address given".into());
+    }
+    Ok(Sources(out))
+}
+
+/// Parses a duration: a number with an optional unit `ms`, `s`, `m` or `h` (no unit =
+/// seconds), e.g. `500ms`, `30s`, `1.5m`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let value: f64 = num.parse().map_err(|_| format!("bad duration {s:?} (e.g. 30s, 500ms)"))?;
+    let secs = match unit.trim() {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        other => return Err(format!("bad duration unit {other:?} in {s:?} (ms, s, m, h)")),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("duration {s:?} out of range"))
+}
+
+/// A `ws://` endpoint, resolved once: where to connect and what to put in the request line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WsUrl {
+    /// Resolved server address (the first one the name resolves to).
+    pub addr: SocketAddr,
+    /// `Host` header value (`host:port` as written).
+    pub host: String,
+    /// Request target, e.g. `/ws` (`/` when the URL has no path).
+    pub path: String,
+}
+
+/// Parses and resolves `ws://host[:port][/path]` (port 80 by default). `wss://` is refused:
+/// the load generator speaks plain TCP only.
+pub fn parse_ws_url(url: &str) -> Result<WsUrl, String> {
+    let rest = url
+        .strip_prefix("ws://")
+        .ok_or_else(|| format!("{url:?}: only ws:// URLs are supported"))?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    if authority.is_empty() {
+        return Err(format!("{url:?}: no host"));
+    }
+    let with_port = if authority.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
+        authority.to_string()
+    } else {
+        format!("{authority}:80")
+    };
+    let addr = with_port
+        .to_socket_addrs()
+        .map_err(|e| format!("{url:?}: cannot resolve: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{url:?}: resolves to nothing"))?;
+    Ok(WsUrl { addr, host: authority.to_string(), path: path.to_string() })
+}

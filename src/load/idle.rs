@@ -1,0 +1,215 @@
+//! `tether load idle`: open N connections at rate R, subscribe each to one of K channels,
+//! hold them for T (answering the server's pings), report how many stayed up.
+//!
+//! Report: `scenario`, `connections` (open and subscribed at the end of the hold), `errors`
+//! (`failed` + `dropped`), `opened`, `failed` (connect, handshake or subscribe failed),
+//! `dropped` (closed by the peer during the hold), `connect_s` (time to attempt all), `held_s`,
+//! `procs`, `error_kinds`.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tokio::sync::{watch, Semaphore};
+
+use super::args::{IdleArgs, Sources, WsUrl};
+use super::report::{round3, Errors, Report};
+use super::wire::{scan_str, ConnError, WsConn};
+use super::{proc_slot, procs, run_split, share, thread_count, wait_until};
+
+/// Deadline for TCP connect plus handshake, and separately for the `subscribed` answer.
+pub(crate) const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Report fields in display order (after `scenario`).
+const FIELDS: [&str; 9] =
+    ["connections", "errors", "opened", "failed", "dropped", "connect_s", "held_s", "procs", "error_kinds"];
+
+/// State shared by the controller and the worker threads.
+struct Shared {
+    attempted: AtomicUsize,
+    stop: watch::Sender<bool>,
+}
+
+/// One worker thread's tally.
+#[derive(Default)]
+struct Tally {
+    opened: u64,
+    alive: u64,
+    failed: u64,
+    dropped: u64,
+    errors: Errors,
+}
+
+/// Runs the scenario (or, with `--procs P > 1` in the parent, P children and their aggregate).
+pub fn run(args: IdleArgs) -> Result<Report, String> {
+    if args.conns == 0 {
+        return Err("--conns must be at least 1".into());
+    }
+    if args.procs > 1 && args.common.child_of.is_none() {
+        return procs::run_children(args.procs, "idle", &FIELDS, &["connect_s", "held_s"]);
+    }
+    let urls: Vec<WsUrl> = args.urls.iter().map(|u| super::args::parse_ws_url(u)).collect::<Result<_, _>>()?;
+    let (proc_index, procs) = proc_slot(&args.common);
+    let threads = thread_count(args.common.threads);
+    let mine = share(args.conns, proc_index, procs, 0, 1).count();
+    let channels = args.channels.max(1);
+    let per_thread_rate = args.rate / (procs * threads) as f64;
+    let permits = (args.common.concurrency / threads).max(1);
+    let (stop, _) = watch::channel(false);
+    let shared = Arc::new(Shared { attempted: AtomicUsize::new(0), stop });
+    let started = Instant::now();
+
+    let worker = |t: usize| {
+        let shared = shared.clone();
+        let urls = urls.clone();
+        let sources = args.common.sources.clone();
+        async move {
+            let tally = Rc::new(RefCell::new(Tally::default()));
+            let gate = Arc::new(Semaphore::new(permits));
+            let mut tasks = Vec::new();
+            let begin = Instant::now();
+            for (j, index) in share(args.conns, proc_index, procs, t, threads).enumerate() {
+                if per_thread_rate > 0.0 {
+                    tokio::time::sleep_until((begin + Duration::from_secs_f64(j as f64 / per_thread_rate)).into()).await;
+                }
+                let Ok(permit) = gate.clone().acquire_owned().await else { break };
+                let url = urls[index % urls.len()].clone();
+                let source = sources.as_ref().map(|s: &Sources| s.pick(index));
+                let channel = format!("load.idle.{}", index % channels);
+                let (tally, shared) = (tally.clone(), shared.clone());
+                tasks.push(tokio::task::spawn_local(async move {
+                    let opened = open_and_subscribe(&url, source, &channel).await;
+                    drop(permit);
+                    shared.attempted.fetch_add(1, Ordering::Relaxed);
+                    let mut conn = match opened {
+                        Ok(conn) => conn,
+                        Err(e) => {
+                            let mut t = tally.borrow_mut();
+                            t.failed += 1;
+                            t.errors.add(e.kind());
+                            return;
+                        }
+                    };
+                    tally.borrow_mut().opened += 1;
+                    let mut stop = shared.stop.subscribe();
+                    let ended = tokio::select! {
+                        r = hold(&mut conn) => Some(r),
+                        _ = stop.wait_for(|s| *s) => None,
+                    };
+                    let mut t = tally.borrow_mut();
+                    match ended {
+                        Some(e) => {
+                            t.dropped += 1;
+                            t.errors.add(e.kind());
+                        }
+                        None => t.alive += 1,
+                    }
+                }));
+            }
+            for task in tasks {
+                // A panicking task is a bug in this module; its connection is simply not counted.
+                let _ = task.await;
+            }
+            Rc::try_unwrap(tally).map(RefCell::into_inner).unwrap_or_default()
+        }
+    };
+
+    let hold_for = args.hold;
+    let controller = || {
+        let shared = shared.clone();
+        async move {
+            // No deadline: every attempt ends by itself within 2 × STEP_TIMEOUT.
+            wait_until(Duration::MAX, || shared.attempted.load(Ordering::Relaxed) >= mine).await;
+            let connect_s = started.elapsed().as_secs_f64();
+            let held = Instant::now();
+            wait_for_end(hold_for).await;
+            // Nobody listening only means every task already ended.
+            let _ = shared.stop.send(true);
+            (connect_s, held.elapsed().as_secs_f64())
+        }
+    };
+
+    let (tallies, (connect_s, held_s)) = run_split(threads, worker, controller)?;
+    let mut total = Tally::default();
+    for t in &tallies {
+        total.opened += t.opened;
+        total.alive += t.alive;
+        total.failed += t.failed;
+        total.dropped += t.dropped;
+        total.errors.merge(&t.errors);
+    }
+    let errors = total.failed + total.dropped;
+    let mut report = Report::new("idle");
+    report
+        .set("connections", total.alive)
+        .set("errors", errors)
+        .set("opened", total.opened)
+        .set("failed", total.failed)
+        .set("dropped", total.dropped)
+        .set("connect_s", round3(connect_s))
+        .set("held_s", round3(held_s))
+        .set("procs", procs)
+        .set("error_kinds", total.errors.to_json());
+    report.ok = errors == 0;
+    Ok(report)
+}
+
+/// Sleeps for `hold`, or until SIGTERM / SIGINT arrives.
+pub(crate) async fn wait_for_end(hold: Duration) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tokio::time::sleep(hold).await;
+        return;
+    };
+    tokio::select! {
+        _ = tokio::time::sleep(hold) => {}
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// Connects, handshakes and subscribes to `channel`; returns once `subscribed` arrived.
+async fn open_and_subscribe(url: &WsUrl, source: Option<std::net::IpAddr>, channel: &str) -> Result<WsConn, ConnError> {
+    let mut conn = WsConn::connect_within(url, source, STEP_TIMEOUT).await?;
+    let sub = json!({"op": "sub", "ch": channel}).to_string();
+    conn.send_text(sub.as_bytes()).await?;
+    await_op(&mut conn, b"subscribed").await?;
+    Ok(conn)
+}
+
+/// Reads until a message with `"op"` equal to `op` arrives (within [`STEP_TIMEOUT`]); an
+/// `error` op fails with `Protocol`.
+pub(crate) async fn await_op(conn: &mut WsConn, op: &[u8]) -> Result<(), ConnError> {
+    let wait = async {
+        loop {
+            let mut seen = None;
+            conn.recv(|m| {
+                if seen.is_none() {
+                    match scan_str(m, "op") {
+                        Some(o) if o == op => seen = Some(Ok(())),
+                        Some(b"error") => seen = Some(Err(ConnError::Protocol("server answered error"))),
+                        _ => {}
+                    }
+                }
+            })
+            .await?;
+            if let Some(r) = seen {
+                return r;
+            }
+        }
+    };
+    tokio::time::timeout(STEP_TIMEOUT, wait).await.unwrap_or(Err(ConnError::Timeout))
+}
+
+/// Keeps an idle connection alive (pongs, discarding messages) until it ends; returns why.
+async fn hold(conn: &mut WsConn) -> ConnError {
+    loop {
+        if let Err(e) = conn.recv(|_| {}).await {
+            return e;
+        }
+    }
+}
+

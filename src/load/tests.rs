@@ -1,0 +1,133 @@
+//! Unit tests of the argument parsers, the report and the connection share arithmetic.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use super::args::{parse_duration, parse_sources, parse_ws_url};
+use super::procs::aggregate;
+use super::publish::{channel_index, stamp};
+use super::report::{Latency, Report};
+use super::wire::{accept_key, scan_str, scan_u64};
+use super::{full_jitter, share};
+
+#[test]
+fn durations_take_units() {
+    assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+    assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+    assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+    assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+    assert!(parse_duration("3 days").is_err());
+    assert!(parse_duration("").is_err());
+}
+
+#[test]
+fn sources_expand_ranges_and_lists() {
+    let s = parse_sources("127.0.0.2-127.0.0.4,10.0.0.1").unwrap();
+    assert_eq!(s.0.len(), 4);
+    assert_eq!(s.pick(0), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
+    assert_eq!(s.pick(3), IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)));
+    assert_eq!(s.pick(4), s.pick(0));
+    assert_eq!(parse_sources("127.0.0.2-127.0.0.254").unwrap().0.len(), 253);
+    assert!(parse_sources("127.0.0.9-127.0.0.2").is_err());
+    assert!(parse_sources("nope").is_err());
+    assert!(parse_sources("").is_err());
+}
+
+#[test]
+fn ws_urls_resolve() {
+    let u = parse_ws_url("ws://127.0.0.1:9000/ws").unwrap();
+    assert_eq!(u.addr.port(), 9000);
+    assert_eq!(u.host, "127.0.0.1:9000");
+    assert_eq!(u.path, "/ws");
+    assert_eq!(parse_ws_url("ws://127.0.0.1").unwrap().addr.port(), 80);
+    assert_eq!(parse_ws_url("ws://127.0.0.1:1").unwrap().path, "/");
+    assert!(parse_ws_url("wss://127.0.0.1/ws").is_err());
+    assert!(parse_ws_url("http://127.0.0.1/ws").is_err());
+}
+
+#[test]
+fn accept_key_matches_rfc_6455_example() {
+    // RFC 6455 §1.3.
+    assert_eq!(accept_key("dGhlIHNhbXBsZSBub25jZQ=="), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+}
+
+#[test]
+fn scanners_read_the_wire_shapes() {
+    let m = br#"{"op":"msg","ch":"load.fanout.ab.3","seq":42,"data":{"t":1700000000000000000,"k":7}}"#;
+    assert_eq!(scan_str(m, "op"), Some(&b"msg"[..]));
+    assert_eq!(scan_u64(m, "seq"), Some(42));
+    assert_eq!(scan_u64(m, "t"), Some(1_700_000_000_000_000_000));
+    assert_eq!(scan_u64(m, "k"), Some(7));
+    assert_eq!(scan_str(m, "ch").and_then(channel_index), Some(3));
+    assert_eq!(scan_u64(m, "missing"), None);
+    assert_eq!(scan_u64(br#"{"t" : 5}"#, "t"), Some(5));
+    assert_eq!(scan_u64(br#"{"t":"x"}"#, "t"), None);
+    // A key inside a string value is not mistaken for the key.
+    assert_eq!(scan_u64(br#"{"a":"t","t":9}"#, "t"), Some(9));
+}
+
+#[test]
+fn stamps_have_the_requested_size() {
+    for size in [64, 100, 1024] {
+        let s = stamp(12, size);
+        assert_eq!(s.len(), size, "{s}");
+        let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+        assert_eq!(v["k"], 12);
+        assert!(v["t"].as_u64().unwrap() > 0);
+    }
+    // Too small for padding: the bare stamp.
+    assert!(serde_json::from_str::<serde_json::Value>(&stamp(1, 0)).is_ok());
+}
+
+#[test]
+fn shares_cover_every_index_once() {
+    let mut seen = vec![0; 101];
+    for p in 0..3 {
+        for t in 0..2 {
+            for i in share(101, p, 3, t, 2) {
+                seen[i] += 1;
+            }
+        }
+    }
+    assert!(seen.iter().all(|&n| n == 1));
+}
+
+#[test]
+fn full_jitter_stays_under_the_ceiling() {
+    let (base, cap) = (Duration::from_millis(500), Duration::from_secs(30));
+    for attempt in 0..40 {
+        let d = full_jitter(base, cap, attempt);
+        assert!(d <= cap);
+        assert!(d <= base * 2u32.saturating_pow(attempt.min(20)));
+    }
+}
+
+#[test]
+fn report_json_keeps_field_order() {
+    let mut r = Report::new("idle");
+    r.set("connections", 3).set("errors", 0).set("connections", 4);
+    assert_eq!(r.to_json_line(), r#"{"scenario":"idle","connections":4,"errors":0}"#);
+    assert!(r.to_table().contains("connections"));
+}
+
+#[test]
+fn latency_quantiles_in_ms() {
+    let mut l = Latency::new();
+    for us in 1..=1000 {
+        l.record_us(us);
+    }
+    assert!((l.quantile_ms(0.5) - 0.5).abs() < 0.01);
+    assert!((l.max_ms() - 1.0).abs() < 0.01);
+    assert_eq!(Latency::new().quantile_ms(0.99), 0.0);
+}
+
+#[test]
+fn child_reports_aggregate() {
+    let a = serde_json::json!({"scenario":"idle","connections":10,"errors":1,"connect_s":1.5,"procs":1,"error_kinds":{"refused":1}});
+    let b = serde_json::json!({"scenario":"idle","connections":12,"errors":0,"connect_s":2.5,"procs":1,"error_kinds":{}});
+    let r = aggregate("idle", &[a, b], &["connect_s"]);
+    assert_eq!(r.get("connections"), Some(&serde_json::json!(22)));
+    assert_eq!(r.get("errors"), Some(&serde_json::json!(1)));
+    assert_eq!(r.get("connect_s"), Some(&serde_json::json!(2.5)));
+    assert_eq!(r.get("error_kinds"), Some(&serde_json::json!({"refused":1})));
+}

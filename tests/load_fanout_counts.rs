@@ -1,0 +1,168 @@
+//! `tether load fanout` counts loss and reordering correctly (issue 5, Tests): a relay between
+//! the load generator and a real server drops seq 3 and swaps seqs 5 and 6 on every
+//! subscriber's stream, so each subscriber must report exactly one lost and one reordered
+//! message. Also: raw mode (`--raw`) counts what an RFC 6455 echo endpoint sends back.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tether::config::Config;
+use tether::load::args::{CommonArgs, FanoutArgs, PublishVia};
+use tether::load::wire::{scan_str, scan_u64};
+use tether::server::{ServeOptions, Server};
+use tether::ws::codec::decode_server_frame;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+fn start_server(echo: bool) -> Server {
+    let cfg = Config { listen: "127.0.0.1:0".parse().unwrap(), cores: 1, ..Config::default() };
+    Server::start(cfg, ServeOptions { echo }).expect("server starts")
+}
+
+fn common() -> CommonArgs {
+    CommonArgs { threads: 2, concurrency: 16, sources: None, child_index: None, child_of: None }
+}
+
+/// Starts the faulty relay in front of `upstream`; returns its address.
+fn start_relay(upstream: SocketAddr) -> SocketAddr {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            loop {
+                let Ok((client, _)) = listener.accept().await else { return };
+                tokio::spawn(relay(client, upstream));
+            }
+        });
+    });
+    rx.recv().unwrap()
+}
+
+/// Client bytes go upstream untouched; server frames come back with `msg` seq 3 dropped and
+/// seqs 5 and 6 delivered as 6, 5.
+async fn relay(client: TcpStream, upstream: SocketAddr) {
+    let Ok(server) = TcpStream::connect(upstream).await else { return };
+    let (mut client_rd, mut client_wr) = client.into_split();
+    let (mut server_rd, mut server_wr) = server.into_split();
+    tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut client_rd, &mut server_wr).await;
+    });
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 16 * 1024];
+    let mut head_done = false;
+    let mut held: Option<Vec<u8>> = None;
+    loop {
+        let n = match server_rd.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        buf.extend_from_slice(&chunk[..n]);
+        let mut out = Vec::new();
+        if !head_done {
+            let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else { continue };
+            out.extend(buf.drain(..end + 4));
+            head_done = true;
+        }
+        while let Ok(Some((consumed, _fin, opcode, payload))) = decode_server_frame(&buf) {
+            let frame: Vec<u8> = buf.drain(..consumed).collect();
+            let seq = (opcode == 0x1 && scan_str(&payload, "op") == Some(b"msg"))
+                .then(|| scan_u64(&payload, "seq"))
+                .flatten();
+            match seq {
+                Some(3) => {}
+                Some(5) => held = Some(frame),
+                Some(6) => {
+                    out.extend_from_slice(&frame);
+                    out.extend(held.take().unwrap_or_default());
+                }
+                _ => out.extend_from_slice(&frame),
+            }
+        }
+        if client_wr.write_all(&out).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[test]
+fn fanout_counts_one_drop_and_one_swap_per_subscriber() {
+    let server = start_server(false);
+    let relay = start_relay(server.local_addr());
+    let subs = 3;
+    let args = FanoutArgs {
+        url: format!("ws://{relay}/ws"),
+        subs,
+        rate: 50.0,
+        size: 64,
+        duration: Duration::from_millis(400),
+        channels: 1,
+        publish: PublishVia::Ws,
+        raw: None,
+        grace: Duration::from_secs(1),
+        common: common(),
+    };
+    let report = tether::load::fanout::run(args).expect("fanout runs");
+    let field = |k: &str| report.get(k).and_then(|v| v.as_u64()).unwrap_or(u64::MAX);
+    let published = field("published");
+    assert_eq!(published, 20, "{}", report.to_json_line());
+    assert_eq!(field("subscribed"), subs as u64);
+    assert_eq!(field("lost"), subs as u64, "{}", report.to_json_line());
+    assert_eq!(field("reordered"), subs as u64, "{}", report.to_json_line());
+    assert_eq!(field("duplicates"), 0);
+    assert_eq!(field("deliveries"), subs as u64 * (published - 1));
+    assert_eq!(field("expected"), subs as u64 * published);
+    server.shutdown(1001);
+}
+
+#[test]
+fn fanout_without_faults_reports_no_loss_over_http_publish() {
+    let server = start_server(false);
+    let args = FanoutArgs {
+        url: format!("ws://{}/ws", server.local_addr()),
+        subs: 4,
+        rate: 100.0,
+        size: 1024,
+        duration: Duration::from_millis(300),
+        channels: 2,
+        publish: PublishVia::Http,
+        raw: None,
+        grace: Duration::from_secs(2),
+        common: common(),
+    };
+    let report = tether::load::fanout::run(args).expect("fanout runs");
+    let field = |k: &str| report.get(k).and_then(|v| v.as_u64()).unwrap_or(u64::MAX);
+    assert_eq!(field("published"), 30);
+    // 4 subscribers, 2 per channel, 15 messages per channel.
+    assert_eq!(field("deliveries"), 60, "{}", report.to_json_line());
+    assert_eq!(field("lost"), 0);
+    assert_eq!(field("reordered"), 0);
+    assert_eq!(field("errors"), 0);
+    assert!(report.ok);
+    server.shutdown(1001);
+}
+
+#[test]
+fn raw_mode_counts_what_an_echo_endpoint_returns() {
+    let server = start_server(true);
+    let args = FanoutArgs {
+        url: format!("ws://{}/echo", server.local_addr()),
+        subs: 5,
+        rate: 0.0,
+        size: 64,
+        duration: Duration::from_millis(500),
+        channels: 1,
+        publish: PublishVia::Ws,
+        raw: Some(r#"{"k":1}"#.into()),
+        grace: Duration::from_secs(1),
+        common: common(),
+    };
+    let report = tether::load::fanout::run(args).expect("raw fanout runs");
+    let field = |k: &str| report.get(k).and_then(|v| v.as_u64()).unwrap_or(u64::MAX);
+    assert_eq!(field("subscribed"), 5, "{}", report.to_json_line());
+    assert_eq!(field("deliveries"), 5, "{}", report.to_json_line());
+    assert_eq!(field("lost"), 0);
+    assert_eq!(field("errors"), 0);
+    server.shutdown(1001);
+}
