@@ -14,6 +14,8 @@
 //!   of connections, its side of the subscription index, the channels whose home it is, and the
 //!   bounded queues between cores.
 //! - [`limits`]: `tether check-limits`: reads the OS limits and predicts connection capacity.
+//! - [`load`]: `tether load`, the load generator (idle, fanout, connect, storm) behind the
+//!   benches; it can also drive other RFC 6455 servers (`--raw`).
 //! - [`client`]: the tokio client (`tether::client`) and the `sub`/`pub` command-line tools.
 
 pub mod client;

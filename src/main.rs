@@ -65,6 +65,11 @@ enum Cmd {
         #[arg(long)]
         id: Option<String>,
     },
+    /// Load generator: idle, fanout, connect and storm scenarios (one JSON line on stdout).
+    Load {
+        #[command(subcommand)]
+        cmd: tether::load::LoadCmd,
+    },
     /// Read the OS limits and say how many connections this box can hold.
     CheckLimits(tether::limits::CheckLimitsArgs),
 }
@@ -86,6 +91,7 @@ fn main() -> ExitCode {
             let args = tether::client::PubArgs { url, channel, data, id };
             client_main(tether::client::run_pub(args))
         }
+        Cmd::Load { cmd } => ExitCode::from(tether::load::run(cmd) as u8),
         Cmd::CheckLimits(args) => ExitCode::from(args.run() as u8),
     }
 }
