@@ -141,6 +141,9 @@ async fn client_resumes_after_each_cut_without_gap_or_duplicate() {
         resumes.iter().max().unwrap(),
         median(overhead),
     );
-    assert_eq!(connects.len(), CUTS, "one reconnect per cut");
+    // `Connected` events are informational and dropped while the application lags behind
+    // (the client keeps at most 64 queued); the counter is exact.
+    assert!(connects.len() <= CUTS);
+    assert_eq!(client.stats().connects, CUTS as u64 + 1, "one reconnect per cut");
     assert_eq!(client.stats().gaps, 0);
 }
