@@ -132,13 +132,15 @@ pub fn start_drain(st: &mut CoreState) {
     // last WebSocket connection is gone.
 }
 
-/// Schedules the first heartbeat of a connection that just upgraded, at a random point of the
-/// second half of the first interval: pings are spread, not sent in lock-step, and a fresh
-/// connection is not pinged in its first moments (conformance suites count every frame).
+/// Schedules the first heartbeat of a connection that just upgraded at a random point in
+/// `[interval/2, 3·interval/2)`: the phase is uniform over a whole interval, so connections
+/// opened together are pinged evenly rather than in lock-step (or in half-interval bursts), and
+/// a fresh connection is not pinged in its first moments (conformance suites count every
+/// frame).
 pub fn first_ping(st: &mut CoreState, id: ConnId) {
     let interval = CoreState::ticks(st.shared.config.heartbeat.ping_interval_ms).max(1);
     let now = st.now_tick();
-    let offset = rand::random_range(interval.div_ceil(2)..=interval);
+    let offset = interval.div_ceil(2) + rand::random_range(0..interval);
     if let Some(c) = st.conn(id) {
         c.ping_sent = now.wrapping_add(offset).wrapping_sub(interval);
         c.last_rx = now;
