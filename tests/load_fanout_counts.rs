@@ -101,6 +101,9 @@ fn fanout_counts_one_drop_and_one_swap_per_subscriber() {
         publish: PublishVia::Ws,
         raw: None,
         grace: Duration::from_secs(1),
+        non_readers: 0,
+        non_reader_rcvbuf: 4096,
+        non_reader_mss: 1460,
         common: common(),
     };
     let report = tether::load::fanout::run(args).expect("fanout runs");
@@ -129,6 +132,9 @@ fn fanout_without_faults_reports_no_loss_over_http_publish() {
         publish: PublishVia::Http,
         raw: None,
         grace: Duration::from_secs(2),
+        non_readers: 0,
+        non_reader_rcvbuf: 4096,
+        non_reader_mss: 1460,
         common: common(),
     };
     let report = tether::load::fanout::run(args).expect("fanout runs");
@@ -156,6 +162,9 @@ fn raw_mode_counts_what_an_echo_endpoint_returns() {
         publish: PublishVia::Ws,
         raw: Some(r#"{"k":1}"#.into()),
         grace: Duration::from_secs(1),
+        non_readers: 0,
+        non_reader_rcvbuf: 4096,
+        non_reader_mss: 1460,
         common: common(),
     };
     let report = tether::load::fanout::run(args).expect("raw fanout runs");

@@ -9,12 +9,36 @@ use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 /// The `tether` binary built by `cargo bench` (release profile, the bench's features).
 pub const BIN: &str = env!("CARGO_BIN_EXE_tether");
+
+/// The private copy of [`BIN`] made by [`pin_binary`], if any.
+static PINNED: OnceLock<PathBuf> = OnceLock::new();
+
+/// The `tether` binary this bench runs: [`BIN`], or its private copy after [`pin_binary`].
+pub fn bin() -> PathBuf {
+    PINNED.get().cloned().unwrap_or_else(|| PathBuf::from(BIN))
+}
+
+/// Copies [`BIN`] to `target/bench/NAME.tether` and runs that copy from now on: the target
+/// directory may be shared, and a build that replaces `release/tether` in the middle of a run
+/// would otherwise change what the later rounds measure.
+pub fn pin_binary(name: &str) {
+    let dir = target_dir().join("bench");
+    std::fs::create_dir_all(&dir).expect("create target/bench");
+    let copy = dir.join(format!("{name}.tether"));
+    // A stale copy may still be running from an interrupted run: replace it by rename.
+    let tmp = dir.join(format!("{name}.tether.tmp"));
+    std::fs::copy(BIN, &tmp).unwrap_or_else(|e| panic!("cannot copy {BIN}: {e}"));
+    std::fs::rename(&tmp, &copy).unwrap_or_else(|e| panic!("cannot place {}: {e}", copy.display()));
+    // Only the first pin counts; a bench pins once, at its start.
+    let _ = PINNED.set(copy);
+}
 
 /// `target/` (the directory holding `release/tether`).
 pub fn target_dir() -> PathBuf {
@@ -62,7 +86,7 @@ impl Serve {
         std::fs::create_dir_all(&dir).expect("create target/bench");
         let config = dir.join(format!("{name}.toml"));
         std::fs::write(&config, config_toml).expect("write bench config");
-        let mut child = Command::new(BIN)
+        let mut child = Command::new(bin())
             .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--cores", &cores.to_string()])
             .arg("--config")
             .arg(&config)
@@ -70,7 +94,7 @@ impl Serve {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {BIN}: {e}"));
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin().display()));
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("piped stdout")).read_line(&mut line).expect("read listen line");
         let port = line
@@ -91,7 +115,8 @@ impl Serve {
     /// The shell command that starts a replacement on the same port (for `storm --restart-cmd`).
     pub fn restart_cmd(&self) -> String {
         format!(
-            "TETHER_LOG=warn exec {BIN} serve --listen 127.0.0.1:{} --cores {} --config {}",
+            "TETHER_LOG=warn exec {} serve --listen 127.0.0.1:{} --cores {} --config {}",
+            bin().display(),
             self.port,
             self.cores,
             self.config.display()
@@ -100,6 +125,12 @@ impl Serve {
 
     /// Sum of the `tether_connections` gauge samples from `GET /metrics`.
     pub fn connections(&self) -> Option<u64> {
+        self.metric("tether_connections").map(|v| v as u64)
+    }
+
+    /// Sum of the samples of metric `name` (all label sets) from `GET /metrics`; `None` when
+    /// the server did not answer. A metric with no sample sums to 0.
+    pub fn metric(&self, name: &str) -> Option<f64> {
         let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
         s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n").ok()?;
@@ -107,10 +138,10 @@ impl Serve {
         s.read_to_string(&mut body).ok()?;
         let sum = body
             .lines()
-            .filter(|l| l.starts_with("tether_connections"))
+            .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{')))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum::<f64>();
-        Some(sum as u64)
+        Some(sum)
     }
 
     /// Waits until the gauge reads `n` (or `limit` passes); returns the last reading.
@@ -158,14 +189,14 @@ pub fn terminate(child: &mut Child, grace: Duration) {
 
 /// Starts `tether load ARGS` with stdout piped (the report) and stderr inherited (the table).
 pub fn spawn_load(args: &[String]) -> Child {
-    Command::new(BIN)
+    Command::new(bin())
         .arg("load")
         .args(args)
         .env("TETHER_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {BIN} load: {e}"))
+        .unwrap_or_else(|e| panic!("cannot start {} load: {e}", bin().display()))
 }
 
 /// Waits for a `tether load` child and returns its final JSON line (`null` if none).
@@ -199,6 +230,36 @@ fn proc_kb(path: &str, key: &str) -> u64 {
         .ok()
         .and_then(|s| s.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
         .unwrap_or(0)
+}
+
+/// CPU time (user + system, all threads) that process `pid` has used, in seconds, from
+/// /proc/PID/stat fields 14 and 15 (utime, stime) in clock ticks of `sysconf(_SC_CLK_TCK)`;
+/// `None` when the process is gone.
+pub fn cpu_seconds(pid: i32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces; the fields after it are plain.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3, so utime (14) and stime (15) are at 11 and 12.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    Some(ticks as f64 / if hz > 0 { hz as f64 } else { 100.0 })
+}
+
+/// Median of `values` (NaN when empty); the mean of the middle two for an even count.
+pub fn median(values: &[f64]) -> f64 {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    }
 }
 
 /// Least-squares slope of y over x.

@@ -99,6 +99,22 @@ pub struct FanoutArgs {
     /// Longest wait after the last publish for deliveries to arrive, e.g. `5s`.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub grace: Duration,
+    /// Extra subscribers that complete the handshake, subscribe (non-reader j to channel
+    /// `j % K`) and then never read: slow consumers (DESIGN §3). They are left out of the
+    /// latency, delivery and loss figures; the report says how many the server closed, with
+    /// which code. Not in raw mode.
+    #[arg(long, default_value_t = 0)]
+    pub non_readers: usize,
+    /// `SO_RCVBUF` of each non-reader in bytes, set before connect so the advertised window
+    /// stays small (the kernel doubles the value and enforces a floor).
+    #[arg(long, default_value_t = 4096)]
+    pub non_reader_rcvbuf: u32,
+    /// MSS each non-reader announces (`TCP_MAXSEG` before connect), in bytes; 0 leaves the
+    /// kernel's. The default, Ethernet's 1460, keeps the server's kernel send buffer for a
+    /// non-reader as small as on a real network path: with loopback's 64 KiB MSS it grows to
+    /// MiBs, and the server's own queue limit is reached only after that much more data.
+    #[arg(long, default_value_t = 1460)]
+    pub non_reader_mss: u32,
     #[command(flatten)]
     pub common: CommonArgs,
 }

@@ -13,10 +13,13 @@
 //! payload, order from `"k":N` (no final seq, so only gaps count as lost). With `--rate` > 0 an
 //! extra connection sends the stamped payloads as text frames (a broadcast server relays them).
 //!
+//! `--non-readers N` adds N slow consumers on the same channels that never read
+//! ([`super::nonreader`]); they stay out of every figure above and get fields of their own.
+//!
 //! Report: `scenario`, `subs`, `subscribed`, `channels`, `rate`, `size`, `duration_s`,
 //! `published`, `publish_errors`, `deliveries`, `expected`, `deliveries_per_s`, `p50_ms`,
 //! `p90_ms`, `p99_ms`, `p999_ms`, `max_ms`, `lost`, `reordered`, `duplicates`, `disconnected`,
-//! `errors`, `error_kinds`.
+//! `errors`, `error_kinds`, then (with `--non-readers`) the non-reader fields.
 
 use std::cell::RefCell;
 use std::net::IpAddr;
@@ -29,22 +32,26 @@ use tokio::sync::{watch, Semaphore};
 
 use super::args::{parse_ws_url, FanoutArgs, PublishVia, WsUrl};
 use super::idle::STEP_TIMEOUT;
+use super::nonreader::{self, NonReaderTally};
 use super::publish::{self, Mode};
 use super::report::{round3, Errors, Latency, Report};
 use super::seq::{SeqTally, SeqTracker};
-use super::wire::{scan_str, scan_u64, ConnError, WsConn};
+use super::wire::{scan_str, scan_u64, ConnError, SynOpts, WsConn};
 use super::{now_ns, run_id, run_split, thread_count, wait_until};
 
 /// State shared by the controller and the worker threads.
-struct Shared {
+pub(super) struct Shared {
     ready: AtomicUsize,
     failed: AtomicUsize,
+    /// Non-readers subscribed / failed to.
+    pub(super) nr_ready: AtomicUsize,
+    pub(super) nr_failed: AtomicUsize,
     /// Sum of the subscribe-time heads (expected deliveries = Σ final − Σ head).
     head_sum: AtomicU64,
     delivered: AtomicU64,
     /// Final seq per channel index, set once publishing is over (tether mode only).
-    finals: OnceLock<Vec<u64>>,
-    stop: watch::Sender<bool>,
+    pub(super) finals: OnceLock<Vec<u64>>,
+    pub(super) stop: watch::Sender<bool>,
 }
 
 /// One worker thread's results.
@@ -56,6 +63,7 @@ struct Tally {
     last_recv_ns: u64,
     disconnected: u64,
     errors: Errors,
+    non_readers: NonReaderTally,
 }
 
 /// Runs the scenario; see the module docs for the report.
@@ -65,6 +73,9 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
     }
     if args.raw.is_none() && args.rate <= 0.0 {
         return Err("--rate must be above 0 (except in --raw mode)".into());
+    }
+    if args.raw.is_some() && args.non_readers > 0 {
+        return Err("--non-readers needs tether mode (not --raw)".into());
     }
     let url = parse_ws_url(&args.url)?;
     let raw = args.raw.clone();
@@ -77,6 +88,8 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
     let shared = Arc::new(Shared {
         ready: AtomicUsize::new(0),
         failed: AtomicUsize::new(0),
+        nr_ready: AtomicUsize::new(0),
+        nr_failed: AtomicUsize::new(0),
         head_sum: AtomicU64::new(0),
         delivered: AtomicU64::new(0),
         finals: OnceLock::new(),
@@ -98,14 +111,30 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
                     None => format!("{{\"op\":\"sub\",\"ch\":\"{}\"}}", channels[ch]).into_bytes(),
                 };
                 let source = sources.as_ref().map(|s| s.pick(index));
-                let sub = Subscriber { url: url.clone(), source, hello, ch, raw: raw.is_some() };
+                let sub = Subscriber { url: url.clone(), source, hello, ch, raw: raw.is_some(), syn: SynOpts::default() };
                 let (tally, shared) = (tally.clone(), shared.clone());
                 tasks.push(tokio::task::spawn_local(sub.run(permit, tally, shared)));
+            }
+            let slow = Rc::new(RefCell::new(NonReaderTally::default()));
+            for j in super::share(args.non_readers, 0, 1, t, threads) {
+                let Ok(permit) = gate.clone().acquire_owned().await else { break };
+                let ch = j % channels.len();
+                let hello = format!("{{\"op\":\"sub\",\"ch\":\"{}\"}}", channels[ch]).into_bytes();
+                // Indices after the readers', so the source addresses keep rotating.
+                let source = sources.as_ref().map(|s| s.pick(args.subs + j));
+                let syn = SynOpts {
+                    rcvbuf: Some(args.non_reader_rcvbuf),
+                    mss: (args.non_reader_mss > 0).then_some(args.non_reader_mss),
+                };
+                let sub = Subscriber { url: url.clone(), source, hello, ch, raw: false, syn };
+                tasks.push(tokio::task::spawn_local(nonreader::run(sub, permit, slow.clone(), shared.clone())));
             }
             for task in tasks {
                 let _ = task.await;
             }
-            Rc::try_unwrap(tally).map(RefCell::into_inner).unwrap_or_default()
+            let mut out = Rc::try_unwrap(tally).map(RefCell::into_inner).unwrap_or_default();
+            out.non_readers = Rc::try_unwrap(slow).map(RefCell::into_inner).unwrap_or_default();
+            out
         }
     };
 
@@ -125,13 +154,15 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
         total.last_recv_ns = total.last_recv_ns.max(t.last_recv_ns);
         total.disconnected += t.disconnected;
         total.errors.merge(&t.errors);
+        total.non_readers.merge(&t.non_readers);
     }
     let window_s = if args.rate > 0.0 && total.last_recv_ns > c.start_ns {
         (total.last_recv_ns - c.start_ns) as f64 / 1e9
     } else {
         args.duration.as_secs_f64()
     };
-    let failed = shared.failed.load(Ordering::Relaxed) as u64;
+    // A non-reader that could not even subscribe makes the run measure something else.
+    let failed = (shared.failed.load(Ordering::Relaxed) + shared.nr_failed.load(Ordering::Relaxed)) as u64;
     let errors = failed + total.disconnected + c.publish_errors;
     let mut r = Report::new("fanout");
     r.set("subs", args.subs)
@@ -156,6 +187,9 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
         .set("disconnected", total.disconnected)
         .set("errors", errors)
         .set("error_kinds", total.errors.to_json());
+    if args.non_readers > 0 {
+        total.non_readers.report(args.non_readers, &mut r);
+    }
     r.ok = errors == 0;
     Ok(r)
 }
@@ -170,8 +204,11 @@ struct Controlled {
 
 /// Waits for the subscribers, publishes, waits for the deliveries, stops the subscribers.
 async fn control(args: FanoutArgs, url: WsUrl, channels: Vec<String>, shared: Arc<Shared>) -> Result<Controlled, String> {
-    let subs = args.subs;
-    let all_in = || shared.ready.load(Ordering::Relaxed) + shared.failed.load(Ordering::Relaxed) >= subs;
+    let (subs, slow) = (args.subs, args.non_readers);
+    let all_in = || {
+        shared.ready.load(Ordering::Relaxed) + shared.failed.load(Ordering::Relaxed) >= subs
+            && shared.nr_ready.load(Ordering::Relaxed) + shared.nr_failed.load(Ordering::Relaxed) >= slow
+    };
     // Every attempt ends within 2 × STEP_TIMEOUT, so this only waits for slow, paced opens.
     wait_until(Duration::MAX, all_in).await;
     let result = publish_phase(&args, &url, &channels, &shared).await;
@@ -227,14 +264,17 @@ async fn publish_phase(args: &FanoutArgs, url: &WsUrl, channels: &[String], shar
     Ok(Controlled { published: out.sent, publish_errors: out.errors, expected, start_ns: out.start_ns })
 }
 
-/// One subscriber connection.
-struct Subscriber {
+/// One subscriber connection (a reader, or a non-reader driven by [`nonreader::run`]).
+pub(super) struct Subscriber {
     url: WsUrl,
     source: Option<IpAddr>,
     /// First text frame: the `sub` op, or the raw TEXT (nothing sent when empty).
     hello: Vec<u8>,
-    ch: usize,
+    /// Channel index.
+    pub(super) ch: usize,
     raw: bool,
+    /// Socket options set before connect (non-readers: small window and MSS).
+    syn: SynOpts,
 }
 
 impl Subscriber {
@@ -302,8 +342,8 @@ impl Subscriber {
 
     /// Connects, sends the hello and (tether mode) waits for `subscribed`; returns the
     /// connection and the channel head at subscribe time.
-    async fn open(&self) -> Result<(WsConn, u64), ConnError> {
-        let mut conn = WsConn::connect_within(&self.url, self.source, STEP_TIMEOUT).await?;
+    pub(super) async fn open(&self) -> Result<(WsConn, u64), ConnError> {
+        let mut conn = WsConn::connect_opts_within(&self.url, self.source, self.syn, STEP_TIMEOUT).await?;
         if !self.hello.is_empty() {
             conn.send_text(&self.hello).await?;
         }

@@ -5,8 +5,8 @@
 //! - `idle URL... --conns N [--procs P] [--rate R] [--channels K] [--hold 30s] [--sources A-B]`
 //!   → `{"scenario":"idle","connections":N,"errors":E,…}`
 //! - `fanout URL --subs N --rate M --size S --duration D [--channels K] [--publish ws|http]
-//!   [--raw TEXT]` → `{"deliveries_per_s","p50_ms","p90_ms","p99_ms","p999_ms","max_ms","lost",
-//!   "reordered",…}`
+//!   [--raw TEXT] [--non-readers N]` → `{"deliveries_per_s","p50_ms","p90_ms","p99_ms","p999_ms",
+//!   "max_ms","lost","reordered",…}` (+ `non_readers_closed`, … with `--non-readers`)
 //! - `connect URL --conns N` → `{"handshakes_per_s","p50_ms","p99_ms","errors",…}`
 //! - `storm URL --conns N [--trigger drain|cut]` → `{"recovered","recovery_s","attempts",
 //!   "peak_reconnects_per_100ms","errors",…}`
@@ -26,13 +26,14 @@
 //! - [`wire`]: TCP connect with a source address, client handshake, frame reading.
 //! - [`seq`]: loss / reordering / duplicate accounting per subscriber.
 //! - [`report`]: report fields, table and JSON line, latency histogram, error tallies.
-//! - [`idle`], [`fanout`] (+ [`publish`]), [`connect`], [`storm`]: the scenarios.
+//! - [`idle`], [`fanout`] (+ [`publish`], [`nonreader`]), [`connect`], [`storm`]: the scenarios.
 //! - [`procs`]: `--procs` child processes and the aggregation of their reports.
 
 pub mod args;
 pub mod connect;
 pub mod fanout;
 pub mod idle;
+pub mod nonreader;
 pub mod procs;
 pub mod publish;
 pub mod report;

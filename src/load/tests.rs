@@ -131,3 +131,67 @@ fn child_reports_aggregate() {
     assert_eq!(r.get("connect_s"), Some(&serde_json::json!(2.5)));
     assert_eq!(r.get("error_kinds"), Some(&serde_json::json!({"refused":1})));
 }
+
+/// A 1-core in-process server whose channels use `overflow`, with a 256 KiB queue so a
+/// non-reader overflows early in the run, and a close deadline longer than the run so a
+/// non-reader that reads at the end still finds the close frame (DESIGN §8).
+fn slow_consumer_server(overflow: &str) -> crate::server::Server {
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\ncores = 1\n[limits]\nqueue_max_bytes = 262144\nclose_timeout_ms = 20000\n[drain]\nwindow_ms = 200\n\
+         [[channels]]\npattern = \"*\"\noverflow = \"{overflow}\"\nhistory = 10\n"
+    );
+    let cfg = crate::config::Config::from_toml_str(&toml).expect("valid config");
+    crate::server::Server::start(cfg, crate::server::ServeOptions { echo: false }).expect("server starts")
+}
+
+/// Runs `fanout` with 4 readers and 2 non-readers, 16 KiB at 300 msg/s for 2 s: 9.4 MiB per
+/// subscriber, past a non-reader's 256 KiB queue plus what its kernel buffers absorb even
+/// without the small MSS (the server's send buffer autotunes up to `tcp_wmem` max, 4 MiB by
+/// default).
+fn fanout_with_non_readers(url: String) -> Report {
+    let args = super::FanoutArgs {
+        url,
+        subs: 4,
+        rate: 300.0,
+        size: 16384,
+        duration: Duration::from_secs(2),
+        channels: 1,
+        publish: super::PublishVia::Ws,
+        raw: None,
+        grace: Duration::from_secs(5),
+        non_readers: 2,
+        non_reader_rcvbuf: 4096,
+        non_reader_mss: 1460,
+        common: super::CommonArgs { threads: 1, concurrency: 16, sources: None, child_index: None, child_of: None },
+    };
+    super::fanout::run(args).expect("fanout runs")
+}
+
+fn field(r: &Report, key: &str) -> serde_json::Value {
+    r.get(key).cloned().unwrap_or(serde_json::Value::Null)
+}
+
+#[test]
+fn non_readers_get_1013_and_stay_out_of_the_figures() {
+    let server = slow_consumer_server("disconnect");
+    let r = fanout_with_non_readers(format!("ws://{}/ws", server.local_addr()));
+    assert_eq!(field(&r, "errors"), 0, "{}", r.to_json_line());
+    assert_eq!(field(&r, "lost"), 0, "{}", r.to_json_line());
+    assert_eq!(field(&r, "deliveries"), field(&r, "expected"), "{}", r.to_json_line());
+    assert_eq!(field(&r, "non_readers_subscribed"), 2, "{}", r.to_json_line());
+    assert_eq!(field(&r, "non_readers_closed"), 2, "{}", r.to_json_line());
+    assert_eq!(field(&r, "non_reader_close_kinds"), serde_json::json!({"closed_1013": 2}), "{}", r.to_json_line());
+    server.shutdown(1001);
+    server.wait();
+}
+
+#[test]
+fn drop_oldest_keeps_non_readers_open_with_a_gap() {
+    let server = slow_consumer_server("drop-oldest");
+    let r = fanout_with_non_readers(format!("ws://{}/ws", server.local_addr()));
+    assert_eq!(field(&r, "errors"), 0, "{}", r.to_json_line());
+    assert_eq!(field(&r, "non_readers_open"), 2, "{}", r.to_json_line());
+    assert!(field(&r, "non_reader_lost").as_u64().unwrap_or(0) > 0, "{}", r.to_json_line());
+    server.shutdown(1001);
+    server.wait();
+}

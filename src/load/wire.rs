@@ -101,7 +101,31 @@ impl From<io::Error> for ConnError {
 /// Opens a TCP connection to `addr`, first binding `source` (port chosen at connect time, so
 /// one source address serves every destination: `IP_BIND_ADDRESS_NO_PORT`). Nagle is off.
 pub async fn tcp_connect(addr: SocketAddr, source: Option<IpAddr>) -> io::Result<TcpStream> {
+    tcp_connect_with(addr, source, SynOpts::default()).await
+}
+
+/// Socket options set before `connect`, because they are agreed in the SYN: a later change
+/// would not shrink the advertised window scale or the announced MSS.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SynOpts {
+    /// `SO_RCVBUF` in bytes (the kernel doubles it and enforces a floor): a small one keeps
+    /// the advertised window small, so a peer that stops reading stalls the sender at once.
+    pub rcvbuf: Option<u32>,
+    /// `TCP_MAXSEG` in bytes: the MSS this end announces. The sender's initial send buffer is
+    /// sized from its congestion window in segments, so loopback's 64 KiB MSS lets a server's
+    /// kernel buffer MiBs for a peer that never reads; 1460 (Ethernet) keeps that realistic.
+    pub mss: Option<u32>,
+}
+
+/// [`tcp_connect`] with [`SynOpts`] applied first.
+pub async fn tcp_connect_with(addr: SocketAddr, source: Option<IpAddr>, opts: SynOpts) -> io::Result<TcpStream> {
     let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    if let Some(bytes) = opts.rcvbuf {
+        socket.set_recv_buffer_size(bytes)?;
+    }
+    if let Some(mss) = opts.mss {
+        socket2::SockRef::from(&socket).set_tcp_mss(mss)?;
+    }
     if let Some(ip) = source {
         let one: libc::c_int = 1;
         // SAFETY: setsockopt on a socket we own, with a valid int option value.
@@ -159,7 +183,12 @@ impl WsConn {
     /// (§4.1): `GET path` with a random key; anything but `101` with the right
     /// `Sec-WebSocket-Accept` is an error. Bytes after the response head are kept as frames.
     pub async fn connect(url: &WsUrl, source: Option<IpAddr>) -> Result<WsConn, ConnError> {
-        let mut stream = tcp_connect(url.addr, source).await?;
+        WsConn::connect_opts(url, source, SynOpts::default()).await
+    }
+
+    /// [`WsConn::connect`] with [`SynOpts`] set before `connect` (see [`tcp_connect_with`]).
+    pub async fn connect_opts(url: &WsUrl, source: Option<IpAddr>, opts: SynOpts) -> Result<WsConn, ConnError> {
+        let mut stream = tcp_connect_with(url.addr, source, opts).await?;
         let key = random_key();
         let request = format!(
             "GET {} HTTP/1.1\r\nHost: {}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
@@ -209,7 +238,17 @@ impl WsConn {
         source: Option<IpAddr>,
         deadline: Duration,
     ) -> Result<WsConn, ConnError> {
-        match tokio::time::timeout(deadline, WsConn::connect(url, source)).await {
+        WsConn::connect_opts_within(url, source, SynOpts::default(), deadline).await
+    }
+
+    /// [`WsConn::connect_opts`] with a deadline covering TCP connect and handshake.
+    pub async fn connect_opts_within(
+        url: &WsUrl,
+        source: Option<IpAddr>,
+        opts: SynOpts,
+        deadline: Duration,
+    ) -> Result<WsConn, ConnError> {
+        match tokio::time::timeout(deadline, WsConn::connect_opts(url, source, opts)).await {
             Ok(result) => result,
             Err(_) => Err(ConnError::Timeout),
         }
