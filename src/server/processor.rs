@@ -114,7 +114,6 @@ async fn deliver(core: &Rc<RefCell<CoreState>>, ch: &str, frame: Bytes) {
         if done {
             break;
         }
-        core.borrow_mut().flush_dirty();
         yield_now().await;
     }
     let mut st = core.borrow_mut();
