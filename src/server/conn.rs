@@ -58,8 +58,10 @@ pub async fn run(core: Rc<RefCell<CoreState>>, stream: TcpStream, id: ConnId) {
                 }
             }
             // Echo and HTTP answers are not bounded by the queue limits: read no more until
-            // the peer takes what we owe it.
-            let hold = (c.flags & (ECHO | WANT_WRITE) == ECHO | WANT_WRITE) || c.flags & AWAITING != 0;
+            // the peer takes what we owe it (a pipelining client that never reads its answers
+            // would otherwise grow our memory without bound).
+            let owed = c.flags & WANT_WRITE != 0 && (c.flags & ECHO != 0 || c.phase == Phase::Http);
+            let hold = owed || c.flags & AWAITING != 0;
             if !hold {
                 if let Poll::Ready(r) = rd.as_mut().poll(cx) {
                     return Poll::Ready(Event::Readable(r));
@@ -90,6 +92,8 @@ pub async fn run(core: Rc<RefCell<CoreState>>, stream: TcpStream, id: ConnId) {
                     }
                 }
                 st.flush(id);
+                // Pipelined requests wait while their answers do not drain.
+                http_api::resume(&mut st, id);
             }
             Event::Reply => http_api::on_reply(&mut core.borrow_mut(), id),
         }

@@ -47,12 +47,21 @@ pub fn on_reply(st: &mut CoreState, id: ConnId) {
     serve_pending(st, id);
 }
 
-/// Parses and answers every complete request held by the connection, in order.
+/// Answers pipelined requests held back while earlier answers waited for the socket.
+pub fn resume(st: &mut CoreState, id: ConnId) {
+    if st.conn(id).is_some_and(|c| c.phase == Phase::Http && c.flags & WANT_WRITE == 0) {
+        serve_pending(st, id);
+    }
+}
+
+/// Parses and answers every complete request held by the connection, in order, until an
+/// answer has to wait for the socket (then the rest waits too: see [`resume`]).
 fn serve_pending(st: &mut CoreState, id: ConnId) {
     let limits = st.shared.config.limits.clone();
     loop {
         let Some(c) = st.conn(id) else { return };
-        if c.flags & (AWAITING | KILL) != 0 || c.phase != Phase::Http || c.pending_in.is_empty() {
+        let blocked = c.flags & WANT_WRITE != 0;
+        if blocked || c.flags & (AWAITING | KILL) != 0 || c.phase != Phase::Http || c.pending_in.is_empty() {
             if c.pending_in.is_empty() && c.pending_in.capacity() > 0 {
                 c.pending_in = Vec::new();
             }

@@ -87,7 +87,9 @@ impl CoreState {
     /// the next batch when the backlog runs out. Returns whether anything was queued.
     pub fn pump_replay(&mut self, id: ConnId) -> bool {
         let limits = &self.shared.config.limits;
-        let (max_bytes, max_msgs) = (limits.queue_max_bytes, limits.queue_max_messages);
+        // Replay fills the queue only halfway: the other half is room for pings, acks and
+        // replies, which would otherwise find the queue full and close the connection.
+        let (max_bytes, max_msgs) = ((limits.queue_max_bytes / 2).max(1), (limits.queue_max_messages / 2).max(1));
         let me = self.me;
         let mut fetch = None;
         let mut queued = false;
@@ -97,7 +99,8 @@ impl CoreState {
                 return false;
             }
             let Some(rs) = c.replays.as_mut() else { return false };
-            let fits = |out: usize, bytes: usize, len: usize| out < max_msgs && bytes + len <= max_bytes;
+            // An empty queue always takes one frame, however large.
+            let fits = |out: usize, bytes: usize, len: usize| out == 0 || (out < max_msgs && bytes + len <= max_bytes);
             while let Some(r) = rs.first_mut() {
                 while let Some(f) = r.backlog.front() {
                     if !fits(c.out.len(), c.out_bytes, f.len()) {
