@@ -106,6 +106,16 @@ pub struct SubEntry {
 
 /// Position of a subscription still waiting for its `Subscribed` reply.
 pub const PENDING: u32 = u32::MAX;
+/// Position of a subscription unsubscribed while still pending: it stays in the list (in
+/// request order) until its reply arrives, so each reply meets the request it answers.
+pub const CANCELLED: u32 = u32::MAX - 1;
+
+impl SubEntry {
+    /// Whether the home core confirmed this subscription (it sits in a subscriber list).
+    pub fn is_active(&self) -> bool {
+        self.pos < CANCELLED
+    }
+}
 
 /// A connection's state in its core's slab.
 pub struct Conn {

@@ -28,7 +28,7 @@ impl CoreState {
                     subscriptions: c
                         .subs
                         .iter()
-                        .filter(|e| e.pos != PENDING)
+                        .filter(|e| e.is_active())
                         .filter_map(|e| self.local.chans.get(e.chan as usize).map(|l| l.name.to_string()))
                         .collect(),
                 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use slab::Slab;
 
-use super::conn_state::{ConnId, SubEntry, PENDING};
+use super::conn_state::{ConnId, SubEntry};
 use crate::config::Overflow;
 
 /// One channel as seen by one core.
@@ -103,7 +103,7 @@ impl LocalChannels {
 
 /// Points the subscription of `subs` on `chan` at `pos`.
 pub fn relocate_entry(subs: &mut [SubEntry], chan: u32, pos: u32) {
-    if let Some(e) = subs.iter_mut().find(|e| e.chan == chan && e.pos != PENDING) {
+    if let Some(e) = subs.iter_mut().find(|e| e.chan == chan && e.is_active()) {
         e.pos = pos;
     }
 }

@@ -16,7 +16,7 @@ impl CoreState {
         let cfg = &self.shared.config;
         let chan = self.local.find_or_create(ch, || cfg.channel_rule(ch).overflow);
         let Some(c) = self.conn(id) else { return };
-        if c.subs.iter().any(|e| e.chan == chan) {
+        if c.subs.iter().any(|e| e.chan == chan && e.pos != CANCELLED) {
             let f = codec::encode_frame(0x1, &protocol::error_json("already_subscribed", &format!("already subscribed to {ch}"), None));
             self.reply(id, f);
             return;
@@ -35,14 +35,20 @@ impl CoreState {
         let chan = self.local.find(ch);
         let entry = chan.and_then(|chan| {
             let c = self.conn(id)?;
-            let i = c.subs.iter().position(|e| e.chan == chan)?;
+            let i = c.subs.iter().position(|e| e.chan == chan && e.pos != CANCELLED)?;
             if let Some(rs) = c.replays.as_mut() {
                 rs.retain(|r| r.chan != chan);
             }
-            Some(c.subs.swap_remove(i))
+            if c.subs[i].pos == PENDING {
+                // Its reply is on the way: keep the entry, in order, to absorb it.
+                c.subs[i].pos = CANCELLED;
+                return Some(None);
+            }
+            Some(Some(c.subs.remove(i)))
         });
         match entry {
-            Some(e) => self.drop_sub(e),
+            Some(Some(e)) => self.drop_sub(e),
+            Some(None) => {}
             None => {
                 let f = codec::encode_frame(0x1, &protocol::error_json("not_subscribed", &format!("not subscribed to {ch}"), None));
                 self.reply(id, f);
@@ -53,7 +59,7 @@ impl CoreState {
     /// Ends one subscription entry (already removed from its connection).
     pub(crate) fn drop_sub(&mut self, e: SubEntry) {
         let Some(lc) = self.local.chans.get_mut(e.chan as usize) else { return };
-        if e.pos == PENDING {
+        if !e.is_active() {
             // The Subscribed reply will find no entry and release the home's interest.
             lc.pending -= 1;
         } else {
@@ -81,23 +87,30 @@ impl CoreState {
     /// The home core confirmed a subscription: activate it and tell the client.
     pub(crate) fn subscribed(&mut self, ch: &Arc<str>, id: ConnId, head: u64, epoch: &str, resume: Resume) {
         let chan = self.local.find(ch);
+        // Replies from one home core come back in request order, so this one answers the
+        // oldest request still waiting for this channel (pending or cancelled).
         let entry = chan.and_then(|chan| {
             let c = self.conns.get_mut(id.key as usize).filter(|c| c.gen == id.gen)?;
-            c.subs.iter().position(|e| e.chan == chan && e.pos == PENDING)
+            c.subs.iter().position(|e| e.chan == chan && !e.is_active())
         });
         let (Some(chan), Some(i)) = (chan, entry) else {
-            // The connection left or unsubscribed meanwhile: release the home's interest.
+            // The connection left meanwhile: release the home's interest.
             let home = self.home(ch);
             self.route(home, CoreMsg::Unsubscribe { ch: ch.clone(), core: self.me as u16 });
             return;
         };
-        if let Resume::Ahead = resume {
+        let cancelled = self.conn(id).is_some_and(|c| c.subs[i].pos == CANCELLED);
+        if cancelled || matches!(resume, Resume::Ahead) {
             self.local.chans[chan as usize].pending -= 1;
             if let Some(c) = self.conn(id) {
-                c.subs.swap_remove(i);
+                c.subs.remove(i);
             }
             let home = self.home(ch);
             self.route(home, CoreMsg::Unsubscribe { ch: ch.clone(), core: self.me as u16 });
+            if cancelled {
+                self.tidy(chan);
+                return;
+            }
             let f = protocol::error_json("bad_request", &format!("from is beyond the head of {ch} ({head})"), None);
             self.reply(id, codec::encode_frame(0x1, &f));
             self.tidy(chan);
