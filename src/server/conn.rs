@@ -61,7 +61,16 @@ pub async fn run(core: Rc<RefCell<CoreState>>, stream: TcpStream, id: ConnId) {
             // the peer takes what we owe it (a pipelining client that never reads its answers
             // would otherwise grow our memory without bound).
             let owed = c.flags & WANT_WRITE != 0 && (c.flags & ECHO != 0 || c.phase == Phase::Http);
-            let hold = owed || c.flags & AWAITING != 0;
+            let mut hold = owed || c.flags & AWAITING != 0;
+            if !hold && c.flags & PUBLISHER != 0 && st.overloaded() {
+                hold = true;
+                let c = st.conn(id).expect("looked up above");
+                if c.flags & HELD == 0 {
+                    c.flags |= HELD;
+                    st.held.push(id);
+                }
+            }
+            let Some(c) = st.conn(id) else { return Poll::Ready(Event::Kill) };
             if !hold {
                 if let Poll::Ready(r) = rd.as_mut().poll(cx) {
                     return Poll::Ready(Event::Readable(r));

@@ -82,6 +82,11 @@ pub const AWAITING: u16 = 512;
 /// The HTTP request being answered asked for keep-alive.
 pub const KEEP_ALIVE: u16 = 1024;
 
+/// The connection has published: its reads pause while the server is overloaded.
+pub const PUBLISHER: u16 = 2048;
+/// Reads paused for overload; listed in the core's `held` until woken.
+pub const HELD: u16 = 4096;
+
 /// Tag for queued frames that belong to no channel (replies, pongs, close frames).
 pub const NO_CHAN: u32 = u32::MAX;
 

@@ -50,6 +50,18 @@ pub struct CoreState {
     pub draining: bool,
     /// Waker of the accept loop, woken when the drain starts.
     pub accept_waker: Option<std::task::Waker>,
+    /// Waker of the clock task, woken when the drain is over.
+    pub tick_waker: Option<std::task::Waker>,
+    /// The drain is over on this core: the clock task returns and the core stops.
+    pub drain_done: bool,
+    /// When this core's drain gives up waiting for close answers (tick).
+    pub drain_deadline: Option<u32>,
+    /// Timer entries fired in one clock step (kept to reuse its allocation).
+    pub fired: Vec<(ConnId, u32)>,
+    /// Publishing connections whose reads are paused until the overload clears.
+    pub held: Vec<ConnId>,
+    /// Tick of the last sweep of idle channels.
+    pub last_sweep: u32,
     /// Token bucket for `accept_rate` (tokens, last refill in ms).
     rate: (f64, u64),
     start: Instant,
@@ -73,6 +85,12 @@ impl CoreState {
             active_chan: None,
             draining: false,
             accept_waker: None,
+            tick_waker: None,
+            drain_done: false,
+            drain_deadline: None,
+            fired: Vec::new(),
+            held: Vec::new(),
+            last_sweep: 0,
             rate: (cfg.accept_rate as f64, 0),
             start,
             shared,
@@ -136,6 +154,14 @@ impl CoreState {
                 self.metrics().bus_spilled.fetch_add(d, Relaxed);
             }
         }
+    }
+
+    /// Whether publishers should pause: some core-to-core queue is full (its sender spills)
+    /// or this core's own queue holds more than a bus queue's worth. Publishers that keep
+    /// writing then stop being read until it clears, so an offered load above capacity turns
+    /// into backpressure on the publishers instead of a growing backlog.
+    pub fn overloaded(&self) -> bool {
+        self.local_q.len() > super::bus::QUEUE_CAPACITY || self.shared.metrics.iter().any(|m| m.bus_spilled.load(Relaxed) > 0)
     }
 
     /// Home core of channel `ch`.
@@ -318,6 +344,9 @@ impl CoreState {
 
     /// A client `pub` (or an HTTP publish when `reply` names an HTTP connection).
     pub fn client_pub(&mut self, reply: ConnId, ch: &str, id: Option<Box<str>>, data: Bytes) {
+        if let Some(c) = self.conn(reply) {
+            c.flags |= PUBLISHER;
+        }
         let home = self.home(ch);
         let msg = CoreMsg::Publish { ch: ch.into(), id, data, reply: Some(ConnRef { core: self.me as u16, id: reply }) };
         self.route(home, msg);

@@ -45,6 +45,8 @@ pub struct HomeChannel {
     history_cap: usize,
     /// Subscriptions per core (index = core).
     interest: Vec<u32>,
+    /// When the last message was published (ms on the core's clock).
+    last_publish_ms: u64,
 }
 
 impl HomeChannel {
@@ -171,6 +173,7 @@ impl Homes {
                     history: VecDeque::new(),
                     history_cap,
                     interest: vec![0; self.cores],
+                    last_publish_ms: 0,
                 },
             );
         }
@@ -193,6 +196,7 @@ impl Homes {
             }
         }
         let c = self.channel(ch, history_cap);
+        c.last_publish_ms = now_ms;
         c.head += 1;
         let seq = c.head;
         let frame = msg_frame(&c.name, seq, data);
@@ -241,11 +245,35 @@ impl Homes {
         Ok(c.batch(after, until))
     }
 
-    /// Drops one subscription of core `core` to `ch`.
+    /// Drops one subscription of core `core` to `ch`. A channel that was never published
+    /// to and has no subscriber left is forgotten at once.
     pub fn unsubscribe(&mut self, ch: &str, core: usize) {
         if let Some(c) = self.chans.get_mut(ch) {
             c.interest[core] = c.interest[core].saturating_sub(1);
+            if c.head == 0 && c.interest.iter().all(|n| *n == 0) {
+                self.chans.remove(ch);
+            }
         }
+    }
+
+    /// Forgets channels without subscribers whose last publish is older than `idle_ms`
+    /// (their history and epoch go with them: a later resume gets `reset` with reason
+    /// `epoch`, never a silent gap). Keeps memory bounded when clients use many short-lived
+    /// channel names. Returns how many were dropped.
+    pub fn sweep(&mut self, now_ms: u64, idle_ms: u64) -> usize {
+        let before = self.chans.len();
+        self.chans.retain(|_, c| c.interest.iter().any(|n| *n > 0) || now_ms.saturating_sub(c.last_publish_ms) < idle_ms);
+        before - self.chans.len()
+    }
+
+    /// Channels homed here.
+    pub fn len(&self) -> usize {
+        self.chans.len()
+    }
+
+    /// Whether no channel is homed here.
+    pub fn is_empty(&self) -> bool {
+        self.chans.is_empty()
     }
 }
 
@@ -331,6 +359,21 @@ mod tests {
             small.publish("b", None, b"1", 10, 0);
         }
         assert_eq!(small.replay_batch("b", 5, 20), Err(11));
+    }
+
+    #[test]
+    fn idle_channels_are_forgotten() {
+        let mut h = Homes::new(1, Dedup::new(1000, 100));
+        h.subscribe("only-sub", 0, None, None, 10);
+        h.unsubscribe("only-sub", 0);
+        assert!(h.get("only-sub").is_none());
+        h.publish("published", None, b"1", 10, 1_000);
+        h.subscribe("watched", 0, None, None, 10);
+        h.publish("watched", None, b"1", 10, 1_000);
+        assert_eq!(h.sweep(2_000, 5_000), 0);
+        assert_eq!(h.sweep(10_000, 5_000), 1);
+        assert!(h.get("published").is_none());
+        assert!(h.get("watched").is_some());
     }
 
     #[test]

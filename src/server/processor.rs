@@ -60,6 +60,7 @@ pub async fn run(core: Rc<RefCell<CoreState>>) {
             if !st.draining && shared.drain_code.load(Relaxed) != 0 {
                 super::tick::start_drain(&mut st);
             }
+            super::tick::catch_up(&mut st);
         }
         let mut handled = 0;
         loop {
@@ -77,7 +78,10 @@ pub async fn run(core: Rc<RefCell<CoreState>>) {
             }
             handled += 1;
             if handled % PASS == 0 {
-                core.borrow_mut().flush_dirty();
+                let mut st = core.borrow_mut();
+                st.flush_dirty();
+                super::tick::catch_up(&mut st);
+                drop(st);
                 yield_now().await;
             }
         }
@@ -114,6 +118,7 @@ async fn deliver(core: &Rc<RefCell<CoreState>>, ch: &str, frame: Bytes) {
         if done {
             break;
         }
+        super::tick::catch_up(&mut core.borrow_mut());
         yield_now().await;
     }
     let mut st = core.borrow_mut();

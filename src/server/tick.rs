@@ -4,7 +4,10 @@
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::future::{poll_fn, Future};
+use std::pin::pin;
 use std::rc::Rc;
+use std::task::Poll;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -16,31 +19,82 @@ use super::timer::TICK_MS;
 /// Drain closes carry `retry_after_ms` drawn uniformly from 0 to this, in milliseconds.
 pub const DRAIN_RETRY_SPREAD_MS: u64 = 3000;
 
+/// How often idle channels are swept (ticks: 5 s).
+const SWEEP_TICKS: u32 = 500;
+
 /// Longest wait for close answers after the drain window, in milliseconds.
 pub const DRAIN_CLOSE_WAIT_MS: u64 = 2000;
 
 /// Runs the clock of one core; returns when the core has finished draining.
+///
+/// monoio fires timers only when its run queue is empty, so under a sustained backlog this
+/// task may not be woken for a while: the processor then advances the clock itself
+/// ([`catch_up`]) and wakes this task when the drain is over.
 pub async fn run(core: Rc<RefCell<CoreState>>) {
-    let mut fired = Vec::new();
-    let mut drain_deadline = None;
     loop {
-        monoio::time::sleep(Duration::from_millis(TICK_MS)).await;
+        let mut sleep = pin!(monoio::time::sleep(Duration::from_millis(TICK_MS)));
+        poll_fn(|cx| {
+            let mut st = core.borrow_mut();
+            if st.drain_done || sleep.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(());
+            }
+            st.tick_waker = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await;
         let mut st = core.borrow_mut();
-        let now = st.now_tick();
-        fired.clear();
-        st.wheel.advance(now, &mut fired);
-        for &(id, due) in &fired {
-            on_timer(&mut st, id, due, now);
+        catch_up(&mut st);
+        if st.drain_done {
+            return;
         }
-        st.flush_dirty();
-        if st.draining {
-            let cfg = &st.shared.config;
-            // Peers get at most DRAIN_CLOSE_WAIT_MS after the window to answer their close, so
-            // a drain ends within window + 2 s even when peers never answer (DESIGN §8).
-            let wait = cfg.limits.close_timeout_ms.min(DRAIN_CLOSE_WAIT_MS);
-            let deadline = *drain_deadline.get_or_insert(now + CoreState::ticks(cfg.drain.window_ms + wait) + 1);
-            if st.metrics().connections.load(Relaxed) <= 0 || now >= deadline {
-                return;
+    }
+}
+
+/// Advances the clock to now if it is behind: acts on every fired deadline, starts the drain
+/// once it is signalled, wakes publishers held back by an overload that has cleared, and
+/// notes when the drain is over (`drain_done`, waking [`run`]). Cheap when nothing is due.
+pub fn catch_up(st: &mut CoreState) {
+    let now = st.now_tick();
+    if now == st.wheel.now() {
+        return;
+    }
+    if !st.draining && st.shared.drain_code.load(Relaxed) != 0 {
+        start_drain(st);
+    }
+    let mut fired = std::mem::take(&mut st.fired);
+    st.wheel.advance(now, &mut fired);
+    for &(id, due) in &fired {
+        on_timer(st, id, due, now);
+    }
+    fired.clear();
+    st.fired = fired;
+    st.flush_dirty();
+    // Channels idle past the dedup window are forgotten (ids remembered for dedup must not
+    // outlive their channel's numbering), checked every SWEEP_TICKS.
+    if now.wrapping_sub(st.last_sweep) >= SWEEP_TICKS {
+        st.last_sweep = now;
+        let now_ms = st.now_ms();
+        let idle = st.shared.config.dedup.window_ms;
+        st.homes.sweep(now_ms, idle);
+    }
+    if !st.held.is_empty() && !st.overloaded() {
+        for id in std::mem::take(&mut st.held) {
+            if let Some(c) = st.conn(id) {
+                c.flags &= !HELD;
+                c.wake();
+            }
+        }
+    }
+    if st.draining && !st.drain_done {
+        let cfg = &st.shared.config;
+        // Peers get at most DRAIN_CLOSE_WAIT_MS after the window to answer their close, so
+        // a drain ends within window + 2 s even when peers never answer (DESIGN §8).
+        let wait = cfg.limits.close_timeout_ms.min(DRAIN_CLOSE_WAIT_MS);
+        let deadline = *st.drain_deadline.get_or_insert(now + CoreState::ticks(cfg.drain.window_ms + wait) + 1);
+        if st.metrics().connections.load(Relaxed) <= 0 || (now.wrapping_sub(deadline) as i32) >= 0 {
+            st.drain_done = true;
+            if let Some(w) = st.tick_waker.take() {
+                w.wake();
             }
         }
     }
