@@ -58,49 +58,7 @@ impl Server {
     /// Starts `tether serve --listen 127.0.0.1:0 --config <tmp file with config_toml> <extra>`
     /// and waits (bounded) for the `tether listening on ADDR` line.
     pub fn start(config_toml: &str, extra: &[&str]) -> Server {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let base = std::env::temp_dir().join(format!("tether-it-{}-{n}", std::process::id()));
-        let config_path = base.with_extension("toml");
-        let log_path = base.with_extension("log");
-        std::fs::write(&config_path, config_toml).expect("write config");
-        let log = std::fs::File::create(&log_path).expect("create log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
-            .arg("serve")
-            .arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--config")
-            .arg(&config_path)
-            .args(extra)
-            .env("TETHER_LOG", std::env::var("TETHER_LOG").unwrap_or_else(|_| "info".into()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .expect("spawn tether");
-        let pid = child.id() as i32;
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            let mut line = String::new();
-            let _ = r.read_line(&mut line);
-            let _ = tx.send(line);
-            // Keep draining so the child never blocks on a full pipe.
-            let mut sink = Vec::new();
-            let _ = r.read_to_end(&mut sink);
-        });
-        let mut srv = Server { child, addr: "127.0.0.1:1".parse().unwrap(), pid, config_path, log_path, exited: None };
-        let line = match rx.recv_timeout(Duration::from_secs(15)) {
-            Ok(l) => l,
-            Err(_) => panic!("tether did not print its listening line within 15 s\n{}", srv.log_tail(40)),
-        };
-        let addr = line
-            .trim()
-            .strip_prefix("tether listening on ")
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("unexpected first stdout line {line:?}\n{}", srv.log_tail(40)));
-        srv.addr = addr;
-        srv
+        Server::start_at(config_toml, "127.0.0.1:0".parse().expect("address"), extra)
     }
 
     /// `ws://ADDR/ws`.
@@ -518,7 +476,7 @@ impl Server {
     /// server on the port a previous one used; the server binds with `SO_REUSEADDR`).
     pub fn start_at(config_toml: &str, listen: SocketAddr, extra: &[&str]) -> Server {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let base = std::env::temp_dir().join(format!("tether-it-{}-at{n}", std::process::id()));
+        let base = std::env::temp_dir().join(format!("tether-it-{}-{n}", std::process::id()));
         let config_path = base.with_extension("toml");
         let log_path = base.with_extension("log");
         std::fs::write(&config_path, config_toml).expect("write config");
@@ -541,6 +499,7 @@ impl Server {
             let mut line = String::new();
             let _ = r.read_line(&mut line);
             let _ = tx.send(line);
+            // Keep draining so the child never blocks on a full pipe.
             let mut sink = Vec::new();
             let _ = r.read_to_end(&mut sink);
         });
