@@ -44,6 +44,9 @@ pub async fn run(core: Rc<RefCell<CoreState>>) {
         .await;
         let mut st = core.borrow_mut();
         catch_up(&mut st);
+        // Pings and closes queued by the deadlines go out now; when the processor runs the
+        // clock instead, they leave with its next flush, batched with the fan-out.
+        st.flush_dirty();
         if st.drain_done {
             return;
         }
@@ -68,7 +71,6 @@ pub fn catch_up(st: &mut CoreState) {
     }
     fired.clear();
     st.fired = fired;
-    st.flush_dirty();
     // Channels idle past the dedup window are forgotten (ids remembered for dedup must not
     // outlive their channel's numbering), checked every SWEEP_TICKS.
     if now.wrapping_sub(st.last_sweep) >= SWEEP_TICKS {
