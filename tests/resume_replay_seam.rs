@@ -110,7 +110,7 @@ async fn replay_of_full_history_joins_the_live_stream_without_gap_or_duplicate()
     tokio::time::timeout(Duration::from_secs(30), live).await.expect("live publisher timed out").expect("live publisher");
     let (replay, live_meanwhile) = replayed_at.expect("replayed");
     eprintln!(
-        "replayed {HISTORY} messages from history in {replay:?} ({:.0} msg/s, debug build); \
+        "replayed {HISTORY} messages from history in {replay:?} ({:.0} msg/s); \
          {live_meanwhile} live publishes were acked during the replay; head at subscribe {head}",
         HISTORY as f64 / replay.as_secs_f64(),
     );
