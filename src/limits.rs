@@ -39,12 +39,13 @@ pub const DEFAULT_TARGET: u64 = 1_000_000;
 /// `benches/density` on the deployment's allocator (`--conn-user-bytes`).
 pub const USER_BYTES_PER_CONN: u64 = 1024;
 
-/// Budget of kernel memory per idle TCP connection, bytes: socket, inode, dentry, file and
-/// epoll/io_uring bookkeeping with empty socket buffers, roughly 3 KiB on x86-64. A budget
-/// figure, not a measurement: replace it with the slab growth measured by `benches/density`
-/// (`--conn-kernel-bytes`). Socket buffers holding unsent data come on top, bounded by
-/// `net.ipv4.tcp_mem`.
-pub const KERNEL_BYTES_PER_CONN: u64 = 3072;
+/// Kernel memory per idle TCP connection, bytes: socket, inode, dentry, file and io_uring
+/// bookkeeping with empty socket buffers. Measured by `benches/density` on a 2-core Linux 6.x
+/// box: the `Slab:` growth was 9.7–11.3 KB per loopback connection *pair* (client and server
+/// socket both live there), so about 5 KiB per server-side connection. Replace it with your
+/// own measurement (`--conn-kernel-bytes`). Socket buffers holding unsent data come on top,
+/// bounded by `net.ipv4.tcp_mem`.
+pub const KERNEL_BYTES_PER_CONN: u64 = 5120;
 
 /// File descriptors one `tether serve` uses besides connections: stdio, one listener, one
 /// io_uring or epoll instance and wake-up eventfds per core, broker connections, logs.

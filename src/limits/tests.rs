@@ -198,7 +198,7 @@ fn low_limits_fail_and_print_exact_lines() {
         "net.ipv4.ip_local_port_range = 1024 65535\n",
         "net.core.somaxconn = 65535\n",
         "net.ipv4.tcp_max_syn_backlog = 65535\n",
-        "memory: 1000000 connections x (1024 user + 3072 kernel) B = 3.8 GiB needed, 1.0 GiB available",
+        "memory: 1000000 connections x (1024 user + 5120 kernel) B = 5.7 GiB needed, 1.0 GiB available",
     ] {
         assert!(out.contains(line), "missing {line:?} in\n{out}");
     }
@@ -231,9 +231,9 @@ fn memory_can_be_the_bound() {
     };
     let (ok, out) = run(&b, |_| {});
     assert!(!ok, "{out}");
-    // 2 GiB / 4096 B per connection.
+    // 2 GiB / 6144 B per connection.
     assert!(
-        out.contains("capacity: 524288 connections per process (bound by memory available/total)"),
+        out.contains("capacity: 349525 connections per process (bound by memory available/total)"),
         "{out}"
     );
     // With the measured figures overridden to 1 KiB total, it fits.
