@@ -96,17 +96,27 @@ async fn drain_spreads_2000_closes_over_the_window() {
         })
         .collect();
 
-    use tokio::io::AsyncWriteExt;
+    // The keep-alive probe opened before the signal stays served during the drain: /readyz
+    // answers 503 once the signal has been taken (200 just before that).
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let readyz = format!("GET /readyz HTTP/1.1\r\nHost: {}\r\n\r\n", srv.addr);
-    // The server may already have closed idle HTTP connections; if it answers, it says 503.
-    let _ = probe.write_all(readyz.as_bytes()).await;
-    let mut answer = Vec::new();
-    let _ = tokio::time::timeout(STEP, tokio::io::AsyncReadExt::read_to_end(&mut probe, &mut answer)).await;
-    let answer = String::from_utf8_lossy(&answer);
-    if answer.is_empty() {
-        eprintln!("/readyz probe: connection closed by the drain without an answer");
-    } else {
-        assert!(answer.starts_with("HTTP/1.1 503"), "/readyz while draining: {answer}");
+    let probe_end = Instant::now() + STEP;
+    loop {
+        probe.write_all(readyz.as_bytes()).await.expect("probe request");
+        let (status, head, mut body) = tokio::time::timeout(STEP, read_head(&mut probe)).await.expect("probe answer");
+        let len: usize = header(&head, "content-length").and_then(|v| v.trim().parse().ok()).expect("content-length");
+        while body.len() < len {
+            let mut more = [0u8; 256];
+            let n = tokio::time::timeout(STEP, probe.read(&mut more)).await.expect("probe body").expect("read");
+            assert!(n > 0, "probe closed mid-body");
+            body.extend_from_slice(&more[..n]);
+        }
+        if status == 503 {
+            break;
+        }
+        assert_eq!(status, 200, "/readyz while draining: {head}");
+        assert!(Instant::now() < probe_end, "/readyz never turned 503 during the drain");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
     let mut closes = Vec::with_capacity(N);
