@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use serde_json::{json, Value};
+use serde_json::json;
 
 fn main() {
     if !should_run() {
@@ -30,10 +30,7 @@ fn main() {
             "127.0.0.2-127.0.0.254".into(),
         ];
         let r = load(&args);
-        let cell = |k: &str| match r.get(k) {
-            Some(Value::Number(x)) => x.to_string(),
-            _ => "-".into(),
-        };
+        let cell = |k: &str| common::cell(&r, k);
         rows.push(vec![c.to_string(), cell("handshakes_per_s"), cell("p50_ms"), cell("p99_ms"), cell("max_ms"), cell("errors")]);
         runs.push(json!({"conns": conns, "concurrency": c, "report": r}));
         server.wait_connections(0, std::time::Duration::from_secs(20));

@@ -13,7 +13,7 @@
 mod common;
 
 use common::*;
-use serde_json::{json, Value};
+use serde_json::json;
 
 fn main() {
     if !should_run() {
@@ -51,10 +51,7 @@ fn main() {
                 "127.0.0.2-127.0.0.254".into(),
             ];
             let r = load(&args);
-            let cell = |k: &str| match r.get(k) {
-                Some(Value::Number(x)) => x.to_string(),
-                _ => "-".into(),
-            };
+            let cell = |k: &str| common::cell(&r, k);
             rows.push(vec![
                 n.to_string(),
                 size.to_string(),

@@ -91,11 +91,7 @@ fn main() {
             let overflow_before = server.metric("tether_overflow_total").unwrap_or(0.0);
             let r = load(&args);
             let overflows = server.metric("tether_overflow_total").unwrap_or(0.0) - overflow_before;
-            let cell = |k: &str| match r.get(k) {
-                Some(Value::Number(x)) => x.to_string(),
-                Some(Value::Object(o)) => o.iter().map(|(k, v)| format!("{k}:{v}")).collect::<Vec<_>>().join(","),
-                _ => "-".into(),
-            };
+            let cell = |k: &str| common::cell(&r, k);
             rows.push(vec![
                 round.to_string(),
                 case.name.to_string(),

@@ -49,10 +49,7 @@ fn main() {
             }
         }
         server.stop();
-        let cell = |k: &str| match r.get(k) {
-            Some(Value::Number(x)) => x.to_string(),
-            _ => "-".into(),
-        };
+        let cell = |k: &str| common::cell(&r, k);
         rows.push(vec![
             trigger.to_string(),
             cell("connected"),

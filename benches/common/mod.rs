@@ -338,3 +338,12 @@ pub fn should_run() -> bool {
     let args: Vec<String> = std::env::args().collect();
     !args.iter().any(|a| a == "--list") && args.iter().any(|a| a == "--bench")
 }
+
+/// One table cell from a load report: numbers as printed, objects as `k:v,…`, else `-`.
+pub fn cell(r: &Value, k: &str) -> String {
+    match r.get(k) {
+        Some(Value::Number(x)) => x.to_string(),
+        Some(Value::Object(o)) => o.iter().map(|(k, v)| format!("{k}:{v}")).collect::<Vec<_>>().join(","),
+        _ => "-".into(),
+    }
+}

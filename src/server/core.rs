@@ -14,11 +14,15 @@ use super::conn_state::*;
 use super::home::{home_of, Homes};
 use super::local::LocalChannels;
 use super::metrics::{CoreMetrics, ReapReason};
+use super::replay::{hold_for_replay, Held};
 use super::timer::{TimerWheel, TICK_MS};
 use super::Shared;
 use crate::config::Overflow;
 use crate::protocol;
 use crate::ws::codec;
+
+/// Close reason (1013) when live frames held behind a resume replay overflow.
+const SLOW_REPLAY_REASON: &str = r#"{"reason":"slow","limit":"replay backlog","retry_after_ms":1000}"#;
 
 /// A ping with an empty payload (RFC 6455 §5.5.2), shared by every heartbeat.
 pub static PING: Bytes = Bytes::from_static(&[0x89, 0x00]);
@@ -187,17 +191,23 @@ impl CoreState {
     pub fn enqueue(&mut self, id: ConnId, frame: Bytes, chan: u32, policy: Option<Overflow>) -> bool {
         let limits = &self.shared.config.limits;
         let (max_bytes, max_msgs) = (limits.queue_max_bytes, limits.queue_max_messages);
+        let metrics = &self.shared.metrics[self.me];
         let Some(c) = self.conns.get_mut(id.key as usize).filter(|c| c.gen == id.gen) else { return false };
         if !c.phase.can_write() {
             return false;
         }
         if c.replays.is_some() && chan != NO_CHAN {
-            if let Some(held) = self.hold_for_replay(id, chan, &frame, policy.unwrap_or(Overflow::Disconnect)) {
-                return held;
+            let policy = policy.unwrap_or(Overflow::Disconnect);
+            match hold_for_replay(c, chan, &frame, policy, max_bytes, max_msgs) {
+                Some(Held::Queued) => return true,
+                Some(Held::Overflow) => {
+                    metrics.overflow(0, c.out_bytes as u64);
+                    self.close_by_us(id, 1013, SLOW_REPLAY_REASON, ReapReason::Overflow);
+                    return false;
+                }
+                None => {}
             }
         }
-        let metrics = &self.shared.metrics[self.me];
-        let Some(c) = self.conns.get_mut(id.key as usize).filter(|c| c.gen == id.gen) else { return false };
         let fits = |c: &Conn, extra: usize| c.out.len() < max_msgs && c.out_bytes + extra <= max_bytes;
         if !fits(c, frame.len()) {
             match policy.unwrap_or(Overflow::Disconnect) {

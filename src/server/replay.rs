@@ -13,7 +13,6 @@ use bytes::Bytes;
 use super::bus::{ConnRef, CoreMsg};
 use super::conn_state::*;
 use super::core::CoreState;
-use super::metrics::ReapReason;
 use crate::config::Overflow;
 use crate::protocol::{self, ResetReason};
 use crate::ws::codec;
@@ -41,6 +40,34 @@ pub struct Replay {
     pub live_bytes: usize,
 }
 
+/// What [`hold_for_replay`] did with a live frame.
+pub enum Held {
+    /// Held behind the replay, to follow it in order.
+    Queued,
+    /// The held frames are full under the `disconnect` policy: close with 1013.
+    Overflow,
+}
+
+/// Holds a live frame of `chan` behind a replay of it in progress on `c`; `None` if there is
+/// none (the caller queues normally). The held frames are bounded like the queue
+/// (`max_bytes`, `max_msgs`), under the channel's overflow policy.
+pub fn hold_for_replay(c: &mut Conn, chan: u32, frame: &Bytes, policy: Overflow, max_bytes: usize, max_msgs: usize) -> Option<Held> {
+    let r = c.replays.as_mut()?.iter_mut().find(|r| r.chan == chan)?;
+    if r.live.len() >= max_msgs || r.live_bytes + frame.len() > max_bytes {
+        let dropped = match policy {
+            Overflow::Disconnect => return Some(Held::Overflow),
+            Overflow::DropOldest => r.live.pop_front(),
+            Overflow::Conflate => r.live.pop_back(),
+        };
+        if let Some(f) = dropped {
+            r.live_bytes -= f.len();
+        }
+    }
+    r.live_bytes += frame.len();
+    r.live.push_back(frame.clone());
+    Some(Held::Queued)
+}
+
 impl CoreState {
     /// Begins replaying `ch` to `id`: `frames` are seqs `from+1 ..`, up to `until`.
     pub fn start_replay(&mut self, id: ConnId, chan: u32, ch: Arc<str>, epoch: Arc<str>, from: u64, frames: Vec<Bytes>, until: u64) {
@@ -49,38 +76,6 @@ impl CoreState {
         let r = Replay { chan, ch, epoch, backlog: frames.into(), fetched, until, fetching: false, live: VecDeque::new(), live_bytes: 0 };
         c.replays.get_or_insert_with(Default::default).push(r);
         self.pump_replay(id);
-    }
-
-    /// Holds a live frame of `chan` behind a replay in progress; false if none is (the caller
-    /// queues normally). The held frames are bounded like the queue, under the channel's
-    /// overflow policy.
-    pub fn hold_for_replay(&mut self, id: ConnId, chan: u32, frame: &Bytes, policy: Overflow) -> Option<bool> {
-        let limits = &self.shared.config.limits;
-        let (max_bytes, max_msgs) = (limits.queue_max_bytes, limits.queue_max_messages);
-        let c = self.conns.get_mut(id.key as usize).filter(|c| c.gen == id.gen)?;
-        let r = c.replays.as_mut()?.iter_mut().find(|r| r.chan == chan)?;
-        if r.live.len() >= max_msgs || r.live_bytes + frame.len() > max_bytes {
-            match policy {
-                Overflow::Disconnect => {
-                    let reason = format!("{{\"reason\":\"slow\",\"limit\":\"replay backlog\",\"retry_after_ms\":1000}}");
-                    self.close_by_us(id, 1013, &reason, ReapReason::Overflow);
-                    return Some(false);
-                }
-                Overflow::DropOldest => {
-                    if let Some(f) = r.live.pop_front() {
-                        r.live_bytes -= f.len();
-                    }
-                }
-                Overflow::Conflate => {
-                    if let Some(f) = r.live.pop_back() {
-                        r.live_bytes -= f.len();
-                    }
-                }
-            }
-        }
-        r.live_bytes += frame.len();
-        r.live.push_back(frame.clone());
-        Some(true)
     }
 
     /// Moves replay frames into the outbound queue while it has room; asks the home core for
