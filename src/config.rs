@@ -413,20 +413,35 @@ impl Config {
             .unwrap_or(1)
     }
 
-    /// Whether a handshake's `Origin` header value passes `allowed_origins` (DESIGN §3
-    /// Admission): true when the list is empty, when the header is absent, or when it equals
-    /// an entry ignoring ASCII case. A refused origin should get HTTP 403.
+    /// Whether a handshake's `Origin` header value passes `allowed_origins`: true when the
+    /// list is empty, when the header is absent (non-browser clients send none), or when it
+    /// names the same origin as an entry, compared as RFC 6454 serializations: scheme and host
+    /// ignore ASCII case, and a default port (80 for http, 443 for https) is implied. A refused
+    /// origin gets HTTP 403.
     pub fn origin_allowed(&self, origin: Option<&str>) -> bool {
-        match origin {
-            None => true,
-            Some(o) => {
-                self.allowed_origins.is_empty()
-                    || self
-                        .allowed_origins
-                        .iter()
-                        .any(|a| a.eq_ignore_ascii_case(o.trim()))
-            }
+        let Some(o) = origin else { return true };
+        if self.allowed_origins.is_empty() {
+            return true;
         }
+        let o = normalize_origin(o.trim());
+        self.allowed_origins.iter().any(|a| normalize_origin(a) == o)
+    }
+}
+
+/// An origin in the RFC 6454 §6.2 serialization with scheme and host lowercased and a
+/// default port removed (`HTTPS://App.Example:443` → `https://app.example`). Anything that
+/// is not `scheme://host[:port]` (the opaque `null`, say) is only lowercased.
+fn normalize_origin(o: &str) -> String {
+    let lower = o.to_ascii_lowercase();
+    let Some((scheme, rest)) = lower.split_once("://") else { return lower };
+    let default = match scheme {
+        "http" | "ws" => ":80",
+        "https" | "wss" => ":443",
+        _ => return lower,
+    };
+    match rest.strip_suffix(default) {
+        Some(host) if !host.contains(['/', '@']) => format!("{scheme}://{host}"),
+        _ => lower,
     }
 }
 

@@ -10,6 +10,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use tether::config::Config;
+use tether::ws::codec::CloseCode;
 use tether::server::{self, ServeOptions, Server};
 
 /// tether: a WebSocket pub/sub server for long-lived connections.
@@ -155,7 +156,7 @@ fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>, cores: Option<usiz
     // Tests and scripts read the bound address from this line.
     println!("tether listening on {}", srv.local_addr());
     let sig = server::wait_signal();
-    let code = if sig == libc::SIGINT { 1001 } else { srv.shared().config.drain.close_code };
+    let code = if sig == libc::SIGINT { CloseCode::Away } else { CloseCode::from(srv.shared().config.drain.close_code) };
     srv.shutdown(code);
     // A second signal while draining ends the process at once.
     std::thread::spawn(|| {

@@ -7,9 +7,11 @@
 //! when valid. `data` is raw JSON text, inserted verbatim: it was validated and compacted once
 //! on the way in ([`parse_client_op`], [`parse_publish_body`]).
 
+pub mod close;
+
 use std::borrow::Cow;
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
@@ -32,6 +34,10 @@ pub mod codes {
     pub const TOO_LARGE: &str = "too_large";
     /// The request is well-formed but refused by policy (auth, rate limit).
     pub const NOT_ALLOWED: &str = "not_allowed";
+    /// `sub` for a channel this connection is already subscribed to (or subscribing).
+    pub const ALREADY_SUBSCRIBED: &str = "already_subscribed";
+    /// `unsub` for a channel this connection is not subscribed to.
+    pub const NOT_SUBSCRIBED: &str = "not_subscribed";
 }
 
 /// One client → server request (DESIGN §2).
@@ -297,36 +303,7 @@ pub fn msg_json(ch: &str, seq: u64, data: &str) -> Vec<u8> {
 /// §5.2, §5.6: FIN, opcode 0x1, no mask, 7/16/64-bit payload length), ready to be shared by
 /// every subscriber on every core. One allocation for header and payload.
 pub fn msg_frame(ch: &str, seq: u64, data: &str) -> Bytes {
-    const MAX_FRAME_HEADER: usize = 10;
-    let mut out = Vec::with_capacity(MAX_FRAME_HEADER + msg_json_capacity(ch, data));
-    out.resize(MAX_FRAME_HEADER, 0);
-    push_msg(&mut out, ch, seq, data);
-    let payload_len = out.len() - MAX_FRAME_HEADER;
-    let mut header = [0u8; MAX_FRAME_HEADER];
-    header[0] = 0x81;
-    let header_len = match payload_len {
-        0..=125 => {
-            header[1] = payload_len as u8;
-            2
-        }
-        126..=0xFFFF => {
-            header[1] = 126;
-            header[2..4].copy_from_slice(&(payload_len as u16).to_be_bytes());
-            4
-        }
-        _ => {
-            header[1] = 127;
-            header[2..10].copy_from_slice(&(payload_len as u64).to_be_bytes());
-            10
-        }
-    };
-    // The header is written right-aligned into the reserved room, then the room before it is
-    // skipped, so the payload is never moved.
-    let start = MAX_FRAME_HEADER - header_len;
-    out[start..MAX_FRAME_HEADER].copy_from_slice(&header[..header_len]);
-    let mut frame = Bytes::from(out);
-    frame.advance(start);
-    frame
+    crate::ws::codec::text_frame_with(msg_json_capacity(ch, data), |out| push_msg(out, ch, seq, data))
 }
 
 /// `{"op":"subscribed","ch":CH,"seq":SEQ,"epoch":EPOCH[,"recovered":BOOL]}`; `recovered` only

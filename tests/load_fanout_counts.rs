@@ -116,7 +116,7 @@ fn fanout_counts_one_drop_and_one_swap_per_subscriber() {
     assert_eq!(field("duplicates"), 0);
     assert_eq!(field("deliveries"), subs as u64 * (published - 1));
     assert_eq!(field("expected"), subs as u64 * published);
-    server.shutdown(1001);
+    server.shutdown(tether::ws::codec::CloseCode::Away);
 }
 
 #[test]
@@ -146,7 +146,7 @@ fn fanout_without_faults_reports_no_loss_over_http_publish() {
     assert_eq!(field("reordered"), 0);
     assert_eq!(field("errors"), 0);
     assert!(report.ok);
-    server.shutdown(1001);
+    server.shutdown(tether::ws::codec::CloseCode::Away);
 }
 
 #[test]
@@ -173,5 +173,5 @@ fn raw_mode_counts_what_an_echo_endpoint_returns() {
     assert_eq!(field("deliveries"), 5, "{}", report.to_json_line());
     assert_eq!(field("lost"), 0);
     assert_eq!(field("errors"), 0);
-    server.shutdown(1001);
+    server.shutdown(tether::ws::codec::CloseCode::Away);
 }

@@ -3,43 +3,20 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
+pub use crate::protocol::close::{classify, CloseAction, CloseCode};
+use crate::protocol::close::CloseReason;
 
-/// What a client does after the server closed the connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CloseAction {
-    /// Wait for the backoff delay, reconnect and resume.
-    Reconnect,
-    /// Do not reconnect; report the code to the application.
-    Stop,
-}
-
-/// Classifies a close code received from the server, exactly as DESIGN §3 lists them.
-///
-/// Reconnect on 1001 (going away: shutdown), 1006 (abnormal closure: no close frame, any I/O
-/// error), 1011 (internal error), 1012 (service restart: drain) and 1013 (try again later:
-/// slow consumer, overload). Every other code stops: the listed 1002, 1003, 1007, 1008, 1009
-/// and 1010, and also 1000 (the server meant to end the session normally), 1005 (no status in
-/// the close frame) and unknown or application codes (3000–4999), because DESIGN §4 allows a
-/// reconnect only for the listed codes and I/O errors.
+/// Classifies a close code received from the server as a number (see [`classify`]).
 pub fn classify_close(code: u16) -> CloseAction {
-    match code {
-        1001 | 1006 | 1011 | 1012 | 1013 => CloseAction::Reconnect,
-        _ => CloseAction::Stop,
-    }
+    classify(CloseCode::from(code))
 }
 
-/// The server's wait hint in a close reason: a JSON object such as
+/// The server's wait hint in a close reason: a [`CloseReason`] such as
 /// `{"reason":"slow","retry_after_ms":250}` gives `Some(250 ms)`, the floor of the next
-/// reconnect delay (DESIGN §4). A reason that is not JSON, or has no non-negative integer
+/// reconnect delay. A reason that is not JSON, or has no non-negative integer
 /// `retry_after_ms`, gives `None`.
 pub fn retry_hint(reason: &str) -> Option<Duration> {
-    #[derive(Deserialize)]
-    struct Hint {
-        retry_after_ms: Option<u64>,
-    }
-    let hint: Hint = serde_json::from_str(reason.trim()).ok()?;
-    hint.retry_after_ms.map(Duration::from_millis)
+    CloseReason::parse(reason)?.retry_after_ms.map(Duration::from_millis)
 }
 
 #[cfg(test)]

@@ -395,6 +395,10 @@ fn origin_allow_list() {
     assert!(open.origin_allowed(Some("https://evil.example")));
     let c = Config::from_toml_str("allowed_origins = [\"https://app.example.com\"]").unwrap();
     assert!(c.origin_allowed(Some("https://APP.example.com")));
+    // RFC 6454: the default port is implied, scheme and host ignore case; other ports differ.
+    assert!(c.origin_allowed(Some("HTTPS://app.example.com:443")));
+    assert!(!c.origin_allowed(Some("https://app.example.com:8443")));
+    assert!(!c.origin_allowed(Some("http://app.example.com")));
     assert!(!c.origin_allowed(Some("https://evil.example")));
     assert!(c.origin_allowed(None), "non-browser clients send no Origin");
 }

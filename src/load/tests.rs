@@ -181,7 +181,7 @@ fn non_readers_get_1013_and_stay_out_of_the_figures() {
     assert_eq!(field(&r, "non_readers_subscribed"), 2, "{}", r.to_json_line());
     assert_eq!(field(&r, "non_readers_closed"), 2, "{}", r.to_json_line());
     assert_eq!(field(&r, "non_reader_close_kinds"), serde_json::json!({"closed_1013": 2}), "{}", r.to_json_line());
-    server.shutdown(1001);
+    server.shutdown(crate::ws::codec::CloseCode::Away);
     server.wait();
 }
 
@@ -192,6 +192,6 @@ fn drop_oldest_keeps_non_readers_open_with_a_gap() {
     assert_eq!(field(&r, "errors"), 0, "{}", r.to_json_line());
     assert_eq!(field(&r, "non_readers_open"), 2, "{}", r.to_json_line());
     assert!(field(&r, "non_reader_lost").as_u64().unwrap_or(0) > 0, "{}", r.to_json_line());
-    server.shutdown(1001);
+    server.shutdown(crate::ws::codec::CloseCode::Away);
     server.wait();
 }

@@ -1,9 +1,11 @@
 //! The bounded queues between cores (one per ordered pair) and their wake-up.
 //!
-//! A core never touches another core's state: it sends a [`CoreMsg`]. Each ordered pair of
-//! cores has its own bounded single-producer single-consumer queue, so the consumer knows the
-//! producer and FIFO order per pair is what the protocol's ordering rests on (a `Subscribed`
-//! reply is ordered against the `Deliver`s that the same home core sends to the same core).
+//! A core never touches another core's state: it sends a [`BusMsg`] through its [`Router`]:
+//! a [`Request`] for the memory broker at a channel's home core, or a [`CoreMsg`] for a core
+//! about its own connections. Each ordered pair of cores has its own bounded
+//! single-producer single-consumer queue, so the consumer knows the producer and FIFO order
+//! per pair is what the protocol's ordering rests on (a `Subscribed` answer is ordered against
+//! the `Deliver`s that the same home core sends to the same core).
 //! When a queue is full the message waits in a per-destination spill list of the sender, in
 //! order, and is retried on the sender's next pass: a busy core never blocks another (two cores
 //! each blocked on the other's full queue would deadlock), and the spill's length is exported
@@ -18,7 +20,7 @@ use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use futures::task::AtomicWaker;
 
-use super::ConnId;
+use super::{ConnId, Shared};
 use crate::protocol::RequestError;
 
 /// Capacity of each core-to-core queue, in messages.
@@ -33,34 +35,63 @@ pub struct ConnRef {
     pub id: ConnId,
 }
 
-/// What a publish resolved to at the channel's home core.
+/// What a publish resolved to at the channel's home.
 #[derive(Debug)]
 pub enum PublishResult {
     /// Stored as `seq` (also for a duplicate id: the original seq).
     Stored { seq: u64 },
-    /// Refused (e.g. the dedup window is full of this id's twins — never in practice).
+    /// Refused (a broker that cannot store it now).
     Refused(RequestError),
 }
 
-/// A message between cores (or from a connection task to its own core's processor).
+/// A request about one channel, from a subscriber's or publisher's core to the channel's
+/// home.
+#[derive(Debug)]
+pub enum Request {
+    /// Publish `data` (raw JSON text) on `ch`; `id` is the publisher's dedup key. The answer
+    /// ([`CoreMsg::Published`]) goes to `reply` when given.
+    Publish { ch: Arc<str>, id: Option<Box<str>>, data: Bytes, reply: Option<ConnRef> },
+    /// Subscribe `conn` to `ch`, resuming after `from` when given (and `epoch` matches).
+    /// Answered with [`CoreMsg::Subscribed`].
+    Subscribe { ch: Arc<str>, conn: ConnRef, from: Option<u64>, epoch: Option<Box<str>> },
+    /// One subscription of core `core` to `ch` ended. Not answered.
+    Unsubscribe { ch: Arc<str>, core: u16 },
+    /// The next history batch of `ch` for a resuming subscriber: seqs after `after`, up to
+    /// `until`. Answered with [`CoreMsg::ReplayBatch`].
+    Fetch { ch: Arc<str>, conn: ConnRef, after: u64, until: u64 },
+}
+
+impl Request {
+    /// The channel the request is about.
+    pub fn channel(&self) -> &str {
+        match self {
+            Request::Publish { ch, .. } | Request::Subscribe { ch, .. } | Request::Unsubscribe { ch, .. } | Request::Fetch { ch, .. } => ch,
+        }
+    }
+}
+
+/// Everything that travels between cores: a request for a channel's home (memory broker), or
+/// a message for a core about its own connections and subscribers.
+#[derive(Debug)]
+pub enum BusMsg {
+    /// For the broker at the channel's home core.
+    Broker(Request),
+    /// For this core.
+    Core(CoreMsg),
+}
+
+/// A message for a core about its connections: the broker's answers and fan-out, and
+/// `GET /connections` gathering.
 #[derive(Debug)]
 pub enum CoreMsg {
-    /// Publish `data` (raw JSON text) on `ch`; sent to the channel's home core.
-    Publish { ch: Arc<str>, id: Option<Box<str>>, data: Bytes, reply: Option<ConnRef> },
-    /// The home core's answer to a [`CoreMsg::Publish`], sent to the publisher's core.
+    /// The answer to a [`Request::Publish`], for the publisher's core.
     Published { reply: ConnRef, ch: Arc<str>, id: Option<Box<str>>, result: PublishResult },
-    /// Subscribe `conn` (on core `conn.core`) to `ch`; sent to the home core.
-    Subscribe { ch: Arc<str>, conn: ConnRef, from: Option<u64>, epoch: Option<Box<str>> },
-    /// The home core registered the subscription: `conn` receives every seq after `head`.
+    /// The home registered the subscription: `conn` receives every seq after `head`.
     Subscribed { ch: Arc<str>, conn: ConnId, head: u64, epoch: Arc<str>, resume: Resume },
-    /// One subscription of core `core` to `ch` ended; sent to the home core.
-    Unsubscribe { ch: Arc<str>, core: u16 },
     /// Deliver the encoded frame of message `seq` of `ch` to local subscribers.
     Deliver { ch: Arc<str>, seq: u64, frame: Bytes },
-    /// A resuming subscriber's core wants the next history batch after `after` (≤ `until`).
-    ReplayFetch { ch: Arc<str>, conn: ConnRef, after: u64, until: u64 },
-    /// The home core's answer: frames after `after`, or `evicted = Some(oldest)` when that part
-    /// of history is gone meanwhile.
+    /// The answer to a [`Request::Fetch`]: frames after `after`, or `evicted = Some(oldest)`
+    /// when that part of history is gone meanwhile.
     ReplayBatch { ch: Arc<str>, conn: ConnId, frames: Vec<Bytes>, evicted: Option<u64> },
     /// `GET /connections`: list this core's `top` connections by queued bytes.
     Inspect { reply: ConnRef, top: usize },
@@ -83,15 +114,6 @@ pub struct ConnRow {
     pub secs_since_drain: f64,
     /// Channels subscribed to (confirmed ones).
     pub subscriptions: Vec<String>,
-}
-
-/// What an HTTP connection waits for from other cores.
-#[derive(Debug)]
-pub enum HttpWait {
-    /// The home core's answer to a publish.
-    Publish(PublishResult),
-    /// `/connections`: rows gathered so far, and how many cores have yet to answer.
-    Inspect { missing: usize, top: usize, rows: Vec<ConnRow> },
 }
 
 /// How a `sub` with `from` resolved at the home core.
@@ -145,8 +167,8 @@ impl Bus {
     /// Queues for `cores` cores (one per ordered pair).
     pub fn new(cores: usize) -> Bus {
         let doorbells: Arc<[Doorbell]> = (0..cores).map(|_| Doorbell::default()).collect();
-        let mut senders: Vec<Vec<Option<Sender<CoreMsg>>>> = (0..cores).map(|_| (0..cores).map(|_| None).collect()).collect();
-        let mut receivers: Vec<Vec<(u16, Receiver<CoreMsg>)>> = (0..cores).map(|_| Vec::new()).collect();
+        let mut senders: Vec<Vec<Option<Sender<BusMsg>>>> = (0..cores).map(|_| (0..cores).map(|_| None).collect()).collect();
+        let mut receivers: Vec<Vec<(u16, Receiver<BusMsg>)>> = (0..cores).map(|_| Vec::new()).collect();
         for (src, row) in senders.iter_mut().enumerate() {
             for (dst, slot) in row.iter_mut().enumerate() {
                 if src != dst {
@@ -181,16 +203,16 @@ impl Bus {
 /// One core's side of the bus.
 pub struct Endpoint {
     me: usize,
-    senders: Vec<Option<Sender<CoreMsg>>>,
-    receivers: Vec<(u16, Receiver<CoreMsg>)>,
-    spill: Vec<VecDeque<CoreMsg>>,
+    senders: Vec<Option<Sender<BusMsg>>>,
+    receivers: Vec<(u16, Receiver<BusMsg>)>,
+    spill: Vec<VecDeque<BusMsg>>,
     doorbells: Arc<[Doorbell]>,
     next_rx: usize,
 }
 
 impl Endpoint {
     /// Sends `msg` to core `dst` (not this core), spilling locally when its queue is full.
-    pub fn send(&mut self, dst: usize, msg: CoreMsg) -> SpillDelta {
+    pub fn send(&mut self, dst: usize, msg: BusMsg) -> SpillDelta {
         debug_assert_ne!(dst, self.me);
         let mut delta = 0;
         if self.spill[dst].is_empty() {
@@ -237,7 +259,7 @@ impl Endpoint {
     }
 
     /// Takes one received message, round-robin over the source cores, or `None`.
-    pub fn try_recv(&mut self) -> Option<CoreMsg> {
+    pub fn try_recv(&mut self) -> Option<BusMsg> {
         let n = self.receivers.len();
         for k in 0..n {
             let i = (self.next_rx + k) % n;
@@ -247,6 +269,72 @@ impl Endpoint {
             }
         }
         None
+    }
+}
+
+/// A core's way out: the bus to other cores, and an in-order queue to itself (so same-core
+/// work is ordered exactly like cross-core work).
+pub struct Router {
+    me: usize,
+    endpoint: Endpoint,
+    local: VecDeque<BusMsg>,
+    shared: Arc<Shared>,
+}
+
+impl Router {
+    /// Core `me`'s router over its bus endpoint.
+    pub fn new(me: usize, endpoint: Endpoint, shared: Arc<Shared>) -> Router {
+        Router { me, endpoint, local: VecDeque::new(), shared }
+    }
+
+    /// The core this router belongs to.
+    pub fn me(&self) -> usize {
+        self.me
+    }
+
+    /// Sends `msg` to core `dst` (this core included), in order per destination; never blocks
+    /// (a full queue spills, counted in `tether_bus_spilled`).
+    pub fn send(&mut self, dst: usize, msg: BusMsg) {
+        if dst == self.me {
+            self.local.push_back(msg);
+            self.shared.doorbells[self.me].ring();
+        } else {
+            let d = self.endpoint.send(dst, msg);
+            if d > 0 {
+                self.shared.metrics[self.me].bus_spilled.fetch_add(d, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Sends a [`CoreMsg`] to core `dst`.
+    pub fn to_core(&mut self, dst: usize, msg: CoreMsg) {
+        self.send(dst, BusMsg::Core(msg));
+    }
+
+    /// The next message for this core: its own queue first, then the bus.
+    pub fn recv(&mut self) -> Option<BusMsg> {
+        self.local.pop_front().or_else(|| self.endpoint.try_recv())
+    }
+
+    /// Whether messages wait in spill lists.
+    pub fn has_spill(&self) -> bool {
+        self.endpoint.has_spill()
+    }
+
+    /// Retries the spill lists (see [`Endpoint::retry_spill`]).
+    pub fn retry_spill(&mut self) {
+        let sent = self.endpoint.retry_spill();
+        if sent > 0 {
+            self.shared.metrics[self.me].bus_spilled.fetch_sub(sent, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether publishers should pause: some core-to-core queue is full (its sender spills)
+    /// or this core's own queue holds more than a bus queue's worth. Publishers that keep
+    /// writing then stop being read until it clears, so an offered load above capacity turns
+    /// into backpressure on the publishers instead of a growing backlog.
+    pub fn overloaded(&self) -> bool {
+        self.local.len() > QUEUE_CAPACITY || self.shared.metrics.iter().any(|m| m.bus_spilled.load(Ordering::Relaxed) > 0)
     }
 }
 
@@ -267,16 +355,16 @@ mod tests {
         let n = QUEUE_CAPACITY + 10;
         let mut spilled = 0;
         for seq in 0..n as u64 {
-            spilled += a.send(1, CoreMsg::Deliver { ch: "c".into(), seq, frame: Bytes::new() });
+            spilled += a.send(1, BusMsg::Core(CoreMsg::Deliver { ch: "c".into(), seq, frame: Bytes::new() }));
         }
         assert_eq!(spilled, 10);
         assert!(a.has_spill());
         let mut got = Vec::new();
-        while let Some(CoreMsg::Deliver { seq, .. }) = b.try_recv() {
+        while let Some(BusMsg::Core(CoreMsg::Deliver { seq, .. })) = b.try_recv() {
             got.push(seq);
         }
         assert_eq!(a.retry_spill(), 10);
-        while let Some(CoreMsg::Deliver { seq, .. }) = b.try_recv() {
+        while let Some(BusMsg::Core(CoreMsg::Deliver { seq, .. })) = b.try_recv() {
             got.push(seq);
         }
         assert_eq!(got, (0..n as u64).collect::<Vec<_>>());

@@ -1,31 +1,120 @@
-//! One core's state and the operations on it. Everything here runs on the core's own thread,
-//! without locks; other cores are reached only through [`CoreState::route`].
+//! One core's state and what it does with it: the connections' sessions, the local
+//! subscription index, the broker, the way to other cores, the clock and the drain.
+//! Everything here runs on the core's own thread, without locks.
+//!
+//! The core is the sessions' environment: it feeds them input, deadlines and deliveries
+//! through [`CoreState::with_session`] (which files each session's next deadline in the timer
+//! wheel and notes who has bytes to send), acts on what they hand up (pub/sub requests, HTTP
+//! requests), and writes what they queued with [`CoreState::flush`] through `server::io`.
 
-use std::collections::VecDeque;
+use std::cell::RefCell;
+use std::io::{self, IoSlice};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::task::Waker;
 use std::time::Instant;
 
 use bytes::Bytes;
 use slab::Slab;
 
-use super::bus::{ConnRef, CoreMsg, Endpoint, HttpWait, PublishResult};
-use super::conn_state::*;
-use super::home::{home_of, Homes};
+use super::broker::{memory::MemoryBroker, Broker, Request};
+use super::bus::{ConnRef, ConnRow, CoreMsg, Endpoint, PublishResult, Router};
 use super::local::LocalChannels;
-use super::metrics::{CoreMetrics, ReapReason};
-use super::replay::{hold_for_replay, Held};
+use super::metrics::CoreMetrics;
+use super::session::queue::MAX_IOV;
+use super::session::replay::Fetch;
+use super::session::{ticks, ConnId, Ctx, Flags, ReapReason, Session, SessionConfig, State, Tick};
 use super::timer::{TimerWheel, TICK_MS};
-use super::Shared;
-use crate::config::Overflow;
-use crate::protocol;
-use crate::ws::codec;
+use super::{io as sock, Shared};
+use crate::protocol::{self, ClientOp};
+use crate::ws::codec::{self, CloseCode};
 
-/// Close reason (1013) when live frames held behind a resume replay overflow.
-const SLOW_REPLAY_REASON: &str = r#"{"reason":"slow","limit":"replay backlog","retry_after_ms":1000}"#;
+/// Size of the per-core read buffer. Reads never go to per-connection memory.
+pub const SCRATCH_BYTES: usize = 64 * 1024;
 
-/// A ping with an empty payload (RFC 6455 §5.5.2), shared by every heartbeat.
-pub static PING: Bytes = Bytes::from_static(&[0x89, 0x00]);
+/// Scratch buffers read from one connection per readiness, for fairness between connections.
+const READS_PER_WAKE: usize = 4;
+
+thread_local! {
+    static SCRATCH: RefCell<Box<[u8]>> = RefCell::new(vec![0u8; SCRATCH_BYTES].into_boxed_slice());
+}
+
+/// The connections of one core.
+#[derive(Default)]
+pub struct Conns {
+    /// Sessions by slab key.
+    pub slab: Slab<Session>,
+    next_gen: u32,
+    /// Connections with frames queued in this pass, to flush at the end of it.
+    pub dirty: Vec<ConnId>,
+    /// Publishing connections whose reads are paused until the overload clears.
+    pub held: Vec<ConnId>,
+}
+
+/// The session `id` in `slab`, if it is still the same connection.
+fn session(slab: &mut Slab<Session>, id: ConnId) -> Option<&mut Session> {
+    slab.get_mut(id.key as usize).filter(|s| s.gen == id.gen)
+}
+
+impl Conns {
+    /// The session `id`, if it is still the same connection.
+    pub fn get(&mut self, id: ConnId) -> Option<&mut Session> {
+        session(&mut self.slab, id)
+    }
+}
+
+/// The core's clock: milliseconds since the process started, in ticks of [`TICK_MS`], and
+/// the timer wheel of the sessions' deadlines.
+pub struct Clock {
+    start: Instant,
+    /// One entry per session deadline.
+    pub wheel: TimerWheel,
+    /// Entries fired in one clock step (kept to reuse its allocation).
+    pub fired: Vec<(ConnId, Tick)>,
+    /// Tick of the last sweep of idle channels.
+    pub last_sweep: Tick,
+    /// The sessions' limits in ticks.
+    pub cfg: SessionConfig,
+}
+
+impl Clock {
+    /// Milliseconds since the process started.
+    pub fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    /// Current tick.
+    pub fn now(&self) -> Tick {
+        (self.now_ms() / TICK_MS) as Tick
+    }
+}
+
+/// Where this core is in the drain.
+#[derive(Default)]
+pub struct Drain {
+    /// The drain has started here: the listener is closed, closes are scheduled.
+    pub started: bool,
+    /// The drain is over: the clock task returns and the core stops.
+    pub done: bool,
+    /// When the drain gives up waiting for close answers.
+    pub deadline: Option<Tick>,
+    /// Waker of the accept loop, woken when the drain starts.
+    pub accept_waker: Option<Waker>,
+    /// Waker of the clock task, woken when the drain is over.
+    pub tick_waker: Option<Waker>,
+}
+
+/// One `GET /connections` request gathering rows from every core.
+pub struct Gathering {
+    /// The HTTP connection that asked.
+    pub conn: ConnId,
+    /// Cores that have yet to answer.
+    pub missing: usize,
+    /// Rows wanted.
+    pub top: usize,
+    /// Rows gathered so far.
+    pub rows: Vec<ConnRow>,
+}
 
 /// One core's state. Borrowed mutably only between awaits.
 pub struct CoreState {
@@ -33,70 +122,44 @@ pub struct CoreState {
     pub me: usize,
     /// Process-wide configuration, metrics and flags.
     pub shared: Arc<Shared>,
-    /// Connections, by slab key.
-    pub conns: Slab<Conn>,
-    next_gen: u32,
+    /// The connections.
+    pub conns: Conns,
     /// Local subscription index.
     pub local: LocalChannels,
-    /// Channels homed on this core.
-    pub homes: Homes,
-    /// Messages from this core to itself, in order.
-    pub local_q: VecDeque<CoreMsg>,
-    /// This core's side of the cross-core queues.
-    pub bus: Endpoint,
-    /// Heartbeat, handshake, close and drain deadlines.
-    pub wheel: TimerWheel,
-    /// Connections with frames queued in this pass, to flush at the end of it.
-    pub dirty: Vec<ConnId>,
+    /// The home side of channels.
+    pub broker: Box<dyn Broker>,
+    /// The way to other cores (and to this one, in order).
+    pub router: Router,
+    /// The clock and the timer wheel.
+    pub clock: Clock,
+    /// The drain.
+    pub drain: Drain,
     /// The local channel a delivery is walking right now (no compaction there meanwhile).
     pub active_chan: Option<u32>,
-    /// Set once this core has started its drain.
-    pub draining: bool,
-    /// Waker of the accept loop, woken when the drain starts.
-    pub accept_waker: Option<std::task::Waker>,
-    /// Waker of the clock task, woken when the drain is over.
-    pub tick_waker: Option<std::task::Waker>,
-    /// The drain is over on this core: the clock task returns and the core stops.
-    pub drain_done: bool,
-    /// When this core's drain gives up waiting for close answers (tick).
-    pub drain_deadline: Option<u32>,
-    /// Timer entries fired in one clock step (kept to reuse its allocation).
-    pub fired: Vec<(ConnId, u32)>,
-    /// Publishing connections whose reads are paused until the overload clears.
-    pub held: Vec<ConnId>,
-    /// Tick of the last sweep of idle channels.
-    pub last_sweep: u32,
+    /// `GET /connections` requests gathering rows from every core.
+    pub inspects: Vec<Gathering>,
+    /// Pub/sub requests handed up by a session (kept to reuse its allocation).
+    requests: Vec<ClientOp>,
     /// Token bucket for `accept_rate` (tokens, last refill in ms).
     rate: (f64, u64),
-    start: Instant,
 }
 
 impl CoreState {
-    /// Fresh state for core `me`.
-    pub fn new(me: usize, shared: Arc<Shared>, bus: Endpoint, start: Instant) -> CoreState {
+    /// Fresh state for core `me`; `start` is the process's clock origin.
+    pub fn new(me: usize, shared: Arc<Shared>, ep: Endpoint, start: Instant) -> CoreState {
         let cfg = &shared.config;
-        let dedup = super::home::Dedup::new(cfg.dedup.window_ms, (cfg.dedup.max_entries / shared.cores).max(1));
         CoreState {
             me,
-            homes: Homes::new(shared.cores, dedup),
-            conns: Slab::new(),
-            next_gen: 0,
+            conns: Conns::default(),
             local: LocalChannels::default(),
-            local_q: VecDeque::new(),
-            bus,
-            wheel: TimerWheel::new(4096, 0),
-            dirty: Vec::new(),
+            broker: Box::new(MemoryBroker::new(shared.clone())),
+            router: Router::new(me, ep, shared.clone()),
+            clock: Clock { start, wheel: TimerWheel::new(4096, 0), fired: Vec::new(), last_sweep: 0, cfg: SessionConfig::new(cfg) },
+            drain: Drain::default(),
             active_chan: None,
-            draining: false,
-            accept_waker: None,
-            tick_waker: None,
-            drain_done: false,
-            drain_deadline: None,
-            fired: Vec::new(),
-            held: Vec::new(),
-            last_sweep: 0,
+            inspects: Vec::new(),
+            requests: Vec::new(),
             rate: (cfg.accept_rate as f64, 0),
-            start,
             shared,
         }
     }
@@ -106,71 +169,230 @@ impl CoreState {
         &self.shared.metrics[self.me]
     }
 
-    /// Milliseconds since the core started.
-    pub fn now_ms(&self) -> u64 {
-        self.start.elapsed().as_millis() as u64
+    /// The session `id`, if it is still the same connection.
+    pub fn conn(&mut self, id: ConnId) -> Option<&mut Session> {
+        self.conns.get(id)
     }
 
-    /// Current tick ([`TICK_MS`] each).
-    pub fn now_tick(&self) -> u32 {
-        (self.now_ms() / TICK_MS) as u32
+    /// Runs `f` on session `id` at the current tick, then files its deadline in the timer
+    /// wheel when it moved, and lists it for the next flush when it has bytes to send.
+    /// `None` when the connection is gone.
+    pub fn with_session<R>(&mut self, id: ConnId, f: impl FnOnce(&mut Session, &Ctx) -> R) -> Option<R> {
+        let now = self.clock.now();
+        self.with_session_at(id, now, f)
     }
 
-    /// Milliseconds → ticks, rounded up.
-    pub fn ticks(ms: u64) -> u32 {
-        ms.div_ceil(TICK_MS) as u32
+    /// [`CoreState::with_session`] at a tick the caller read once for many sessions (a
+    /// fan-out chunk), sparing a clock read per delivery.
+    pub fn with_session_at<R>(&mut self, id: ConnId, now: Tick, f: impl FnOnce(&mut Session, &Ctx) -> R) -> Option<R> {
+        let ctx = Ctx { now, cfg: &self.clock.cfg, metrics: &self.shared.metrics[self.me] };
+        let s = session(&mut self.conns.slab, id)?;
+        let r = f(s, &ctx);
+        let due = s.poll_timeout();
+        if due != s.armed {
+            s.armed = due;
+            self.clock.wheel.schedule(id, due);
+        }
+        if !s.queue.is_empty() && !s.flags.has(Flags::DIRTY) {
+            s.flags.set(Flags::DIRTY);
+            self.conns.dirty.push(id);
+        }
+        Some(r)
     }
 
     /// Registers a freshly accepted socket; returns its id.
     pub fn insert_conn(&mut self, fd: std::os::fd::RawFd) -> ConnId {
-        self.next_gen = self.next_gen.wrapping_add(1);
-        let now = self.now_tick();
-        let gen = self.next_gen;
-        let key = self.conns.insert(Conn::new(gen, fd, now)) as u32;
+        self.conns.next_gen = self.conns.next_gen.wrapping_add(1);
+        let gen = self.conns.next_gen;
+        let s = Session::new(gen, fd, self.clock.now(), &self.clock.cfg);
+        let due = s.poll_timeout();
+        let key = self.conns.slab.insert(s) as u32;
         let id = ConnId { key, gen };
-        let due = now + Self::ticks(self.shared.config.limits.handshake_timeout_ms);
-        self.schedule(id, due);
+        if let Some(s) = self.conn(id) {
+            s.armed = due;
+        }
+        self.clock.wheel.schedule(id, due);
         id
     }
 
-    /// The connection `id`, if it is still the same one.
-    pub fn conn(&mut self, id: ConnId) -> Option<&mut Conn> {
-        self.conns.get_mut(id.key as usize).filter(|c| c.gen == id.gen)
+    /// The socket of `id` is readable: reads what it has into the core's scratch buffer and
+    /// feeds it to the session.
+    pub fn on_readable(&mut self, id: ConnId, fd: std::os::fd::RawFd) {
+        SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            for _ in 0..READS_PER_WAKE {
+                let n = match sock::recv(fd, &mut scratch) {
+                    Ok(0) => return self.end(id, ReapReason::Eof),
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                    Err(_) => return self.end(id, ReapReason::Reset),
+                };
+                self.on_bytes(id, &scratch[..n]);
+                if self.conn(id).is_none_or(|s| s.is_closed()) || n < scratch.len() {
+                    return;
+                }
+            }
+        })
     }
 
-    /// Moves `id`'s single timer entry to tick `due`.
-    pub fn schedule(&mut self, id: ConnId, due: u32) {
-        if let Some(c) = self.conn(id) {
-            c.timer_due = due;
-            self.wheel.schedule(id, due);
+    /// Ends `id` at once (EOF, socket error).
+    pub fn end(&mut self, id: ConnId, why: ReapReason) {
+        if let Some(s) = self.conn(id) {
+            s.handle_eof(why);
         }
     }
 
-    /// Sends `msg` to core `dst`: in order through the bus, or through the local queue when
-    /// `dst` is this core (so same-core work is ordered exactly like cross-core work).
-    pub fn route(&mut self, dst: usize, msg: CoreMsg) {
-        if dst == self.me {
-            self.local_q.push_back(msg);
-            self.shared.doorbells[self.me].ring();
-        } else {
-            let d = self.bus.send(dst, msg);
-            if d > 0 {
-                self.metrics().bus_spilled.fetch_add(d, Relaxed);
+    /// Bytes read from `id`: the session decodes them; the core serves what it hands up
+    /// (HTTP requests, pub/sub requests) and writes the answers.
+    pub fn on_bytes(&mut self, id: ConnId, data: &[u8]) {
+        let mut requests = std::mem::take(&mut self.requests);
+        let Some(state) = self.with_session(id, |s, ctx| {
+            s.handle_bytes(ctx, data, &mut requests);
+            s.state()
+        }) else {
+            return;
+        };
+        if let State::Http(_) = state {
+            self.serve_pending(id);
+        }
+        for op in requests.drain(..) {
+            self.dispatch(id, op);
+        }
+        self.requests = requests;
+        self.flush(id);
+    }
+
+    /// One pub/sub request of connection `id`.
+    fn dispatch(&mut self, id: ConnId, op: ClientOp) {
+        match op {
+            ClientOp::Sub { ch, from, epoch } => self.client_sub(id, &ch, from, epoch),
+            ClientOp::Unsub { ch } => self.client_unsub(id, &ch),
+            ClientOp::Pub { ch, id: pub_id, data } => {
+                let data = Bytes::copy_from_slice(data.get().as_bytes());
+                self.publish(id, &ch, Some(pub_id.into_boxed_str()), data);
             }
         }
     }
 
-    /// Whether publishers should pause: some core-to-core queue is full (its sender spills)
-    /// or this core's own queue holds more than a bus queue's worth. Publishers that keep
-    /// writing then stop being read until it clears, so an offered load above capacity turns
-    /// into backpressure on the publishers instead of a growing backlog.
-    pub fn overloaded(&self) -> bool {
-        self.local_q.len() > super::bus::QUEUE_CAPACITY || self.shared.metrics.iter().any(|m| m.bus_spilled.load(Relaxed) > 0)
+    /// A publish by connection `reply` (a WebSocket `pub` or an HTTP publish).
+    pub fn publish(&mut self, reply: ConnId, ch: &str, id: Option<Box<str>>, data: Bytes) {
+        if let Some(s) = self.conn(reply) {
+            s.flags.set(Flags::PUBLISHER);
+        }
+        let reply = Some(ConnRef { core: self.me as u16, id: reply });
+        self.broker.request(&mut self.router, Request::Publish { ch: ch.into(), id, data, reply });
     }
 
-    /// Home core of channel `ch`.
-    pub fn home(&self, ch: &str) -> usize {
-        home_of(ch, self.shared.cores)
+    /// Hands a fetch of the next replay batch of `conn` to the broker.
+    pub fn fetch(&mut self, conn: ConnId, f: Fetch) {
+        let conn = ConnRef { core: self.me as u16, id: conn };
+        self.broker.request(&mut self.router, Request::Fetch { ch: f.ch, conn, after: f.after, until: f.until });
+    }
+
+    /// Queues a reply frame on `id` and writes it at once.
+    pub fn reply(&mut self, id: ConnId, frame: Bytes) {
+        self.with_session(id, |s, ctx| s.reply(ctx, frame));
+        self.flush(id);
+    }
+
+    /// Writes what `id` has queued, refilling from a resume replay as the socket takes it;
+    /// half-closes TCP when the session is finishing. On a full socket the connection's task
+    /// is asked to wait for writability; on an error the connection is reaped.
+    pub fn flush(&mut self, id: ConnId) {
+        let now = self.clock.now();
+        let mut fetch = None;
+        let ctx = Ctx { now, cfg: &self.clock.cfg, metrics: &self.shared.metrics[self.me] };
+        let Some(s) = session(&mut self.conns.slab, id) else { return };
+        s.flags.clear(Flags::DIRTY);
+        if s.flags.has(Flags::WANT_WRITE) {
+            return;
+        }
+        loop {
+            let written = {
+                let mut iov = [IoSlice::new(&[]); MAX_IOV];
+                let n = s.poll_transmit(&mut iov);
+                if n == 0 {
+                    // Everything is written: a resume replay refills the queue.
+                    let (queued, f) = s.pump_replay(&ctx);
+                    fetch = fetch.or(f);
+                    if queued {
+                        continue;
+                    }
+                    break;
+                }
+                sock::send(s.fd, &iov[..n])
+            };
+            match written {
+                Ok(n) => s.transmitted(n, now),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    s.flags.set(Flags::WANT_WRITE);
+                    s.wake();
+                    break;
+                }
+                Err(_) => {
+                    s.kill(ReapReason::Reset);
+                    break;
+                }
+            }
+        }
+        if s.poll_fin(&ctx) {
+            sock::shutdown_write(s.fd);
+        }
+        let due = s.poll_timeout();
+        if due != s.armed {
+            s.armed = due;
+            self.clock.wheel.schedule(id, due);
+        }
+        if let Some(f) = fetch {
+            self.fetch(id, f);
+        }
+    }
+
+    /// Flushes every connection queued to in this pass.
+    pub fn flush_dirty(&mut self) {
+        // Taken out (and given back, to keep its capacity) because flushing may queue more.
+        let mut dirty = std::mem::take(&mut self.conns.dirty);
+        for id in dirty.drain(..) {
+            self.flush(id);
+        }
+        if self.conns.dirty.is_empty() {
+            self.conns.dirty = dirty;
+        }
+    }
+
+    /// A deadline filed for `id` at tick `due` came.
+    pub fn on_timer(&mut self, id: ConnId, due: Tick) {
+        if !self.conn(id).is_some_and(|s| s.armed == due) {
+            return; // the deadline moved, or the slot holds another connection
+        }
+        let drain = self.shared.drain_code();
+        self.with_session(id, |s, ctx| s.handle_timeout(ctx, drain, &mut rand::rng()));
+    }
+
+    /// Removes connection `id` and every trace of it: subscriptions, queue, gauge.
+    pub fn teardown(&mut self, id: ConnId) {
+        if self.conn(id).is_none() {
+            return;
+        }
+        let s = self.conns.slab.remove(id.key as usize);
+        let metrics = &self.shared.metrics[self.me];
+        let why = s.reap_reason().unwrap_or(ReapReason::Eof);
+        if s.flags.has(Flags::UPGRADED) {
+            metrics.connections.fetch_sub(1, Relaxed);
+            self.shared.open.fetch_sub(1, Relaxed);
+            metrics.reaped(why);
+            if why.is_abnormal() {
+                metrics.close(CloseCode::Abnormal);
+            }
+            if s.flags.has(Flags::DRAIN) {
+                metrics.drain_remaining.fetch_sub(1, Relaxed);
+            }
+        } else if why == ReapReason::HandshakeTimeout {
+            metrics.reaped(why);
+        }
+        for e in s.subs {
+            self.drop_sub(e);
+        }
     }
 
     /// One token of the `accept_rate` bucket (always granted when the rate is 0).
@@ -179,289 +401,46 @@ impl CoreState {
         if per_s <= 0.0 {
             return true;
         }
-        let now = self.now_ms();
+        let now = self.clock.now_ms();
         let (tokens, last) = self.rate;
         let tokens = (tokens + (now - last) as f64 * per_s / 1000.0).min(per_s.max(1.0));
         self.rate = if tokens >= 1.0 { (tokens - 1.0, now) } else { (tokens, now) };
         tokens >= 1.0
     }
 
-    /// Queues `frame` on `id` under the overflow policy `policy` (`None` for replies, which
-    /// overflow like `disconnect`). Returns false if it was not queued.
-    pub fn enqueue(&mut self, id: ConnId, frame: Bytes, chan: u32, policy: Option<Overflow>) -> bool {
-        let limits = &self.shared.config.limits;
-        let (max_bytes, max_msgs) = (limits.queue_max_bytes, limits.queue_max_messages);
-        let metrics = &self.shared.metrics[self.me];
-        let Some(c) = self.conns.get_mut(id.key as usize).filter(|c| c.gen == id.gen) else { return false };
-        if !c.phase.can_write() {
-            return false;
-        }
-        if c.replays.is_some() && chan != NO_CHAN {
-            let policy = policy.unwrap_or(Overflow::Disconnect);
-            match hold_for_replay(c, chan, &frame, policy, max_bytes, max_msgs) {
-                Some(Held::Queued) => return true,
-                Some(Held::Overflow) => {
-                    metrics.overflow(0, c.out_bytes as u64);
-                    self.close_by_us(id, 1013, SLOW_REPLAY_REASON, ReapReason::Overflow);
-                    return false;
-                }
-                None => {}
-            }
-        }
-        let fits = |c: &Conn, extra: usize| c.out.len() < max_msgs && c.out_bytes + extra <= max_bytes;
-        if !fits(c, frame.len()) {
-            match policy.unwrap_or(Overflow::Disconnect) {
-                Overflow::Disconnect => {
-                    metrics.overflow(0, c.out_bytes as u64);
-                    let reason = format!("{{\"reason\":\"slow\",\"limit\":\"queue_max_bytes={max_bytes},queue_max_messages={max_msgs}\",\"retry_after_ms\":1000}}");
-                    self.close_by_us(id, 1013, &reason, ReapReason::Overflow);
-                    return false;
-                }
-                Overflow::DropOldest => {
-                    metrics.overflow(1, c.out_bytes as u64);
-                    // The front may be partly written: never drop it.
-                    let mut i = 1;
-                    while !fits(c, frame.len()) && i < c.out.len() {
-                        if c.out[i].chan == chan {
-                            let o = c.out.remove(i).expect("index checked");
-                            c.out_bytes -= o.frame.len();
-                        } else {
-                            i += 1;
-                        }
-                    }
-                    if !fits(c, frame.len()) {
-                        return false;
-                    }
-                }
-                Overflow::Conflate => {
-                    metrics.overflow(2, c.out_bytes as u64);
-                    let start = if c.out_offset > 0 { 1 } else { 0 };
-                    let pos = (start..c.out.len()).rev().find(|&i| c.out[i].chan == chan);
-                    match pos {
-                        Some(i) => {
-                            c.out_bytes = c.out_bytes - c.out[i].frame.len() + frame.len();
-                            c.out[i].frame = frame;
-                            return true;
-                        }
-                        None => return false,
-                    }
-                }
-            }
-        }
-        c.push(frame, chan);
-        if c.flags & DIRTY == 0 {
-            c.flags |= DIRTY;
-            self.dirty.push(id);
-        }
-        true
-    }
-
-    /// Queues a reply (ack, error, pong, subscribed …) and writes it at once.
-    pub fn reply(&mut self, id: ConnId, frame: Bytes) {
-        if self.enqueue(id, frame, NO_CHAN, None) {
-            self.flush(id);
-        }
-    }
-
-    /// Writes what `id` has queued; on a full socket the task is asked to wait for
-    /// writability; on an error the connection is reaped.
-    pub fn flush(&mut self, id: ConnId) {
-        let now = self.now_tick();
-        let Some(c) = self.conn(id) else { return };
-        c.flags &= !DIRTY;
-        if c.flags & WANT_WRITE != 0 {
-            return;
-        }
-        let mut r = c.flush();
-        // A resume replay refills the queue each time the socket has taken all of it.
-        while matches!(r, Ok(true)) && self.pump_replay(id) {
-            let Some(again) = self.conn(id) else { return };
-            again.flags &= !DIRTY;
-            r = again.flush();
-        }
-        let Some(c) = self.conn(id) else { return };
-        match r {
-            Ok(true) => {
-                c.last_drained = now;
-                if c.phase == Phase::Flushing {
-                    // SAFETY: fd is open while the entry exists.
-                    unsafe { libc::shutdown(c.fd, libc::SHUT_WR) };
-                    c.phase = Phase::Lingering;
-                    c.reap.get_or_insert(ReapReason::Close);
-                    let due = now + Self::ticks(self.shared.config.limits.close_timeout_ms);
-                    self.schedule(id, due);
-                }
-            }
-            Ok(false) => {
-                c.flags |= WANT_WRITE;
-                c.wake();
-            }
-            Err(_) => c.kill(ReapReason::Reset),
-        }
-    }
-
-    /// Flushes every connection queued to in this pass.
-    pub fn flush_dirty(&mut self) {
-        // Taken out (and given back, to keep its capacity) because flushing may queue more.
-        let mut dirty = std::mem::take(&mut self.dirty);
-        for id in dirty.drain(..) {
-            self.flush(id);
-        }
-        if self.dirty.is_empty() {
-            self.dirty = dirty;
-        }
-    }
-
-    /// Fails the connection (RFC 6455 §7.1.7): sends a close frame with `code`, then FIN once
-    /// it is written, without waiting for the peer's close.
-    pub fn fail(&mut self, id: ConnId, code: u16, reason: &str) {
-        let shared = self.shared.clone();
-        let Some(c) = self.conn(id) else { return };
-        if !c.phase.can_write() {
-            c.kill(ReapReason::Protocol);
-            return;
-        }
-        c.push(codec::close_frame(code, reason), NO_CHAN);
-        c.phase = Phase::Flushing;
-        c.reap = Some(ReapReason::Protocol);
-        shared.metrics[self.me].close(code);
-        let due = self.now_tick() + Self::ticks(shared.config.limits.close_timeout_ms);
-        self.schedule(id, due);
-        self.flush(id);
-    }
-
-    /// Starts the close handshake from our side (RFC 6455 §7.1.2): the close frame goes out
-    /// (ahead of queued data when `why` is an overflow), then we wait for the peer's close
-    /// until `limits.close_timeout_ms`.
-    pub fn close_by_us(&mut self, id: ConnId, code: u16, reason: &str, why: ReapReason) {
-        let due = self.now_tick() + Self::ticks(self.shared.config.limits.close_timeout_ms);
-        let shared = self.shared.clone();
-        let metrics = &shared.metrics[self.me];
-        let Some(c) = self.conn(id) else { return };
-        if !c.phase.can_write() {
-            return;
-        }
-        if why == ReapReason::Overflow {
-            c.clear_queue();
-        }
-        c.push(codec::close_frame(code, reason), NO_CHAN);
-        c.phase = Phase::ClosingByUs;
-        c.reap = Some(why);
-        metrics.close(code);
-        self.schedule(id, due);
-        self.flush(id);
-    }
-
-    /// A client `pub` (or an HTTP publish when `reply` names an HTTP connection).
-    pub fn client_pub(&mut self, reply: ConnId, ch: &str, id: Option<Box<str>>, data: Bytes) {
-        if let Some(c) = self.conn(reply) {
-            c.flags |= PUBLISHER;
-        }
-        let home = self.home(ch);
-        let msg = CoreMsg::Publish { ch: ch.into(), id, data, reply: Some(ConnRef { core: self.me as u16, id: reply }) };
-        self.route(home, msg);
-    }
-
-    /// Removes connection `id` and every trace of it: subscriptions, queue, gauge.
-    pub fn teardown(&mut self, id: ConnId) {
-        if self.conn(id).is_none() {
-            return;
-        }
-        let c = self.conns.remove(id.key as usize);
-        let metrics = &self.shared.metrics[self.me];
-        if c.flags & UPGRADED != 0 {
-            metrics.connections.fetch_sub(1, Relaxed);
-            self.shared.open.fetch_sub(1, Relaxed);
-            let why = c.reap.unwrap_or(ReapReason::Eof);
-            metrics.reaped(why);
-            if matches!(why, ReapReason::Reset | ReapReason::Eof | ReapReason::PongTimeout) {
-                metrics.close(1006);
-            }
-            if c.flags & DRAIN != 0 {
-                metrics.drain_remaining.fetch_sub(1, Relaxed);
-            }
-        } else if c.reap == Some(ReapReason::HandshakeTimeout) {
-            metrics.reaped(ReapReason::HandshakeTimeout);
-        }
-        for e in c.subs {
-            self.drop_sub(e);
-        }
-    }
-
-    /// Handles one message from the bus or the local queue, except `Deliver` (the processor
-    /// walks subscriber lists itself so it can yield between chunks).
+    /// Handles one message for this core, except `Deliver` (the processor walks subscriber
+    /// lists itself so it can yield between chunks).
     pub fn handle(&mut self, msg: CoreMsg) {
         match msg {
-            CoreMsg::Publish { ch, id, data, reply } => {
-                let cap = self.shared.config.channel_rule(&ch).history;
-                let now = self.now_ms();
-                let (p, name) = self.homes.publish(&ch, id.as_deref(), &data, cap, now);
-                let metrics = &self.shared.metrics[self.me];
-                match p.frame {
-                    Some(frame) => {
-                        metrics.published.fetch_add(1, Relaxed);
-                        let cores: Vec<usize> = self.homes.get(&ch).map(|c| c.interested().collect()).unwrap_or_default();
-                        for core in cores {
-                            self.route(core, CoreMsg::Deliver { ch: name.clone(), seq: p.seq, frame: frame.clone() });
-                        }
-                    }
-                    None => {
-                        metrics.publish_duplicates.fetch_add(1, Relaxed);
-                    }
-                }
-                if let Some(r) = reply {
-                    let result = PublishResult::Stored { seq: p.seq };
-                    self.route(r.core as usize, CoreMsg::Published { reply: r, ch: name, id, result });
-                }
-            }
             CoreMsg::Published { reply, ch, id, result } => {
-                let Some(c) = self.conn(reply.id) else { return };
-                if c.phase == Phase::Http {
-                    c.reply = Some(Box::new(HttpWait::Publish(result)));
-                    c.flags |= REPLY_READY;
-                    c.wake();
-                    return;
+                let Some(s) = self.conn(reply.id) else { return };
+                if let Some(keep_alive) = s.awaiting() {
+                    return self.answer_publish(reply.id, result, keep_alive);
                 }
                 let json = match &result {
                     PublishResult::Stored { seq } => protocol::ack_json(id.as_deref().unwrap_or(""), &ch, *seq),
                     PublishResult::Refused(e) => protocol::error_json(e.code, &e.reason, id.as_deref()),
                 };
-                self.reply(reply.id, codec::encode_frame(0x1, &json));
-            }
-            CoreMsg::Subscribe { ch, conn, from, epoch } => {
-                let cap = self.shared.config.channel_rule(&ch).history;
-                let (name, head, ep, resume) = self.homes.subscribe(&ch, conn.core as usize, from, epoch.as_deref(), cap);
-                self.route(conn.core as usize, CoreMsg::Subscribed { ch: name, conn: conn.id, head, epoch: ep, resume });
+                self.reply(reply.id, codec::text_frame(&json));
             }
             CoreMsg::Subscribed { ch, conn, head, epoch, resume } => self.subscribed(&ch, conn, head, &epoch, resume),
-            CoreMsg::Unsubscribe { ch, core } => self.homes.unsubscribe(&ch, core as usize),
-            CoreMsg::ReplayFetch { ch, conn, after, until } => {
-                let (frames, evicted) = match self.homes.replay_batch(&ch, after, until) {
-                    Ok(f) => (f, None),
-                    Err(oldest) => (Vec::new(), Some(oldest)),
-                };
-                self.route(conn.core as usize, CoreMsg::ReplayBatch { ch, conn: conn.id, frames, evicted });
+            CoreMsg::ReplayBatch { ch, conn, frames, evicted } => {
+                if let Some(Some(f)) = self.with_session(conn, |s, ctx| s.replay_batch(ctx, &ch, frames, evicted)) {
+                    self.fetch(conn, f);
+                }
+                self.flush(conn);
             }
-            CoreMsg::ReplayBatch { ch, conn, frames, evicted } => self.replay_batch(conn, &ch, frames, evicted),
             CoreMsg::Inspect { reply, top } => {
                 let rows = self.inspect(top);
-                self.route(reply.core as usize, CoreMsg::Inspected { reply, rows });
+                self.router.to_core(reply.core as usize, CoreMsg::Inspected { reply, rows });
             }
-            CoreMsg::Inspected { reply, rows: more } => {
-                let Some(c) = self.conn(reply.id) else { return };
-                if let Some(HttpWait::Inspect { missing, top, rows }) = c.reply.as_deref_mut() {
-                    rows.extend(more);
-                    *missing -= 1;
-                    if *missing == 0 {
-                        rows.sort_by(|a, b| b.queued_bytes.cmp(&a.queued_bytes));
-                        rows.truncate(*top);
-                        c.flags |= REPLY_READY;
-                        c.wake();
-                    }
-                }
-            }
+            CoreMsg::Inspected { reply, rows } => self.inspected(reply.id, rows),
             CoreMsg::Deliver { .. } => unreachable!("the processor walks deliveries itself"),
         }
     }
 
+    /// Milliseconds → ticks, rounded up.
+    pub fn ticks(ms: u64) -> Tick {
+        ticks(ms)
+    }
 }

@@ -1,17 +1,17 @@
 //! Plain HTTP on the WebSocket port: the upgrade itself (`GET /ws`, `GET /echo`) and the API
-//! (`POST /publish/{channel}`, `/healthz`, `/readyz`, `/metrics`). HTTP/1.1 keep-alive and
-//! pipelining are honoured; an upgraded connection leaves this module for good.
+//! (`POST /publish/{channel}`, `/healthz`, `/readyz`, `/metrics`, `/connections`). HTTP/1.1
+//! keep-alive and pipelining are honoured; an upgraded connection leaves this module for good.
+//! The session parses requests ([`Session::next_request`](super::session::Session::next_request));
+//! this module routes them and answers.
 
 use std::sync::atomic::Ordering::Relaxed;
 
 use bytes::Bytes;
 
-use super::bus::{HttpWait, PublishResult};
-use super::conn::on_ws_bytes;
-use super::conn_state::*;
+use super::bus::{ConnRow, PublishResult};
 use super::core::CoreState;
 use super::metrics::{self, HandshakeFailure};
-use super::tick::first_ping;
+use super::session::{ConnId, State};
 use crate::http;
 use crate::protocol;
 use crate::ws::handshake::{self, HttpError, Method, Request};
@@ -19,212 +19,161 @@ use crate::ws::handshake::{self, HttpError, Method, Request};
 /// `Retry-After` (seconds) sent with 503 answers to upgrades refused for capacity or rate.
 const RETRY_AFTER_S: &str = "1";
 
-/// Bytes arrived on a connection still speaking HTTP.
-pub fn on_bytes(st: &mut CoreState, id: ConnId, data: &[u8]) {
-    if let Some(c) = st.conn(id) {
-        c.pending_in.extend_from_slice(data);
-    }
-    serve_pending(st, id);
-}
-
-/// The home core answered an HTTP publish.
-pub fn on_reply(st: &mut CoreState, id: ConnId) {
-    let Some(c) = st.conn(id) else { return };
-    c.flags &= !(REPLY_READY | AWAITING);
-    let keep_alive = c.flags & KEEP_ALIVE != 0;
-    let resp = match c.reply.take().map(|b| *b) {
-        Some(HttpWait::Publish(PublishResult::Stored { seq })) => {
-            http::response(200, "application/json", &protocol::seq_json(seq), &[], keep_alive)
-        }
-        Some(HttpWait::Publish(PublishResult::Refused(e))) => http::error_response(409, &e.reason, &[], keep_alive),
-        Some(HttpWait::Inspect { rows, .. }) => {
-            let body = serde_json::to_vec(&serde_json::json!({ "connections": rows })).unwrap_or_default();
-            http::response(200, "application/json", &body, &[], keep_alive)
-        }
-        None => return,
-    };
-    send(st, id, resp, keep_alive);
-    serve_pending(st, id);
-}
-
-/// Answers pipelined requests held back while earlier answers waited for the socket.
-pub fn resume(st: &mut CoreState, id: ConnId) {
-    if st.conn(id).is_some_and(|c| c.phase == Phase::Http && c.flags & WANT_WRITE == 0) {
-        serve_pending(st, id);
-    }
-}
-
-/// Parses and answers every complete request held by the connection, in order, until an
-/// answer has to wait for the socket (then the rest waits too: see [`resume`]).
-fn serve_pending(st: &mut CoreState, id: ConnId) {
-    let limits = st.shared.config.limits.clone();
-    loop {
-        let Some(c) = st.conn(id) else { return };
-        let blocked = c.flags & WANT_WRITE != 0;
-        if blocked || c.flags & (AWAITING | KILL) != 0 || c.phase != Phase::Http || c.pending_in.is_empty() {
-            if c.pending_in.is_empty() && c.pending_in.capacity() > 0 {
-                c.pending_in = Vec::new();
-            }
-            return;
-        }
-        let req = match handshake::parse_request(&c.pending_in, limits.max_header_bytes) {
-            Ok(None) => return,
-            Ok(Some(r)) => r,
-            Err(e) => {
-                let why = if e.status == 431 { HandshakeFailure::HeadTooLarge } else { HandshakeFailure::BadRequest };
-                return reject(st, id, e, why, &[]);
-            }
-        };
-        let body_area = &c.pending_in[req.head_len..];
-        let (body, consumed) = if req.chunked {
-            match http::decode_chunked(body_area, limits.max_publish_bytes) {
-                Ok(None) => return,
-                Ok(Some((b, n))) => (b, req.head_len + n),
-                Err(e) => return reject(st, id, e, HandshakeFailure::BadRequest, &[]),
-            }
-        } else {
-            let len = req.content_length.unwrap_or(0);
-            if len > limits.max_publish_bytes {
-                return reject(st, id, HttpError::new(413, "request body larger than limits.max_publish_bytes"), HandshakeFailure::BadRequest, &[]);
-            }
-            if body_area.len() < len {
-                return;
-            }
-            (body_area[..len].to_vec(), req.head_len + len)
-        };
-        c.pending_in.drain(..consumed);
-        route(st, id, &req, &body);
-    }
-}
-
-fn route(st: &mut CoreState, id: ConnId, req: &Request, body: &[u8]) {
-    let keep_alive = req.keep_alive;
-    let path = req.path.as_str();
-    if path == "/ws" || (path == "/echo" && st.shared.echo) {
-        return upgrade(st, id, req, path == "/echo");
-    }
-    if let Some(ch) = path.strip_prefix("/publish/") {
-        if req.method != Method::Post {
-            return send(st, id, http::error_response(405, "use POST", &[("Allow", "POST")], keep_alive), keep_alive);
-        }
-        return publish(st, id, req, ch, body);
-    }
-    let draining = st.shared.drain_code.load(Relaxed) != 0;
-    let resp = match (req.method, path) {
-        (Method::Get | Method::Head, "/healthz") => http::response(200, "application/json", b"{\"status\":\"ok\"}", &[], keep_alive),
-        (Method::Get | Method::Head, "/readyz") if draining => {
-            http::response(503, "application/json", b"{\"status\":\"draining\"}", &[], keep_alive)
-        }
-        (Method::Get | Method::Head, "/readyz") => http::response(200, "application/json", b"{\"status\":\"ready\"}", &[], keep_alive),
-        (Method::Get, "/metrics") => {
-            let text = metrics::render(&st.shared.metrics, draining);
-            http::response(200, "text/plain; version=0.0.4", text.as_bytes(), &[], keep_alive)
-        }
-        (Method::Get, "/connections") => {
-            let top = req.query.as_deref().and_then(|q| http::query_param(q, "top")).and_then(|t| t.parse().ok()).unwrap_or(10usize);
-            if let Some(c) = st.conn(id) {
-                if keep_alive {
-                    c.flags |= KEEP_ALIVE;
-                } else {
-                    c.flags &= !KEEP_ALIVE;
+impl CoreState {
+    /// Answers every complete request the connection holds, in order, until one has to wait (for
+    /// the socket or for another core; it resumes when that answer is written).
+    pub fn serve_pending(&mut self, id: ConnId) {
+        loop {
+            let cfg = &self.clock.cfg;
+            let Some(s) = self.conns.get(id) else { return };
+            let next = s.next_request(cfg);
+            match next {
+                None => return,
+                Some(Ok((req, body))) => self.route(id, &req, &body),
+                Some(Err(e)) => {
+                    let why = match e.status {
+                        431 => HandshakeFailure::HeadTooLarge,
+                        _ => HandshakeFailure::BadRequest,
+                    };
+                    return self.reject(id, e, why, &[]);
                 }
             }
-            return st.start_inspect(id, top.min(10_000));
-        }
-        (_, "/healthz" | "/readyz" | "/metrics" | "/connections") => http::error_response(405, "use GET", &[("Allow", "GET")], keep_alive),
-        _ => http::error_response(404, "no such endpoint", &[], keep_alive),
-    };
-    send(st, id, resp, keep_alive);
-}
-
-/// `POST /publish/{channel}`: body = the JSON value that becomes `data`.
-fn publish(st: &mut CoreState, id: ConnId, req: &Request, ch: &str, body: &[u8]) {
-    let keep_alive = req.keep_alive;
-    let bad = |reason: &str| http::error_response(400, reason, &[], keep_alive);
-    let Some(ch) = http::percent_decode(ch).filter(|c| protocol::valid_channel(c)) else {
-        return send(st, id, bad("invalid channel name: 1-128 bytes of [A-Za-z0-9._:-]"), keep_alive);
-    };
-    let data = match protocol::parse_publish_body(body) {
-        Ok(d) => d,
-        Err(e) => return send(st, id, bad(&e.reason), keep_alive),
-    };
-    let key = req.idempotency_key.as_deref();
-    if key.is_some_and(|k| !protocol::valid_message_id(k)) {
-        return send(st, id, bad("Idempotency-Key must be 1-128 bytes"), keep_alive);
-    }
-    if let Some(c) = st.conn(id) {
-        c.flags |= AWAITING;
-        if keep_alive {
-            c.flags |= KEEP_ALIVE;
-        } else {
-            c.flags &= !KEEP_ALIVE;
         }
     }
-    let data = Bytes::copy_from_slice(data.get().as_bytes());
-    st.client_pub(id, &ch, key.map(Into::into), data);
-}
 
-/// RFC 6455 §4.2: validate, admit, answer 101 and switch the connection to WebSocket.
-fn upgrade(st: &mut CoreState, id: ConnId, req: &Request, echo: bool) {
-    let accept = match handshake::check_upgrade(req) {
-        Ok(a) => a,
-        Err(e) => {
-            let why = if e.status == 426 { HandshakeFailure::Version } else { HandshakeFailure::BadRequest };
-            return reject(st, id, e, why, &[]);
+    /// Answers pipelined requests held back while earlier answers waited for the socket.
+    pub fn resume_http(&mut self, id: ConnId) {
+        if self.conn(id).is_some_and(|s| matches!(s.state(), State::Http(_))) {
+            self.serve_pending(id);
         }
-    };
-    let shared = st.shared.clone();
-    let retry = [("Retry-After", RETRY_AFTER_S)];
-    if shared.drain_code.load(Relaxed) != 0 {
-        return reject(st, id, HttpError::new(503, "server is draining"), HandshakeFailure::Draining, &retry);
     }
-    if !shared.config.allowed_origins.is_empty() && !req.origin.as_ref().is_some_and(|o| shared.config.allowed_origins.contains(o)) {
-        return reject(st, id, HttpError::new(403, "origin not allowed"), HandshakeFailure::Origin, &[]);
-    }
-    if !st.take_accept_token() {
-        return reject(st, id, HttpError::new(503, "accept_rate exceeded"), HandshakeFailure::RateLimited, &retry);
-    }
-    if shared.open.fetch_add(1, Relaxed) >= shared.config.max_connections {
-        shared.open.fetch_sub(1, Relaxed);
-        return reject(st, id, HttpError::new(503, "max_connections reached"), HandshakeFailure::OverCapacity, &retry);
-    }
-    let m = st.metrics();
-    m.upgraded.fetch_add(1, Relaxed);
-    m.connections.fetch_add(1, Relaxed);
-    let Some(c) = st.conn(id) else { return };
-    c.phase = Phase::Open;
-    c.flags |= UPGRADED | if echo { ECHO } else { 0 };
-    c.push(Bytes::from(handshake::switching_protocols(&accept)), NO_CHAN);
-    first_ping(st, id);
-    st.flush(id);
-    // Frames the client sent right behind its request head.
-    if st.conn(id).is_some_and(|c| !c.pending_in.is_empty()) {
-        on_ws_bytes(st, id, &[]);
-    }
-}
 
-/// Answers a refused request and closes the connection once the answer is written.
-fn reject(st: &mut CoreState, id: ConnId, e: HttpError, why: HandshakeFailure, extra: &[(&str, &str)]) {
-    st.metrics().handshake_failure(why);
-    let resp = http::handshake_rejection(e, extra);
-    if let Some(c) = st.conn(id) {
-        c.pending_in = Vec::new();
+    /// The broker answered the HTTP publish of `id`.
+    pub fn answer_publish(&mut self, id: ConnId, result: PublishResult, keep_alive: bool) {
+        let resp = match result {
+            PublishResult::Stored { seq } => http::response(200, "application/json", &protocol::seq_json(seq), &[], keep_alive),
+            PublishResult::Refused(e) => http::error_response(409, &e.reason, &[], keep_alive),
+        };
+        self.send(id, resp, keep_alive);
+        self.serve_pending(id);
     }
-    send(st, id, resp, false);
-}
 
-/// Queues one response; without keep-alive the connection closes after it. Keep-alive
-/// connections stay open during a drain, so probes and scrapers that hold one see `/readyz`
-/// turn 503 and the drain progress in `/metrics` until the process exits.
-fn send(st: &mut CoreState, id: ConnId, resp: Vec<u8>, keep_alive: bool) {
-    let idle = st.now_tick() + CoreState::ticks(st.shared.config.limits.handshake_timeout_ms);
-    st.metrics().http_requests.fetch_add(1, Relaxed);
-    let Some(c) = st.conn(id) else { return };
-    c.push(Bytes::from(resp), NO_CHAN);
-    c.flags |= HTTP_SERVED;
-    if !keep_alive {
-        c.phase = Phase::Flushing;
+    /// Every core answered the `GET /connections` of `id`.
+    pub fn answer_inspect(&mut self, id: ConnId, rows: Vec<ConnRow>) {
+        let Some(keep_alive) = self.conn(id).and_then(|s| s.awaiting()) else { return };
+        let body = serde_json::to_vec(&serde_json::json!({ "connections": rows })).unwrap_or_default();
+        self.send(id, http::response(200, "application/json", &body, &[], keep_alive), keep_alive);
+        self.serve_pending(id);
     }
-    st.schedule(id, idle);
-    st.flush(id);
+
+    fn route(&mut self, id: ConnId, req: &Request, body: &[u8]) {
+        let keep_alive = req.keep_alive;
+        let path = req.path.as_str();
+        if path == "/ws" || (path == "/echo" && self.shared.echo) {
+            return self.upgrade(id, req, path == "/echo");
+        }
+        if let Some(ch) = path.strip_prefix("/publish/") {
+            if req.method != Method::Post {
+                return self.send(id, http::error_response(405, "use POST", &[("Allow", "POST")], keep_alive), keep_alive);
+            }
+            return self.http_publish(id, req, ch, body);
+        }
+        let draining = self.shared.draining();
+        let resp = match (req.method, path) {
+            (Method::Get | Method::Head, "/healthz") => http::response(200, "application/json", b"{\"status\":\"ok\"}", &[], keep_alive),
+            (Method::Get | Method::Head, "/readyz") if draining => {
+                http::response(503, "application/json", b"{\"status\":\"draining\"}", &[], keep_alive)
+            }
+            (Method::Get | Method::Head, "/readyz") => http::response(200, "application/json", b"{\"status\":\"ready\"}", &[], keep_alive),
+            (Method::Get, "/metrics") => {
+                let text = metrics::render(&self.shared.metrics, draining);
+                http::response(200, "text/plain; version=0.0.4", text.as_bytes(), &[], keep_alive)
+            }
+            (Method::Get, "/connections") => {
+                let top = req.query.as_deref().and_then(|q| http::query_param(q, "top")).and_then(|t| t.parse().ok()).unwrap_or(10usize);
+                if let Some(s) = self.conn(id) {
+                    s.await_answer(keep_alive);
+                }
+                return self.start_inspect(id, top.min(10_000));
+            }
+            (_, "/healthz" | "/readyz" | "/metrics" | "/connections") => http::error_response(405, "use GET", &[("Allow", "GET")], keep_alive),
+            _ => http::error_response(404, "no such endpoint", &[], keep_alive),
+        };
+        self.send(id, resp, keep_alive);
+    }
+
+    /// `POST /publish/{channel}`: body = the JSON value that becomes `data`.
+    fn http_publish(&mut self, id: ConnId, req: &Request, ch: &str, body: &[u8]) {
+        let keep_alive = req.keep_alive;
+        let bad = |reason: &str| http::error_response(400, reason, &[], keep_alive);
+        let Some(ch) = http::percent_decode(ch).filter(|c| protocol::valid_channel(c)) else {
+            return self.send(id, bad("invalid channel name: 1-128 bytes of [A-Za-z0-9._:-]"), keep_alive);
+        };
+        let data = match protocol::parse_publish_body(body) {
+            Ok(d) => d,
+            Err(e) => return self.send(id, bad(&e.reason), keep_alive),
+        };
+        let key = req.idempotency_key.as_deref();
+        if key.is_some_and(|k| !protocol::valid_message_id(k)) {
+            return self.send(id, bad("Idempotency-Key must be 1-128 bytes"), keep_alive);
+        }
+        if let Some(s) = self.conn(id) {
+            s.await_answer(keep_alive);
+        }
+        let data = Bytes::copy_from_slice(data.get().as_bytes());
+        self.publish(id, &ch, key.map(Into::into), data);
+    }
+
+    /// RFC 6455 §4.2: validate, admit, answer 101 and switch the connection to WebSocket.
+    fn upgrade(&mut self, id: ConnId, req: &Request, echo: bool) {
+        let accept = match handshake::check_upgrade(req) {
+            Ok(a) => a,
+            Err(e) => {
+                let why = if e.status == 426 { HandshakeFailure::Version } else { HandshakeFailure::BadRequest };
+                return self.reject(id, e, why, &[]);
+            }
+        };
+        let shared = self.shared.clone();
+        let retry = [("Retry-After", RETRY_AFTER_S)];
+        if shared.draining() {
+            return self.reject(id, HttpError::new(503, "server is draining"), HandshakeFailure::Draining, &retry);
+        }
+        if !shared.config.origin_allowed(req.origin.as_deref()) {
+            return self.reject(id, HttpError::new(403, "origin not allowed"), HandshakeFailure::Origin, &[]);
+        }
+        if !self.take_accept_token() {
+            return self.reject(id, HttpError::new(503, "accept_rate exceeded"), HandshakeFailure::RateLimited, &retry);
+        }
+        if shared.open.fetch_add(1, Relaxed) >= shared.config.max_connections {
+            shared.open.fetch_sub(1, Relaxed);
+            return self.reject(id, HttpError::new(503, "max_connections reached"), HandshakeFailure::OverCapacity, &retry);
+        }
+        let m = self.metrics();
+        m.upgraded.fetch_add(1, Relaxed);
+        m.connections.fetch_add(1, Relaxed);
+        let pending = self.with_session(id, |s, ctx| {
+            s.upgrade(ctx, handshake::switching_protocols(&accept), echo, &mut rand::rng());
+            s.has_pending_input()
+        });
+        self.flush(id);
+        // Frames the client sent right behind its request head.
+        if pending == Some(true) {
+            self.on_bytes(id, &[]);
+        }
+    }
+
+    /// Answers a refused request and closes the connection once the answer is written.
+    fn reject(&mut self, id: ConnId, e: HttpError, why: HandshakeFailure, extra: &[(&str, &str)]) {
+        self.metrics().handshake_failure(why);
+        self.send(id, http::handshake_rejection(e, extra), false);
+    }
+
+    /// Queues one response; without keep-alive the connection closes after it. Keep-alive
+    /// connections stay open during a drain, so probes and scrapers that hold one see `/readyz`
+    /// turn 503 and the drain progress in `/metrics` until the process exits.
+    fn send(&mut self, id: ConnId, resp: Vec<u8>, keep_alive: bool) {
+        self.metrics().http_requests.fetch_add(1, Relaxed);
+        self.with_session(id, |s, ctx| s.respond(ctx, resp, keep_alive));
+        self.flush(id);
+    }
 }

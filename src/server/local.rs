@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use slab::Slab;
 
-use super::conn_state::{ConnId, SubEntry};
+use super::session::{ConnId, SubEntry};
 use crate::config::Overflow;
 
 /// One channel as seen by one core.

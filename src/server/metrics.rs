@@ -7,6 +7,9 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 
+use super::session::reap::ReapReason;
+use crate::ws::codec::CloseCode;
+
 /// Close codes counted individually in `tether_closes_total{code}`; anything else is `other`.
 pub const CLOSE_CODES: [u16; 12] = [1000, 1001, 1002, 1003, 1006, 1007, 1008, 1009, 1011, 1012, 1013, 1014];
 
@@ -38,33 +41,6 @@ pub enum HandshakeFailure {
 const FAILURE_NAMES: [&str; 9] =
     ["bad_request", "version", "head_too_large", "timeout", "over_capacity", "rate_limited", "origin", "draining", "aborted"];
 
-/// Why a connection was reaped: the `reason` label of `tether_reaped_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(usize)]
-pub enum ReapReason {
-    /// Close handshake completed (either side started it).
-    Close = 0,
-    /// The peer reset the connection or a socket error occurred.
-    Reset,
-    /// The peer closed TCP without a close frame.
-    Eof,
-    /// No frame within `heartbeat.pong_timeout_ms` of a ping.
-    PongTimeout,
-    /// Outbound queue overflow with the `disconnect` policy (close 1013).
-    Overflow,
-    /// The peer never finished the close handshake we started.
-    CloseTimeout,
-    /// The peer violated RFC 6455 (close 1002/1007/1009).
-    Protocol,
-    /// Server drain on shutdown.
-    Drain,
-    /// No complete request head within `limits.handshake_timeout_ms` (never upgraded).
-    HandshakeTimeout,
-}
-
-const REAP_NAMES: [&str; 9] =
-    ["close", "reset", "eof", "pong_timeout", "overflow", "close_timeout", "protocol", "drain", "handshake_timeout"];
-
 /// Overflow policies, the `policy` label of `tether_overflow_total`.
 pub const OVERFLOW_POLICIES: [&str; 3] = ["disconnect", "drop-oldest", "conflate"];
 
@@ -83,7 +59,7 @@ pub struct CoreMetrics {
     pub upgraded: AtomicU64,
     closes: [AtomicU64; CLOSE_CODES.len() + 1],
     handshake_failures: [AtomicU64; FAILURE_NAMES.len()],
-    reaped: [AtomicU64; REAP_NAMES.len()],
+    reaped: [AtomicU64; ReapReason::ALL.len()],
     overflow: [AtomicU64; OVERFLOW_POLICIES.len()],
     overflow_queue_bytes: [AtomicU64; QUEUE_BUCKETS.len()],
     overflow_queue_bytes_sum: AtomicU64,
@@ -105,7 +81,8 @@ pub struct CoreMetrics {
 
 impl CoreMetrics {
     /// Counts one close frame sent or received with `code` (1006 for an abnormal end).
-    pub fn close(&self, code: u16) {
+    pub fn close(&self, code: CloseCode) {
+        let code = u16::from(code);
         let i = CLOSE_CODES.iter().position(|&c| c == code).unwrap_or(CLOSE_CODES.len());
         self.closes[i].fetch_add(1, Relaxed);
     }
@@ -176,7 +153,7 @@ pub fn render(cores: &[CoreMetrics], draining: bool) -> String {
     counter(&mut out, "tether_handshake_failures_total", "counter", "Requests refused before or instead of an upgrade.",
         labelled(&FAILURE_NAMES, "reason", &|m, i| m.handshake_failures[i].load(Relaxed)));
     counter(&mut out, "tether_reaped_total", "counter", "Connections reaped, by reason.",
-        labelled(&REAP_NAMES, "reason", &|m, i| m.reaped[i].load(Relaxed)));
+        labelled(&ReapReason::ALL.map(ReapReason::as_str), "reason", &|m, i| m.reaped[i].load(Relaxed)));
     counter(&mut out, "tether_overflow_total", "counter", "Outbound queue overflows, by policy.",
         labelled(&OVERFLOW_POLICIES, "policy", &|m, i| m.overflow[i].load(Relaxed)));
     let _ = writeln!(out, "# HELP tether_overflow_queue_bytes Outbound queue size at overflow.\n# TYPE tether_overflow_queue_bytes histogram");

@@ -8,39 +8,46 @@
 //! ([`bus`]).
 //!
 //! # Layout
-//! - [`bus`]: the queues between cores and the messages they carry.
-//! - [`core`]: one core's state and the operations on it (queueing, flushing, close, subscribe).
-//! - [`conn`]: the task of one connection (readiness, reads, WebSocket frames, requests).
-//! - [`conn_state`]: the compact per-connection record and its outbound queue.
+//! - [`session`]: one connection's decisions, sans-IO: frames, the close handshake,
+//!   heartbeats, the outbound queue and its overflow policies, resume replay pacing.
+//! - [`io`]: every socket call (`recv`, `sendmsg`, `shutdown`).
+//! - [`conn`]: the I/O task of one connection (readiness in, session out).
+//! - [`core`]: one core's state: sessions, clock, drain; feeds the sessions and writes what
+//!   they queue.
 //! - [`http_api`]: the upgrade and the HTTP endpoints.
+//! - [`subscribe`]: `sub`/`unsub` and the broker's confirmation, at the subscriber's core.
 //! - [`inspect`]: `GET /connections`, gathered from every core.
-//! - [`home`]: channels at their home core: seq, epoch, history, dedup.
+//! - [`broker`]: the home side of channels behind the [`broker::Broker`] trait (seq, epoch,
+//!   history, dedup); [`broker::memory`] is the embedded one.
+//! - [`bus`]: the queues between cores and the messages they carry.
 //! - [`local`]: channels at a subscriber's core: the subscriber lists.
 //! - [`processor`]: the task that applies messages and fans frames out in chunks.
-//! - [`replay`]: resume replay from history, paced by the subscriber's queue.
-//! - [`subscribe`]: `sub`/`unsub` and the home core's confirmation, at the subscriber's core.
-//! - [`tick`]: the per-core clock: heartbeats, deadlines and the staggered drain.
+//! - [`tick`]: the per-core clock task: deadlines, sweeps and the staggered drain.
 //! - [`timer`]: the timer wheel.
 //! - [`metrics`]: per-core counters and the Prometheus rendering.
+//!
+//! The path of one publish: `conn` (readable) → [`core::CoreState::on_bytes`] →
+//! `session` (decode, request) → `core` (publish) → `broker` (home: seq, history, fan-out to
+//! cores) → `processor` (deliver in chunks) → `session` (enqueue under the overflow policy) →
+//! [`core::CoreState::flush`] → `io` (`sendmsg`).
 
+pub mod broker;
 pub mod bus;
 pub mod conn;
-pub mod conn_state;
 pub mod core;
-pub mod home;
 pub mod http_api;
 pub mod inspect;
+pub mod io;
 pub mod local;
 pub mod metrics;
 pub mod processor;
-pub mod replay;
+pub mod session;
 pub mod subscribe;
 pub mod tick;
 pub mod timer;
 
 use std::cell::RefCell;
 use std::future::{poll_fn, Future};
-use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::pin::pin;
@@ -54,9 +61,10 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use monoio::net::TcpListener;
 
-pub use self::conn_state::ConnId;
+pub use self::session::ConnId;
 use self::core::CoreState;
 use crate::config::Config;
+use crate::ws::codec::CloseCode;
 use bus::{Bus, Doorbell, Endpoint};
 use metrics::CoreMetrics;
 
@@ -73,10 +81,26 @@ pub struct Shared {
     pub metrics: Box<[CoreMetrics]>,
     /// One doorbell per core (wakes its processor).
     pub doorbells: Arc<[Doorbell]>,
-    /// 0 while serving; the close code of the drain once shutdown began.
-    pub drain_code: AtomicU16,
+    /// 0 while serving; the close code of the drain once shutdown began (see
+    /// [`Shared::drain_code`]).
+    drain: AtomicU16,
     /// Upgraded connections in the process (admission against `max_connections`).
     pub open: AtomicUsize,
+}
+
+impl Shared {
+    /// The close code of the drain in progress, `None` while serving.
+    pub fn drain_code(&self) -> Option<CloseCode> {
+        match self.drain.load(Relaxed) {
+            0 => None,
+            code => Some(CloseCode::from(code)),
+        }
+    }
+
+    /// Whether the drain has begun.
+    pub fn draining(&self) -> bool {
+        self.drain.load(Relaxed) != 0
+    }
 }
 
 /// Options of [`Server::start`] beyond the config file.
@@ -97,7 +121,7 @@ impl Server {
     /// Binds `config.listen` (port 0 picks a free port, shared by every core's listener) and
     /// starts `config.effective_cores()` core threads. Errors: the address cannot be bound,
     /// or a runtime cannot be built.
-    pub fn start(config: Config, opts: ServeOptions) -> io::Result<Server> {
+    pub fn start(config: Config, opts: ServeOptions) -> std::io::Result<Server> {
         let cores = config.effective_cores().max(1);
         let bus = Bus::new(cores);
         let shared = Arc::new(Shared {
@@ -105,7 +129,7 @@ impl Server {
             cores,
             metrics: (0..cores).map(|_| CoreMetrics::default()).collect(),
             doorbells: bus.doorbells.clone(),
-            drain_code: AtomicU16::new(0),
+            drain: AtomicU16::new(0),
             open: AtomicUsize::new(0),
             config,
         });
@@ -133,7 +157,7 @@ impl Server {
             match ready_rx.recv() {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(e),
-                Err(_) => return Err(io::Error::other("a core thread died while starting")),
+                Err(_) => return Err(std::io::Error::other("a core thread died while starting")),
             }
         }
         Ok(Server { shared, addr, threads })
@@ -150,10 +174,11 @@ impl Server {
     }
 
     /// Begins the drain: `/readyz` turns 503, listeners close, every connection is closed with
-    /// `code` (1012 restart, 1001 going away), spread over `drain.window_ms`.
-    pub fn shutdown(&self, code: u16) {
-        if self.shared.drain_code.compare_exchange(0, code, Relaxed, Relaxed).is_ok() {
-            tracing::info!(code, window_ms = self.shared.config.drain.window_ms, "draining");
+    /// `code` (1012 restart, 1001 going away), spread over `drain.window_ms`. A second call
+    /// changes nothing.
+    pub fn shutdown(&self, code: CloseCode) {
+        if self.shared.drain.compare_exchange(0, code.into(), Relaxed, Relaxed).is_ok() {
+            tracing::info!(code = u16::from(code), window_ms = self.shared.config.drain.window_ms, "draining");
             for d in self.shared.doorbells.iter() {
                 d.ring();
             }
@@ -169,7 +194,7 @@ impl Server {
 }
 
 /// A listening socket with `SO_REUSEPORT`, so each core accepts on its own queue.
-fn bind_reuseport(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     use socket2::{Domain, Socket, Type};
     let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
     s.set_reuse_address(true)?;
@@ -200,7 +225,7 @@ fn core_thread(
     listener: std::net::TcpListener,
     ep: Endpoint,
     start: Instant,
-    ready: std::sync::mpsc::Sender<io::Result<()>>,
+    ready: std::sync::mpsc::Sender<std::io::Result<()>>,
 ) {
     pin_to_cpu(i);
     let rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new().with_entries(16_384).enable_timer().build();
@@ -238,10 +263,10 @@ async fn accept_loop(core: Rc<RefCell<CoreState>>, listener: TcpListener) {
     loop {
         let r = poll_fn(|cx| {
             let mut st = core.borrow_mut();
-            if st.draining {
+            if st.drain.started {
                 return Poll::Ready(None);
             }
-            st.accept_waker = Some(cx.waker().clone());
+            st.drain.accept_waker = Some(cx.waker().clone());
             acc.as_mut().poll(cx).map(Some)
         })
         .await;

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::bus::CoreMsg;
-use super::conn_state::ConnId;
+use super::bus::{BusMsg, CoreMsg};
 use super::core::CoreState;
+use super::session::ConnId;
 
 /// Subscribers visited per chunk before the processor flushes and yields.
 pub const CHUNK: usize = 1024;
@@ -44,7 +44,7 @@ pub async fn run(core: Rc<RefCell<CoreState>>) {
     };
     loop {
         // Sleep until rung; with spilled messages, also retry the full queues every 1 ms.
-        let spill = core.borrow().bus.has_spill();
+        let spill = core.borrow().router.has_spill();
         let rung = poll_fn(|cx| shared.doorbells[me].poll_rung(cx));
         if spill {
             let _ = monoio::time::timeout(Duration::from_millis(1), rung).await;
@@ -53,28 +53,26 @@ pub async fn run(core: Rc<RefCell<CoreState>>) {
         }
         {
             let mut st = core.borrow_mut();
-            if st.bus.has_spill() {
-                let sent = st.bus.retry_spill();
-                st.metrics().bus_spilled.fetch_sub(sent, Relaxed);
+            if st.router.has_spill() {
+                st.router.retry_spill();
             }
-            if !st.draining && shared.drain_code.load(Relaxed) != 0 {
+            if !st.drain.started && shared.draining() {
                 super::tick::start_drain(&mut st);
             }
             super::tick::catch_up(&mut st);
         }
         let mut handled = 0;
         loop {
-            let msg = {
-                let mut st = core.borrow_mut();
-                match st.local_q.pop_front() {
-                    Some(m) => Some(m),
-                    None => st.bus.try_recv(),
-                }
-            };
+            let msg = core.borrow_mut().router.recv();
             let Some(msg) = msg else { break };
             match msg {
-                CoreMsg::Deliver { ch, seq: _, frame } => deliver(&core, &ch, frame).await,
-                other => core.borrow_mut().handle(other),
+                BusMsg::Core(CoreMsg::Deliver { ch, seq: _, frame }) => deliver(&core, &ch, frame).await,
+                BusMsg::Core(other) => core.borrow_mut().handle(other),
+                BusMsg::Broker(req) => {
+                    let st = &mut *core.borrow_mut();
+                    let now_ms = st.clock.now_ms();
+                    st.broker.serve(&mut st.router, now_ms, req);
+                }
             }
             handled += 1;
             if handled % PASS == 0 {
@@ -106,8 +104,9 @@ async fn deliver(core: &Rc<RefCell<CoreState>>, ch: &str, frame: Bytes) {
                 a
             };
             let mut n = 0u64;
+            let now = st.clock.now();
             for id in &ids[..end - pos] {
-                if *id != ConnId::DEAD && st.enqueue(*id, frame.clone(), chan, Some(policy)) {
+                if *id != ConnId::DEAD && st.with_session_at(*id, now, |s, ctx| s.enqueue(ctx, frame.clone(), chan, Some(policy))) == Some(true) {
                     n += 1;
                 }
             }

@@ -1,57 +1,54 @@
-//! Subscriptions as a subscriber's core sees them: `sub`/`unsub` from clients, the home
-//! core's confirmation, and the local subscriber lists kept in step.
+//! Subscriptions as a subscriber's core sees them: `sub`/`unsub` from clients, the broker's
+//! confirmation, and the local subscriber lists kept in step.
 
 use std::sync::Arc;
 
-use super::bus::{ConnRef, CoreMsg, Resume};
-use super::conn_state::*;
+use super::broker::Request;
+use super::bus::{ConnRef, Resume};
 use super::core::CoreState;
 use super::local::relocate_entry;
-use crate::protocol;
+use super::session::{ConnId, SubEntry, CANCELLED, NO_CHAN, PENDING};
+use crate::protocol::{self, codes};
 use crate::ws::codec;
 
 impl CoreState {
-    /// A client `sub`: records a pending subscription and asks the channel's home core.
+    /// A client `sub`: records a pending subscription and asks the broker.
     pub fn client_sub(&mut self, id: ConnId, ch: &str, from: Option<u64>, epoch: Option<String>) {
         let cfg = &self.shared.config;
         let chan = self.local.find_or_create(ch, || cfg.channel_rule(ch).overflow);
-        let Some(c) = self.conn(id) else { return };
-        if c.subs.iter().any(|e| e.chan == chan && e.pos != CANCELLED) {
-            let f = codec::encode_frame(0x1, &protocol::error_json("already_subscribed", &format!("already subscribed to {ch}"), None));
-            self.reply(id, f);
-            return;
+        let Some(s) = self.conn(id) else { return };
+        if s.subs.iter().any(|e| e.chan == chan && e.pos != CANCELLED) {
+            let e = protocol::error_json(codes::ALREADY_SUBSCRIBED, &format!("already subscribed to {ch}"), None);
+            return self.reply(id, codec::text_frame(&e));
         }
-        c.subs.push(SubEntry { chan, pos: PENDING });
+        s.subs.push(SubEntry { chan, pos: PENDING });
         let lc = &mut self.local.chans[chan as usize];
         lc.pending += 1;
-        let name = lc.name.clone();
-        let msg = CoreMsg::Subscribe { ch: name, conn: ConnRef { core: self.me as u16, id }, from, epoch: epoch.map(Into::into) };
-        let home = self.home(ch);
-        self.route(home, msg);
+        let ch = lc.name.clone();
+        let conn = ConnRef { core: self.me as u16, id };
+        self.broker.request(&mut self.router, Request::Subscribe { ch, conn, from, epoch: epoch.map(Into::into) });
     }
 
     /// A client `unsub`.
     pub fn client_unsub(&mut self, id: ConnId, ch: &str) {
         let chan = self.local.find(ch);
         let entry = chan.and_then(|chan| {
-            let c = self.conn(id)?;
-            let i = c.subs.iter().position(|e| e.chan == chan && e.pos != CANCELLED)?;
-            if let Some(rs) = c.replays.as_mut() {
-                rs.retain(|r| r.chan != chan);
-            }
-            if c.subs[i].pos == PENDING {
-                // Its reply is on the way: keep the entry, in order, to absorb it.
-                c.subs[i].pos = CANCELLED;
+            let s = self.conns.get(id)?;
+            let i = s.subs.iter().position(|e| e.chan == chan && e.pos != CANCELLED)?;
+            s.cancel_replay(chan);
+            if s.subs[i].pos == PENDING {
+                // Its answer is on the way: keep the entry, in order, to absorb it.
+                s.subs[i].pos = CANCELLED;
                 return Some(None);
             }
-            Some(Some(c.subs.remove(i)))
+            Some(Some(s.subs.remove(i)))
         });
         match entry {
             Some(Some(e)) => self.drop_sub(e),
             Some(None) => {}
             None => {
-                let f = codec::encode_frame(0x1, &protocol::error_json("not_subscribed", &format!("not subscribed to {ch}"), None));
-                self.reply(id, f);
+                let e = protocol::error_json(codes::NOT_SUBSCRIBED, &format!("not subscribed to {ch}"), None);
+                self.reply(id, codec::text_frame(&e));
             }
         }
     }
@@ -60,15 +57,18 @@ impl CoreState {
     pub(crate) fn drop_sub(&mut self, e: SubEntry) {
         let Some(lc) = self.local.chans.get_mut(e.chan as usize) else { return };
         if !e.is_active() {
-            // The Subscribed reply will find no entry and release the home's interest.
+            // The Subscribed answer will find no entry and release the home's interest.
             lc.pending -= 1;
         } else {
-            let name = lc.name.clone();
+            let ch = lc.name.clone();
             self.local.remove(e.chan, e.pos);
-            let home = self.home(&name);
-            self.route(home, CoreMsg::Unsubscribe { ch: name, core: self.me as u16 });
+            self.unsubscribe_at_home(ch);
         }
         self.tidy(e.chan);
+    }
+
+    fn unsubscribe_at_home(&mut self, ch: Arc<str>) {
+        self.broker.request(&mut self.router, Request::Unsubscribe { ch, core: self.me as u16 });
     }
 
     /// Compacts or drops a local channel unless a delivery is walking it.
@@ -76,61 +76,56 @@ impl CoreState {
         if self.active_chan == Some(chan) {
             return;
         }
-        let conns = &mut self.conns;
+        let slab = &mut self.conns.slab;
         self.local.tidy(chan, |id, chan, pos| {
-            if let Some(c) = conns.get_mut(id.key as usize).filter(|c| c.gen == id.gen) {
-                relocate_entry(&mut c.subs, chan, pos);
+            if let Some(s) = slab.get_mut(id.key as usize).filter(|s| s.gen == id.gen) {
+                relocate_entry(&mut s.subs, chan, pos);
             }
         });
     }
 
-    /// The home core confirmed a subscription: activate it and tell the client.
+    /// The broker confirmed a subscription: activate it and tell the client.
     pub(crate) fn subscribed(&mut self, ch: &Arc<str>, id: ConnId, head: u64, epoch: &str, resume: Resume) {
         let chan = self.local.find(ch);
-        // Replies from one home core come back in request order, so this one answers the
-        // oldest request still waiting for this channel (pending or cancelled).
-        let entry = chan.and_then(|chan| {
-            let c = self.conns.get_mut(id.key as usize).filter(|c| c.gen == id.gen)?;
-            c.subs.iter().position(|e| e.chan == chan && !e.is_active())
-        });
+        // Answers from one home come back in request order, so this one answers the oldest
+        // request still waiting for this channel (pending or cancelled).
+        let entry = chan.and_then(|chan| self.conns.get(id)?.subs.iter().position(|e| e.chan == chan && !e.is_active()));
         let (Some(chan), Some(i)) = (chan, entry) else {
             // The connection left meanwhile: release the home's interest.
-            let home = self.home(ch);
-            self.route(home, CoreMsg::Unsubscribe { ch: ch.clone(), core: self.me as u16 });
-            return;
+            return self.unsubscribe_at_home(ch.clone());
         };
-        let cancelled = self.conn(id).is_some_and(|c| c.subs[i].pos == CANCELLED);
+        let cancelled = self.conn(id).is_some_and(|s| s.subs[i].pos == CANCELLED);
         if cancelled || matches!(resume, Resume::Ahead) {
             self.local.chans[chan as usize].pending -= 1;
-            if let Some(c) = self.conn(id) {
-                c.subs.remove(i);
+            if let Some(s) = self.conn(id) {
+                s.subs.remove(i);
             }
-            let home = self.home(ch);
-            self.route(home, CoreMsg::Unsubscribe { ch: ch.clone(), core: self.me as u16 });
-            if cancelled {
-                self.tidy(chan);
-                return;
-            }
-            let f = protocol::error_json("bad_request", &format!("from is beyond the head of {ch} ({head})"), None);
-            self.reply(id, codec::encode_frame(0x1, &f));
+            self.unsubscribe_at_home(ch.clone());
             self.tidy(chan);
+            if !cancelled {
+                let e = protocol::error_json(codes::BAD_REQUEST, &format!("from is beyond the head of {ch} ({head})"), None);
+                self.reply(id, codec::text_frame(&e));
+            }
             return;
         }
-        let lc = &mut self.local.chans[chan as usize];
-        lc.pending -= 1;
+        self.local.chans[chan as usize].pending -= 1;
         let pos = self.local.add(chan, id);
-        if let Some(c) = self.conn(id) {
-            c.subs[i].pos = pos;
-        }
         let first = match &resume {
             Resume::Live => protocol::subscribed_json(ch, head, epoch, None),
             Resume::Recovered { .. } => protocol::subscribed_json(ch, head, epoch, Some(true)),
             Resume::Reset { reason, oldest } => protocol::reset_json(ch, head, epoch, *reason, *oldest),
             Resume::Ahead => unreachable!("handled above"),
         };
-        self.enqueue(id, codec::encode_frame(0x1, &first), NO_CHAN, None);
-        if let Resume::Recovered { from, frames, until } = resume {
-            self.start_replay(id, chan, ch.clone(), epoch.into(), from, frames, until);
+        let fetch = self.with_session(id, |s, ctx| {
+            s.subs[i].pos = pos;
+            s.enqueue(ctx, codec::text_frame(&first), NO_CHAN, None);
+            match resume {
+                Resume::Recovered { from, frames, until } => s.start_replay(ctx, chan, ch.clone(), epoch.into(), from, frames, until),
+                _ => None,
+            }
+        });
+        if let Some(Some(f)) = fetch {
+            self.fetch(id, f);
         }
         self.flush(id);
     }

@@ -18,13 +18,14 @@ mod utf8;
 use std::io::Cursor;
 
 use bytes::Bytes;
-use tungstenite::protocol::frame::coding::{Control, Data, OpCode};
+use tungstenite::protocol::frame::coding::{Control, Data};
 use tungstenite::protocol::frame::FrameHeader;
 
 pub use encode::{
     close_frame, decode_server_frame, encode_client_frame, encode_frame, encode_frame_into,
-    header_len, ping_frame, pong_frame,
+    header_len, ping_frame, pong_frame, text_frame, text_frame_with,
 };
+pub use tungstenite::protocol::frame::coding::{CloseCode, OpCode};
 use mask::apply_mask;
 use utf8::Utf8Carry;
 
@@ -38,14 +39,14 @@ const MAX_CONTROL_PAYLOAD: usize = 125;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Violation {
     /// Close code for the close frame that fails the connection: 1002, 1007 or 1009.
-    pub code: u16,
+    pub code: CloseCode,
     /// Human-readable cause, short enough for a close reason (≤ 123 bytes).
     pub reason: &'static str,
 }
 
 impl Violation {
     const fn protocol(reason: &'static str) -> Self {
-        Violation { code: 1002, reason }
+        Violation { code: CloseCode::Protocol, reason }
     }
 
     const RESERVED_OPCODE: Self = Self::protocol("reserved opcode");
@@ -61,11 +62,11 @@ impl Violation {
     const CLOSE_ONE_BYTE: Self = Self::protocol("close frame payload of 1 byte");
     const BAD_CLOSE_CODE: Self = Self::protocol("close code not allowed on the wire");
     const INVALID_UTF8: Self = Violation {
-        code: 1007,
+        code: CloseCode::Invalid,
         reason: "invalid UTF-8 in text",
     };
     const MESSAGE_TOO_BIG: Self = Violation {
-        code: 1009,
+        code: CloseCode::Size,
         reason: "message too big",
     };
 }
@@ -85,7 +86,7 @@ pub enum Message {
     /// status, reported as 1005 in APIs); `reason` is valid UTF-8 and may be empty.
     Close {
         /// Status code (§7.4), already checked with [`is_valid_close_code`].
-        code: Option<u16>,
+        code: Option<CloseCode>,
         /// Reason text after the code, UTF-8-checked.
         reason: Bytes,
     },
@@ -366,7 +367,7 @@ fn control_message(
                     return Err(Violation::INVALID_UTF8);
                 }
                 Ok(Message::Close {
-                    code: Some(code),
+                    code: Some(CloseCode::from(code)),
                     reason,
                 })
             }

@@ -4,7 +4,7 @@
 use std::io::Cursor;
 
 use bytes::Bytes;
-use tungstenite::protocol::frame::coding::OpCode;
+use tungstenite::protocol::frame::coding::{CloseCode, Control, Data, OpCode};
 use tungstenite::protocol::frame::FrameHeader;
 
 use super::mask::apply_mask;
@@ -25,59 +25,90 @@ pub fn header_len(payload_len: usize) -> usize {
     }
 }
 
-/// Writes the base header and extended payload length (§5.2); `mask_bit` is 0x80 or 0.
-fn put_header(out: &mut Vec<u8>, first: u8, mask_bit: u8, len: usize) {
+/// The base header and extended payload length (§5.2) in a stack buffer, and its length;
+/// `mask_bit` is 0x80 or 0. The one place a frame header is written.
+fn header(first: u8, mask_bit: u8, len: usize) -> ([u8; 10], usize) {
+    let mut h = [0u8; 10];
+    h[0] = first;
     if len < 126 {
-        out.extend_from_slice(&[first, mask_bit | len as u8]);
+        h[1] = mask_bit | len as u8;
+        (h, 2)
     } else if len <= 0xFFFF {
-        out.extend_from_slice(&[first, mask_bit | 126]);
-        out.extend_from_slice(&(len as u16).to_be_bytes());
+        h[1] = mask_bit | 126;
+        h[2..4].copy_from_slice(&(len as u16).to_be_bytes());
+        (h, 4)
     } else {
-        out.extend_from_slice(&[first, mask_bit | 127]);
-        out.extend_from_slice(&(len as u64).to_be_bytes());
+        h[1] = mask_bit | 127;
+        h[2..10].copy_from_slice(&(len as u64).to_be_bytes());
+        (h, 10)
     }
 }
 
-/// Appends one server frame to `out`: FIN set, RSV clear, unmasked (servers never mask, §5.1),
-/// `opcode` in its low 4 bits (0x1 text, 0x2 binary, 0x8 close, 0x9 ping, 0xA pong).
+fn put_header(out: &mut Vec<u8>, first: u8, mask_bit: u8, len: usize) {
+    let (h, n) = header(first, mask_bit, len);
+    out.extend_from_slice(&h[..n]);
+}
+
+/// Appends one server frame to `out`: FIN set, RSV clear, unmasked (servers never mask, §5.1).
 ///
 /// Reserves the whole frame up front, so `out` grows at most once.
-pub fn encode_frame_into(out: &mut Vec<u8>, opcode: u8, payload: &[u8]) {
+pub fn encode_frame_into(out: &mut Vec<u8>, opcode: OpCode, payload: &[u8]) {
     out.reserve(header_len(payload.len()) + payload.len());
-    put_header(out, 0x80 | (opcode & 0x0F), 0, payload.len());
+    put_header(out, 0x80 | u8::from(opcode), 0, payload.len());
     out.extend_from_slice(payload);
 }
 
 /// One server frame (see [`encode_frame_into`]) as shared `Bytes`: the bytes are identical for
 /// every subscriber, so a published message is encoded once and handed to all of them.
-pub fn encode_frame(opcode: u8, payload: &[u8]) -> Bytes {
+pub fn encode_frame(opcode: OpCode, payload: &[u8]) -> Bytes {
     let mut out = Vec::with_capacity(header_len(payload.len()) + payload.len());
     encode_frame_into(&mut out, opcode, payload);
     Bytes::from(out)
 }
 
+/// A text frame (opcode 0x1): every reply of protocol v1 is one JSON text.
+pub fn text_frame(json: &[u8]) -> Bytes {
+    encode_frame(OpCode::Data(Data::Text), json)
+}
+
+/// A text frame whose payload `write` appends to the buffer it is given (at most `capacity`
+/// bytes, a hint). One allocation for header and payload, and the payload is never moved: the
+/// header is written into room reserved in front of it. For the `msg` frame of each publish.
+pub fn text_frame_with(capacity: usize, write: impl FnOnce(&mut Vec<u8>)) -> Bytes {
+    const MAX_HEADER: usize = 10;
+    let mut out = Vec::with_capacity(MAX_HEADER + capacity);
+    out.resize(MAX_HEADER, 0);
+    write(&mut out);
+    let (h, n) = header(0x80 | u8::from(OpCode::Data(Data::Text)), 0, out.len() - MAX_HEADER);
+    let start = MAX_HEADER - n;
+    out[start..MAX_HEADER].copy_from_slice(&h[..n]);
+    let mut frame = Bytes::from(out);
+    bytes::Buf::advance(&mut frame, start);
+    frame
+}
+
 /// A close frame (§5.5.1) carrying `code` and `reason`. The reason is cut at the last char
 /// boundary at or before 123 bytes so the payload stays within the 125-byte control limit and
 /// remains valid UTF-8.
-pub fn close_frame(code: u16, reason: &str) -> Bytes {
+pub fn close_frame(code: CloseCode, reason: &str) -> Bytes {
     let mut end = reason.len().min(MAX_CLOSE_REASON);
     while !reason.is_char_boundary(end) {
         end -= 1;
     }
     let mut payload = [0u8; MAX_CONTROL_PAYLOAD];
-    payload[..2].copy_from_slice(&code.to_be_bytes());
+    payload[..2].copy_from_slice(&u16::from(code).to_be_bytes());
     payload[2..2 + end].copy_from_slice(&reason.as_bytes()[..end]);
-    encode_frame(0x8, &payload[..2 + end])
+    encode_frame(OpCode::Control(Control::Close), &payload[..2 + end])
 }
 
 /// A ping frame (§5.5.2). The caller keeps `payload` within 125 bytes (§5.5).
 pub fn ping_frame(payload: &[u8]) -> Bytes {
-    encode_frame(0x9, payload)
+    encode_frame(OpCode::Control(Control::Ping), payload)
 }
 
 /// A pong frame (§5.5.3), normally echoing the payload of the ping it answers.
 pub fn pong_frame(payload: &[u8]) -> Bytes {
-    encode_frame(0xA, payload)
+    encode_frame(OpCode::Control(Control::Pong), payload)
 }
 
 /// A client frame (§5.1: masked with `mask`), with FIN as given and `opcode` in the low 4 bits.

@@ -30,7 +30,7 @@ fn decode_all(
 
 fn err_code(input: &[u8]) -> u16 {
     match decode_all(&mut Decoder::new(), input, MAX) {
-        Err(v) => v.code,
+        Err(v) => u16::from(v.code),
         Ok(msgs) => panic!("expected a violation, got {msgs:?}"),
     }
 }
@@ -81,9 +81,9 @@ fn new_message_during_fragmented_message_is_a_protocol_error() {
 
 #[test]
 fn unmasked_client_frame_is_refused_only_when_masks_are_required() {
-    let frame = encode_frame(0x1, b"hello");
+    let frame = encode_frame(OpCode::Data(Data::Text), b"hello");
     assert_eq!(
-        Decoder::new().decode(&frame, MAX, true).unwrap_err().code,
+        Decoder::new().decode(&frame, MAX, true).map_err(|v| u16::from(v.code)).unwrap_err(),
         1002
     );
     let (used, msg) = Decoder::new().decode(&frame, MAX, false).unwrap();
@@ -113,7 +113,7 @@ fn oversize_frame_fails_on_its_header_alone() {
     assert_eq!(
         err,
         Violation {
-            code: 1009,
+            code: CloseCode::Size,
             reason: "message too big"
         }
     );
@@ -122,7 +122,7 @@ fn oversize_frame_fails_on_its_header_alone() {
     let msgs = decode_all(&mut Decoder::new(), &exact, 1000).unwrap();
     assert_eq!(msgs, vec![Message::Binary(Bytes::from(vec![7u8; 1000]))]);
     assert_eq!(
-        Decoder::new().decode(&exact, 999, true).unwrap_err().code,
+        Decoder::new().decode(&exact, 999, true).map_err(|v| u16::from(v.code)).unwrap_err(),
         1009
     );
 }
@@ -142,7 +142,7 @@ fn oversize_across_fragments_fails_on_the_header_that_crosses_the_limit() {
     );
     let third = client(0x0, true, b"c");
     assert_eq!(
-        decoder.decode(&third[..6], 1000, true).unwrap_err().code,
+        decoder.decode(&third[..6], 1000, true).map_err(|v| u16::from(v.code)).unwrap_err(),
         1009
     );
     assert!(!decoder.in_message(), "a failed decoder frees its buffer");
@@ -187,7 +187,7 @@ fn invalid_utf8_fails_on_the_fragment_that_carries_it() {
         (first.len(), None)
     );
     let second = client(0x0, false, &[0xCE, 0xBA, 0xF4, 0x90, 0x80, 0x80]);
-    assert_eq!(decoder.decode(&second, MAX, true).unwrap_err().code, 1007);
+    assert_eq!(decoder.decode(&second, MAX, true).map_err(|v| u16::from(v.code)).unwrap_err(), 1007);
 }
 
 #[test]
@@ -215,7 +215,7 @@ fn invalid_utf8_fails_before_its_frame_is_complete() {
     let err = decoder
         .decode(&frame[..header + bad_at + 2], MAX, true)
         .unwrap_err();
-    assert_eq!(err.code, 1007);
+    assert_eq!(u16::from(err.code), 1007);
 }
 
 #[test]
@@ -229,13 +229,13 @@ fn close_frame_rules() {
             reason: Bytes::new()
         }]
     );
-    assert_eq!(decode_one(&[0x03]).unwrap_err().code, 1002);
+    assert_eq!(decode_one(&[0x03]).map_err(|v| u16::from(v.code)).unwrap_err(), 1002);
     let mut with_reason = 1000u16.to_be_bytes().to_vec();
     with_reason.extend_from_slice("bye ✓".as_bytes());
     assert_eq!(
         decode_one(&with_reason).unwrap(),
         vec![Message::Close {
-            code: Some(1000),
+            code: Some(CloseCode::Normal),
             reason: Bytes::from("bye ✓")
         }]
     );
@@ -243,7 +243,7 @@ fn close_frame_rules() {
         0u16, 999, 1004, 1005, 1006, 1015, 1016, 1100, 2000, 2999, 5000, 65535,
     ] {
         assert_eq!(
-            decode_one(&code.to_be_bytes()).unwrap_err().code,
+            decode_one(&code.to_be_bytes()).map_err(|v| u16::from(v.code)).unwrap_err(),
             1002,
             "code {code}"
         );
@@ -256,14 +256,14 @@ fn close_frame_rules() {
         assert_eq!(
             msgs,
             vec![Message::Close {
-                code: Some(code),
+                code: Some(code.into()),
                 reason: Bytes::new()
             }]
         );
     }
     let mut bad_reason = 1000u16.to_be_bytes().to_vec();
     bad_reason.extend_from_slice(&[0xCE, 0xBA, 0xED, 0xA0, 0x80]);
-    assert_eq!(decode_one(&bad_reason).unwrap_err().code, 1007);
+    assert_eq!(decode_one(&bad_reason).map_err(|v| u16::from(v.code)).unwrap_err(), 1007);
 }
 
 #[test]
@@ -360,7 +360,7 @@ fn split_input_at_every_byte_boundary() {
         (
             client(0x8, true, &close),
             Message::Close {
-                code: Some(1001),
+                code: Some(CloseCode::Away),
                 reason: Bytes::from("going away"),
             },
         ),
@@ -421,7 +421,7 @@ fn extended_lengths_round_trip() {
                 Some(Message::Binary(Bytes::from(payload.clone())))
             )
         );
-        let server = encode_frame(0x2, &payload);
+        let server = encode_frame(OpCode::Data(Data::Binary), &payload);
         assert_eq!(server.len(), header_len(len) + len);
         let decoded = decode_server_frame(&server).unwrap();
         assert_eq!(
@@ -438,9 +438,9 @@ fn extended_lengths_round_trip() {
         ),
         (2, 4, 4, 10)
     );
-    assert_eq!(&encode_frame(0x1, &[0u8; 126])[..4], &[0x81, 126, 0, 126]);
+    assert_eq!(&encode_frame(OpCode::Data(Data::Text), &[0u8; 126])[..4], &[0x81, 126, 0, 126]);
     assert_eq!(
-        &encode_frame(0x1, &[0u8; 65536])[..10],
+        &encode_frame(OpCode::Data(Data::Text), &[0u8; 65536])[..10],
         &[0x81, 127, 0, 0, 0, 0, 0, 1, 0, 0]
     );
 }
@@ -468,20 +468,30 @@ fn client_frames_round_trip_through_the_decoder() {
 }
 
 #[test]
+fn text_frames_are_written_with_the_one_header_writer() {
+    for len in [0usize, 125, 126, 65535, 65536] {
+        let payload = vec![b'a'; len];
+        let direct = encode_frame(OpCode::Data(Data::Text), &payload);
+        assert_eq!(text_frame(&payload), direct, "len {len}");
+        assert_eq!(text_frame_with(0, |out| out.extend_from_slice(&payload)), direct, "len {len}");
+    }
+}
+
+#[test]
 fn server_frames_are_final_and_unmasked() {
     let mut out = b"prefix".to_vec();
-    encode_frame_into(&mut out, 0x1, b"{}");
+    encode_frame_into(&mut out, OpCode::Data(Data::Text), b"{}");
     assert_eq!(&out[6..], &[0x81, 2, b'{', b'}']);
     assert_eq!(&ping_frame(b"x")[..], &[0x89, 1, b'x']);
     assert_eq!(&pong_frame(b"x")[..], &[0x8A, 1, b'x']);
-    assert_eq!(&close_frame(1000, "")[..], &[0x88, 2, 0x03, 0xE8]);
+    assert_eq!(&close_frame(CloseCode::Normal, "")[..], &[0x88, 2, 0x03, 0xE8]);
     assert_eq!(decode_server_frame(&[0x81]).unwrap(), None);
     assert_eq!(decode_server_frame(&out[6..9]).unwrap(), None);
     assert_eq!(
         decode_server_frame(&client(0x1, true, b"x"))
             .unwrap_err()
             .code,
-        1002
+        CloseCode::Protocol
     );
 }
 
@@ -489,13 +499,13 @@ fn server_frames_are_final_and_unmasked() {
 fn close_reason_is_truncated_at_a_char_boundary() {
     // 200 two-byte chars: 123 bytes would split one, so 122 bytes (61 chars) are kept.
     let reason = "é".repeat(200);
-    let frame = close_frame(1013, &reason);
+    let frame = close_frame(CloseCode::Again, &reason);
     let (used, fin, opcode, payload) = decode_server_frame(&frame).unwrap().unwrap();
     assert_eq!((used, fin, opcode), (frame.len(), true, 0x8));
     assert_eq!(payload.len(), 2 + 122);
     assert_eq!(&payload[..2], &1013u16.to_be_bytes());
     assert_eq!(std::str::from_utf8(&payload[2..]).unwrap(), "é".repeat(61));
-    let ascii = close_frame(1000, &"a".repeat(300));
+    let ascii = close_frame(CloseCode::Normal, &"a".repeat(300));
     assert_eq!(decode_server_frame(&ascii).unwrap().unwrap().3.len(), 125);
 }
 

@@ -1,6 +1,6 @@
-//! The channels whose home is this core: sequence numbers, epoch, history ring, publish
-//! dedup and which cores have subscribers. Sans-IO: the processor feeds it and routes what it
-//! returns.
+//! The memory broker's store of the channels whose home is this core: sequence numbers,
+//! epoch, history ring, publish dedup and which cores have subscribers. Sans-IO: the memory
+//! broker feeds it and routes what it returns.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::bus::Resume;
+use crate::server::bus::Resume;
 use crate::protocol::ResetReason;
 
 /// Home core of a channel: FNV-1a of its name modulo the core count. Deterministic, so every

@@ -1,0 +1,85 @@
+//! The embedded broker: each channel lives at a home core of this process (a hash of its
+//! name), which assigns its seqs, keeps its history and dedup ids, and fans each frame out to
+//! the cores with subscribers. Requests travel to the home over the bus; the per-pair FIFO
+//! order of the bus gives the [`Broker`] ordering contract.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use super::home::{home_of, Dedup, Homes};
+use super::{Broker, Request};
+use crate::server::bus::{BusMsg, CoreMsg, PublishResult, Router};
+use crate::server::Shared;
+
+/// One core's part of the memory broker: the channels homed on this core.
+pub struct MemoryBroker {
+    homes: Homes,
+    shared: Arc<Shared>,
+}
+
+impl MemoryBroker {
+    /// Core `me`'s shard. Each core remembers `dedup.max_entries / cores` publish ids.
+    pub fn new(shared: Arc<Shared>) -> MemoryBroker {
+        let cfg = &shared.config;
+        let dedup = Dedup::new(cfg.dedup.window_ms, (cfg.dedup.max_entries / shared.cores).max(1));
+        MemoryBroker { homes: Homes::new(shared.cores, dedup), shared }
+    }
+
+    /// The channels homed on this core.
+    pub fn homes(&self) -> &Homes {
+        &self.homes
+    }
+}
+
+impl Broker for MemoryBroker {
+    fn request(&mut self, router: &mut Router, req: Request) {
+        let home = home_of(req.channel(), self.shared.cores);
+        router.send(home, BusMsg::Broker(req));
+    }
+
+    fn serve(&mut self, router: &mut Router, now_ms: u64, req: Request) {
+        let metrics = &self.shared.metrics[router.me()];
+        match req {
+            Request::Publish { ch, id, data, reply } => {
+                let cap = self.shared.config.channel_rule(&ch).history;
+                let (p, name) = self.homes.publish(&ch, id.as_deref(), &data, cap, now_ms);
+                match p.frame {
+                    Some(frame) => {
+                        metrics.published.fetch_add(1, Relaxed);
+                        if let Some(c) = self.homes.get(&ch) {
+                            for core in c.interested() {
+                                router.to_core(core, CoreMsg::Deliver { ch: name.clone(), seq: p.seq, frame: frame.clone() });
+                            }
+                        }
+                    }
+                    None => {
+                        metrics.publish_duplicates.fetch_add(1, Relaxed);
+                    }
+                }
+                if let Some(r) = reply {
+                    let result = PublishResult::Stored { seq: p.seq };
+                    router.to_core(r.core as usize, CoreMsg::Published { reply: r, ch: name, id, result });
+                }
+            }
+            Request::Subscribe { ch, conn, from, epoch } => {
+                let cap = self.shared.config.channel_rule(&ch).history;
+                let (name, head, epoch, resume) = self.homes.subscribe(&ch, conn.core as usize, from, epoch.as_deref(), cap);
+                router.to_core(conn.core as usize, CoreMsg::Subscribed { ch: name, conn: conn.id, head, epoch, resume });
+            }
+            Request::Unsubscribe { ch, core } => self.homes.unsubscribe(&ch, core as usize),
+            Request::Fetch { ch, conn, after, until } => {
+                let (frames, evicted) = match self.homes.replay_batch(&ch, after, until) {
+                    Ok(f) => (f, None),
+                    Err(oldest) => (Vec::new(), Some(oldest)),
+                };
+                router.to_core(conn.core as usize, CoreMsg::ReplayBatch { ch, conn: conn.id, frames, evicted });
+            }
+        }
+    }
+
+    fn sweep(&mut self, now_ms: u64) {
+        // Channels idle past the dedup window are forgotten: ids remembered for dedup must
+        // not outlive their channel's numbering.
+        self.homes.sweep(now_ms, self.shared.config.dedup.window_ms);
+    }
+}

@@ -1,0 +1,56 @@
+//! The broker seam: where a channel's home lives — its sequence numbers, epoch, history and
+//! publish dedup — and how requests reach it.
+//!
+//! A core asks a [`Broker`] on behalf of its connections ([`Request`]); the answers and the
+//! fan-out come back to the asking core's inbox as [`CoreMsg`]s. The memory broker
+//! ([`memory::MemoryBroker`]) keeps each channel at a home core inside this process; a Redis
+//! broker (multi-node) keeps it in Redis behind a broker thread, and implements the same trait.
+//!
+//! # Layout
+//! - this file: the [`Broker`] trait and its contract (its [`Request`]s travel on the bus);
+//! - [`memory`]: the embedded broker (one process), routing requests to home cores;
+//! - [`home`]: the memory broker's per-core channel store (seq, epoch, history, dedup).
+
+pub mod home;
+pub mod memory;
+
+pub use super::bus::Request;
+use super::bus::Router;
+#[cfg(doc)]
+use super::bus::CoreMsg;
+
+/// The home side of channels.
+///
+/// # Contract
+/// Every implementation guarantees, per channel:
+/// - **Seq assignment.** A channel's first published message gets seq 1, each next one
+///   seq + 1, with no gap and no reuse within an epoch. `epoch` is an opaque string that
+///   changes whenever numbering restarts (a memory broker's process restart, say); a resume
+///   across epochs is answered with a reset, never a silent gap.
+/// - **Order.** Requests about one channel from one core are handled in the order they were
+///   made, and everything a home sends to one core about one channel arrives in the order it
+///   was sent. In particular a [`CoreMsg::Subscribed`] (with its head `h`) is ordered before
+///   every [`CoreMsg::Deliver`] that follows it to that core, and those carry exactly the
+///   seqs after `h`: with the history batches of a resume, the subscriber sees no gap and no
+///   duplicate at the seam.
+/// - **Dedup.** A publish whose `id` was published on the same channel within
+///   `dedup.window_ms` is not published again: it is answered with the original seq.
+/// - **Fan-out.** Each published message is encoded as one `msg` frame and sent once to each
+///   core that has subscribers of the channel (not once per subscriber).
+/// - **History.** The last `history` messages of a channel (its `[[channels]]` rule) are kept
+///   for resume; a resume point older than that is answered with a reset (`evicted`).
+///
+/// Calls never block: a request is handed on and answered later through the asking core's
+/// inbox. A broker that cannot store a publish now answers [`super::bus::PublishResult::Refused`].
+pub trait Broker {
+    /// Hands `req` to the channel's home, through `router` when the home is a core.
+    fn request(&mut self, router: &mut Router, req: Request);
+
+    /// Serves a request that reached this core because it is the channel's home, answering
+    /// through `router`; `now_ms` is the core's clock in milliseconds. Only a broker that
+    /// keeps homes on cores (memory) routes requests here; others never receive one.
+    fn serve(&mut self, router: &mut Router, now_ms: u64, req: Request);
+
+    /// Periodic upkeep at `now_ms` (forgetting idle channels, …).
+    fn sweep(&mut self, now_ms: u64);
+}

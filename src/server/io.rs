@@ -1,0 +1,62 @@
+//! Every socket call of a connection, in one place: non-blocking `recv`, vectored `sendmsg`,
+//! the half-close (`shutdown(SHUT_WR)`) and the peer's address. The sessions decide; this
+//! module only does what they decided.
+
+use std::io::{self, IoSlice};
+use std::net::SocketAddr;
+use std::os::fd::{BorrowedFd, RawFd};
+
+/// Non-blocking `recv` into `buf`: `Ok(0)` is EOF; `WouldBlock` means no data now. Retries
+/// `EINTR`.
+pub fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: buf is a valid writable slice; fd is open while its session exists (the
+        // connection's task closes it only after removing the session).
+        let r = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// One non-blocking `sendmsg` of `iov` (no `SIGPIPE`): the bytes written, `WouldBlock` when
+/// the socket buffer is full; other errors are the peer's (reset, broken pipe). Retries
+/// `EINTR`.
+pub fn send(fd: RawFd, iov: &[IoSlice<'_>]) -> io::Result<usize> {
+    // SAFETY: msghdr is plain data.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    // IoSlice is ABI-compatible with iovec on Unix; sendmsg only reads through the pointer.
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len() as _;
+    loop {
+        // SAFETY: msg points at `iov`, alive for the call; fd as in `recv`.
+        let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Half-closes the connection (sends FIN) once our last bytes are written. An error means
+/// the peer is gone already; the caller's deadline reaps it either way.
+pub fn shutdown_write(fd: RawFd) {
+    // SAFETY: fd as in `recv`.
+    if unsafe { libc::shutdown(fd, libc::SHUT_WR) } != 0 {
+        tracing::trace!(fd, error = %io::Error::last_os_error(), "shutdown(SHUT_WR) failed");
+    }
+}
+
+/// The peer's address, asked of the kernel (`getpeername`).
+pub fn peer_addr(fd: RawFd) -> Option<SocketAddr> {
+    // SAFETY: fd as in `recv`; the borrow does not outlive this call.
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    socket2::SockRef::from(&fd).peer_addr().ok()?.as_socket()
+}

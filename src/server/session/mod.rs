@@ -1,0 +1,737 @@
+//! One connection's decisions, sans-IO (the quinn-proto shape: `handle_*` in, `poll_*` out).
+//!
+//! A [`Session`] is the compact record a core keeps per connection in its slab. It takes bytes
+//! read from the socket ([`Session::handle_bytes`]) and deadlines ([`Session::handle_timeout`]),
+//! and decides: RFC 6455 frames in, control frames answered, the close handshake and the fail
+//! path (§7), pub/sub requests handed up to the core, replies, heartbeats, the overflow
+//! policies of its outbound queue and the pacing of a resume replay. What it wants written
+//! comes out of [`Session::poll_transmit`], its next deadline out of [`Session::poll_timeout`],
+//! and whether TCP should be half-closed out of [`Session::poll_fin`].
+//!
+//! It never touches a socket, a clock or a random source: the caller passes `now` (a tick of
+//! [`TICK_MS`]), the random source and the per-core context ([`Ctx`]), and does the I/O itself
+//! (`server::io`). So heartbeats, overflow, close and replay are unit-tested on a simulated
+//! clock (`session/tests.rs`).
+//!
+//! # Layout
+//! - this file: the record, its lifecycle ([`State`], [`Flags`]), input, timeouts, closes;
+//! - [`queue`]: the outbound queue of shared frames and the overflow policies;
+//! - [`reap`]: why a connection ended;
+//! - [`replay`]: resume replay paced by the queue, and live frames held behind it.
+
+pub mod queue;
+pub mod reap;
+pub mod replay;
+#[cfg(test)]
+mod tests;
+
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::task::Waker;
+
+use bytes::Bytes;
+use rand::Rng;
+use smallvec::SmallVec;
+use tungstenite::protocol::frame::coding::Data;
+
+use self::queue::OutQueue;
+pub use self::reap::ReapReason;
+use self::replay::Replay;
+use super::metrics::CoreMetrics;
+use super::timer::TICK_MS;
+use crate::config::Config;
+use crate::protocol::close::{CloseCode, CloseReason};
+use crate::protocol::{self, codes, ClientOp};
+use crate::ws::codec::{self, Decoder, Message, OpCode, Violation};
+use crate::ws::handshake::{self, HttpError, Request};
+
+/// A point in time on a core's clock, in ticks of [`TICK_MS`] milliseconds since the core
+/// started. Wraps after ~497 days; compare with `wrapping_sub`.
+pub type Tick = u32;
+
+/// Milliseconds → ticks, rounded up.
+pub fn ticks(ms: u64) -> Tick {
+    ms.div_ceil(TICK_MS) as Tick
+}
+
+/// Whether tick `a` is at or after tick `b` (wrap-aware).
+fn reached(a: Tick, b: Tick) -> bool {
+    (a.wrapping_sub(b) as i32) >= 0
+}
+
+/// Drain closes carry `retry_after_ms` drawn uniformly from 0 to this, in milliseconds.
+pub const DRAIN_RETRY_SPREAD_MS: u64 = 3000;
+
+/// Tag for queued frames that belong to no channel (replies, pongs, close frames).
+pub const NO_CHAN: u32 = u32::MAX;
+
+/// A ping with an empty payload (RFC 6455 §5.5.2), shared by every heartbeat.
+pub static PING: Bytes = Bytes::from_static(&[0x89, 0x00]);
+
+/// A connection's address on its core: slab key plus a generation that changes whenever the
+/// slot is reused, so a stale id (a message for a connection that already left) misses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnId {
+    /// Slab key.
+    pub key: u32,
+    /// Generation of the slot when the connection was accepted.
+    pub gen: u32,
+}
+
+impl ConnId {
+    /// A tombstone in a channel's subscriber list.
+    pub const DEAD: ConnId = ConnId { key: u32::MAX, gen: u32::MAX };
+}
+
+/// Where a plain HTTP connection stands between requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HttpPhase {
+    /// At least one request was answered: the deadline is an idle timeout, not a handshake
+    /// timeout.
+    pub served: bool,
+    /// The request being answered waits for another core (a publish, `/connections`): no
+    /// further pipelined request is parsed until it is answered.
+    pub awaiting: bool,
+    /// The request being answered asked for keep-alive (RFC 9112 §9.3).
+    pub keep_alive: bool,
+}
+
+/// Lifecycle of a connection (RFC 6455 §7, the close handshake).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Plain HTTP/1.1: reading request heads (the upgrade or an API request).
+    Http(HttpPhase),
+    /// Upgraded; frames flow both ways.
+    Open,
+    /// We sent a close frame and wait for the peer's until the close deadline; inbound data
+    /// frames are discarded, nothing but the queued tail and the close frame goes out.
+    ClosingByUs,
+    /// The last bytes are being written (our answer to the peer's close frame, the close frame
+    /// of a failed connection, RFC 6455 §7.1.7, or a final HTTP answer); FIN follows.
+    Finishing,
+    /// FIN sent: input is read and discarded until the peer's FIN or the close deadline, so
+    /// unread input never turns our close into a reset that could destroy the close frame.
+    Lingering,
+    /// Over: the connection's I/O owner tears it down now (no waiting on the peer).
+    Closed,
+}
+
+impl State {
+    /// Whether inbound bytes are parsed (HTTP requests or frames).
+    pub fn can_read(self) -> bool {
+        matches!(self, State::Http(_) | State::Open | State::ClosingByUs)
+    }
+
+    /// Whether new frames may be queued (replies, deliveries, pings).
+    pub fn can_write(self) -> bool {
+        self == State::Open
+    }
+}
+
+/// Conditions orthogonal to the lifecycle, one bit each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Flags(u8);
+
+impl Flags {
+    /// Queued frames wait for the socket to become writable.
+    pub const WANT_WRITE: Flags = Flags(1);
+    /// In the core's dirty list: frames were queued in this pass and await a flush.
+    pub const DIRTY: Flags = Flags(2);
+    /// `/echo`: data frames are echoed, not parsed as pub/sub requests.
+    pub const ECHO: Flags = Flags(4);
+    /// A ping is outstanding; the timer checks liveness at the pong deadline.
+    pub const AWAIT_PONG: Flags = Flags(8);
+    /// The drain scheduled this connection's close; its deadline means "close now".
+    pub const DRAIN: Flags = Flags(16);
+    /// Upgraded to WebSocket (counted in the connection gauge until reaped).
+    pub const UPGRADED: Flags = Flags(32);
+    /// The connection has published: its reads pause while the server is overloaded.
+    pub const PUBLISHER: Flags = Flags(64);
+    /// Reads paused for overload; listed in the core's held list until woken.
+    pub const HELD: Flags = Flags(128);
+
+    /// Whether every bit of `f` is set.
+    pub fn has(self, f: Flags) -> bool {
+        self.0 & f.0 == f.0
+    }
+
+    /// Sets the bits of `f`.
+    pub fn set(&mut self, f: Flags) {
+        self.0 |= f.0;
+    }
+
+    /// Clears the bits of `f`.
+    pub fn clear(&mut self, f: Flags) {
+        self.0 &= !f.0;
+    }
+}
+
+/// The limits a session applies, from the config, with durations in ticks.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// `heartbeat.ping_interval_ms` in ticks.
+    pub ping_interval: Tick,
+    /// `heartbeat.pong_timeout_ms` in ticks.
+    pub pong_timeout: Tick,
+    /// `limits.close_timeout_ms` in ticks: how long we wait for the peer's close frame or FIN.
+    pub close_timeout: Tick,
+    /// `limits.handshake_timeout_ms` in ticks: a request head must arrive within it (also the
+    /// idle timeout of keep-alive HTTP connections).
+    pub handshake_timeout: Tick,
+    /// `limits.queue_max_bytes`: outbound queue bound in bytes.
+    pub queue_max_bytes: usize,
+    /// `limits.queue_max_messages`: outbound queue bound in frames.
+    pub queue_max_messages: usize,
+    /// `limits.max_message_bytes`: largest client message (1009 beyond).
+    pub max_message_bytes: usize,
+    /// `limits.max_header_bytes`: largest HTTP request head (431 beyond).
+    pub max_header_bytes: usize,
+    /// `limits.max_publish_bytes`: largest HTTP publish body (413 beyond).
+    pub max_publish_bytes: usize,
+}
+
+impl SessionConfig {
+    /// The session's view of `cfg`.
+    pub fn new(cfg: &Config) -> SessionConfig {
+        let l = &cfg.limits;
+        SessionConfig {
+            ping_interval: ticks(cfg.heartbeat.ping_interval_ms).max(1),
+            pong_timeout: ticks(cfg.heartbeat.pong_timeout_ms).max(1),
+            close_timeout: ticks(l.close_timeout_ms),
+            handshake_timeout: ticks(l.handshake_timeout_ms),
+            queue_max_bytes: l.queue_max_bytes,
+            queue_max_messages: l.queue_max_messages,
+            max_message_bytes: l.max_message_bytes,
+            max_header_bytes: l.max_header_bytes,
+            max_publish_bytes: l.max_publish_bytes,
+        }
+    }
+}
+
+/// What every session call needs from its core: the time, the limits and the counters.
+pub struct Ctx<'a> {
+    /// Now, in ticks.
+    pub now: Tick,
+    /// The limits.
+    pub cfg: &'a SessionConfig,
+    /// The core's counters (relaxed atomics; counting is not I/O).
+    pub metrics: &'a CoreMetrics,
+}
+
+/// One subscription of a connection: the local channel and the position of this connection in
+/// that channel's subscriber list ([`PENDING`] until the home confirms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubEntry {
+    /// Index into the core's local channel table.
+    pub chan: u32,
+    /// Index into that channel's subscriber list, or [`PENDING`] / [`CANCELLED`].
+    pub pos: u32,
+}
+
+/// Position of a subscription still waiting for its `Subscribed` answer.
+pub const PENDING: u32 = u32::MAX;
+/// Position of a subscription unsubscribed while still pending: it stays in the list (in
+/// request order) until its answer arrives, so each answer meets the request it answers.
+pub const CANCELLED: u32 = u32::MAX - 1;
+
+impl SubEntry {
+    /// Whether the home confirmed this subscription (it sits in a subscriber list).
+    pub fn is_active(&self) -> bool {
+        self.pos < CANCELLED
+    }
+}
+
+/// One connection's state in its core's slab: ids, counters, a queue of shared frames.
+///
+/// An idle connection owns no read buffer (reads go to the core's scratch buffer; only the
+/// tail of a partial frame or request is kept in `pending_in`) and no write buffer (`queue`
+/// holds `Bytes` shared with every other subscriber). Its size is a product figure: see the
+/// `session_record_stays_compact` test.
+pub struct Session {
+    /// Generation (see [`ConnId`]).
+    pub gen: u32,
+    /// The socket, for the I/O layer; the session itself never uses it.
+    pub fd: RawFd,
+    state: State,
+    /// Orthogonal conditions.
+    pub flags: Flags,
+    reap: Option<ReapReason>,
+    /// Frames not yet written.
+    pub queue: OutQueue,
+    /// Channels this connection is subscribed to (usually one or two), kept by the core.
+    pub subs: SmallVec<[SubEntry; 2]>,
+    /// The waker of the task that does this connection's I/O.
+    pub waker: Option<Waker>,
+    decoder: Decoder,
+    /// Unconsumed input: a partial frame or request head. Empty (unallocated) when idle.
+    pending_in: Vec<u8>,
+    /// The one deadline of this connection ([`Session::poll_timeout`]).
+    deadline: Tick,
+    /// The deadline the core's timer wheel holds an entry for.
+    pub armed: Tick,
+    /// Tick of the last ping sent.
+    ping_sent: Tick,
+    /// Tick at which the outbound queue was last empty.
+    pub last_drained: Tick,
+    /// Resume replays in progress, in order (usually none).
+    replays: Option<Box<Vec<Replay>>>,
+}
+
+impl Session {
+    /// A connection accepted at `now`: speaking HTTP, with the handshake deadline armed.
+    pub fn new(gen: u32, fd: RawFd, now: Tick, cfg: &SessionConfig) -> Session {
+        Session {
+            gen,
+            fd,
+            state: State::Http(HttpPhase::default()),
+            flags: Flags::default(),
+            reap: None,
+            queue: OutQueue::default(),
+            subs: SmallVec::new(),
+            waker: None,
+            decoder: Decoder::new(),
+            pending_in: Vec::new(),
+            deadline: now.wrapping_add(cfg.handshake_timeout),
+            armed: now,
+            ping_sent: now,
+            last_drained: now,
+            replays: None,
+        }
+    }
+
+    /// The lifecycle state.
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// Why the connection ends, once decided.
+    pub fn reap_reason(&self) -> Option<ReapReason> {
+        self.reap
+    }
+
+    /// Whether the connection is over and must be torn down.
+    pub fn is_closed(&self) -> bool {
+        self.state == State::Closed
+    }
+
+    /// The peer's address, asked of the kernel (not stored: it would cost every connection
+    /// 32 bytes for a debugging view).
+    pub fn peer(&self) -> Option<SocketAddr> {
+        super::io::peer_addr(self.fd)
+    }
+
+    /// Wakes the task that does this connection's I/O.
+    pub fn wake(&self) {
+        if let Some(w) = &self.waker {
+            w.wake_by_ref();
+        }
+    }
+
+    /// Ends the connection now, without waiting on the peer (its TCP connection is closed by
+    /// the I/O owner): pong timeout, reset, EOF, deadlines.
+    pub fn kill(&mut self, why: ReapReason) {
+        self.reap.get_or_insert(why);
+        self.state = State::Closed;
+        self.wake();
+    }
+
+    // ---- input ----
+
+    /// Bytes read from the socket at `ctx.now`. Any input counts as liveness.
+    ///
+    /// - HTTP: kept until the core takes complete requests with [`Session::next_request`].
+    /// - WebSocket: frames are decoded; pings are answered, a close frame is answered and the
+    ///   connection finishes, a violation fails it with the violation's close code (1002, 1007,
+    ///   1009); pub/sub requests are appended to `requests` for the core, and a malformed one
+    ///   is answered with an `error` (the connection stays). `/echo` echoes data frames.
+    /// - Finishing, lingering or closed: discarded.
+    pub fn handle_bytes(&mut self, ctx: &Ctx, data: &[u8], requests: &mut Vec<ClientOp>) {
+        self.flags.clear(Flags::AWAIT_PONG);
+        match self.state {
+            State::Http(_) => self.pending_in.extend_from_slice(data),
+            State::Open | State::ClosingByUs => self.decode(ctx, data, requests),
+            State::Finishing | State::Lingering | State::Closed => {}
+        }
+    }
+
+    /// The peer closed TCP (`EOF`) or the socket failed.
+    pub fn handle_eof(&mut self, why: ReapReason) {
+        self.kill(why);
+    }
+
+    fn decode(&mut self, ctx: &Ctx, data: &[u8], requests: &mut Vec<ClientOp>) {
+        let mut pending = std::mem::take(&mut self.pending_in);
+        let buf: &[u8] = if pending.is_empty() {
+            data
+        } else {
+            pending.extend_from_slice(data);
+            &pending
+        };
+        let mut pos = 0;
+        while pos < buf.len() {
+            if !matches!(self.state, State::Open | State::ClosingByUs) {
+                pos = buf.len();
+                break;
+            }
+            match self.decoder.decode(&buf[pos..], ctx.cfg.max_message_bytes, true) {
+                Ok((0, None)) => break,
+                Ok((n, None)) => pos += n,
+                Ok((n, Some(m))) => {
+                    pos += n;
+                    self.on_message(ctx, m, requests);
+                }
+                Err(v) => {
+                    self.fail(ctx, v);
+                    pos = buf.len();
+                }
+            }
+        }
+        if pos < buf.len() {
+            self.pending_in = if pending.is_empty() {
+                buf[pos..].to_vec()
+            } else {
+                pending.drain(..pos);
+                pending
+            };
+        }
+    }
+
+    fn on_message(&mut self, ctx: &Ctx, m: Message, requests: &mut Vec<ClientOp>) {
+        if self.state == State::ClosingByUs {
+            // Our close is out: only the peer's close matters now (RFC 6455 §7.1.2).
+            if let Message::Close { .. } = m {
+                self.kill(self.reap.unwrap_or(ReapReason::Close));
+            }
+            return;
+        }
+        let echo = self.flags.has(Flags::ECHO);
+        match m {
+            // `/echo` is a conformance endpoint: not bounded by the queue limits; the I/O
+            // owner stops reading while an echo waits for the socket instead.
+            Message::Text(p) if echo => self.queue.push(codec::text_frame(&p), NO_CHAN),
+            Message::Binary(p) if echo => self.queue.push(codec::encode_frame(OpCode::Data(Data::Binary), &p), NO_CHAN),
+            Message::Text(p) => match protocol::parse_client_op(&p) {
+                Ok(op) => requests.push(op),
+                Err(e) => {
+                    self.reply(ctx, codec::text_frame(&e.to_json()));
+                }
+            },
+            Message::Binary(_) => {
+                let e = protocol::error_json(codes::BAD_REQUEST, "binary frames are not part of protocol v1; send JSON text", None);
+                self.reply(ctx, codec::text_frame(&e));
+            }
+            Message::Ping(p) => {
+                self.reply(ctx, codec::pong_frame(&p));
+            }
+            Message::Pong(_) => {}
+            Message::Close { code, .. } => {
+                // Echo the peer's code (RFC 6455 §5.5.1), then close TCP once it is written.
+                let code = code.unwrap_or(CloseCode::Normal);
+                ctx.metrics.close(code);
+                self.queue.push(codec::close_frame(code, ""), NO_CHAN);
+                self.state = State::Finishing;
+                self.reap.get_or_insert(ReapReason::Close);
+            }
+        }
+    }
+
+    // ---- HTTP ----
+
+    /// The next complete HTTP request held in the input (head and body), in order; `None`
+    /// while it is incomplete, or while an earlier answer waits (for the socket or another
+    /// core). An `Err` is a request to refuse (400, 413, 431 …) and close after.
+    pub fn next_request(&mut self, cfg: &SessionConfig) -> Option<Result<(Request, Vec<u8>), HttpError>> {
+        let State::Http(phase) = self.state else { return None };
+        if phase.awaiting || self.flags.has(Flags::WANT_WRITE) || self.pending_in.is_empty() {
+            if self.pending_in.is_empty() && self.pending_in.capacity() > 0 {
+                self.pending_in = Vec::new();
+            }
+            return None;
+        }
+        let req = match handshake::parse_request(&self.pending_in, cfg.max_header_bytes) {
+            Ok(None) => return None,
+            Ok(Some(r)) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        let body_area = &self.pending_in[req.head_len..];
+        let (body, consumed) = if req.chunked {
+            match crate::http::decode_chunked(body_area, cfg.max_publish_bytes) {
+                Ok(None) => return None,
+                Ok(Some((b, n))) => (b, req.head_len + n),
+                Err(e) => return Some(Err(e)),
+            }
+        } else {
+            let len = req.content_length.unwrap_or(0);
+            if len > cfg.max_publish_bytes {
+                return Some(Err(HttpError::new(413, "request body larger than limits.max_publish_bytes")));
+            }
+            if body_area.len() < len {
+                return None;
+            }
+            (body_area[..len].to_vec(), req.head_len + len)
+        };
+        self.pending_in.drain(..consumed);
+        Some(Ok((req, body)))
+    }
+
+    /// The answer to the current request waits for another core; `keep_alive` as requested.
+    pub fn await_answer(&mut self, keep_alive: bool) {
+        if let State::Http(p) = &mut self.state {
+            p.awaiting = true;
+            p.keep_alive = keep_alive;
+        }
+    }
+
+    /// Whether the current request waits for another core's answer, and its keep-alive.
+    pub fn awaiting(&self) -> Option<bool> {
+        match self.state {
+            State::Http(p) if p.awaiting => Some(p.keep_alive),
+            _ => None,
+        }
+    }
+
+    /// Queues an HTTP response. Without keep-alive the connection finishes after it (and the
+    /// input still held is dropped); with it, the idle deadline restarts. HTTP answers are not
+    /// bounded by the queue limits: the I/O owner stops reading while they wait for the socket.
+    pub fn respond(&mut self, ctx: &Ctx, resp: Vec<u8>, keep_alive: bool) {
+        let State::Http(p) = &mut self.state else { return };
+        p.served = true;
+        if std::mem::take(&mut p.awaiting) {
+            // The I/O owner stopped reading while the answer was awaited: resume it.
+            self.wake();
+        }
+        self.queue.push(Bytes::from(resp), NO_CHAN);
+        if keep_alive {
+            self.deadline = ctx.now.wrapping_add(ctx.cfg.handshake_timeout);
+        } else {
+            self.pending_in = Vec::new();
+            self.finish(ctx);
+        }
+    }
+
+    /// RFC 6455 §4.2.2: queues the 101 `response`, becomes a WebSocket connection (an `/echo`
+    /// one with `echo`) and schedules its first heartbeat. Frames the client sent right behind
+    /// its request head stay in the input: feed them with `handle_bytes(ctx, &[], …)`.
+    pub fn upgrade(&mut self, ctx: &Ctx, response: Vec<u8>, echo: bool, rng: &mut impl Rng) {
+        self.state = State::Open;
+        self.flags.set(Flags::UPGRADED);
+        if echo {
+            self.flags.set(Flags::ECHO);
+        }
+        self.queue.push(Bytes::from(response), NO_CHAN);
+        self.first_ping(ctx, rng);
+    }
+
+    /// Whether input is held that the session has not consumed yet.
+    pub fn has_pending_input(&self) -> bool {
+        !self.pending_in.is_empty()
+    }
+
+    // ---- output ----
+
+    /// Queues `frame` under the overflow policy `policy` (`None` for replies, which overflow
+    /// like `disconnect`). Returns whether it was queued. With `disconnect`, an overflow
+    /// closes the connection with 1013 (the queued data dropped, the close frame first).
+    pub fn enqueue(&mut self, ctx: &Ctx, frame: Bytes, chan: u32, policy: Option<crate::config::Overflow>) -> bool {
+        if !self.state.can_write() {
+            return false;
+        }
+        if chan != NO_CHAN && self.replays.is_some() {
+            match self.hold_for_replay(ctx, chan, &frame, policy) {
+                replay::Held::Queued => return true,
+                replay::Held::Overflow => {
+                    ctx.metrics.overflow(0, self.queue.bytes() as u64);
+                    self.close(ctx, CloseCode::Again, &CloseReason::slow("replay backlog").to_json(), ReapReason::Overflow);
+                    return false;
+                }
+                replay::Held::NotReplaying => {}
+            }
+        }
+        match self.queue.offer(ctx, frame, chan, policy) {
+            queue::Offer::Queued => true,
+            queue::Offer::Dropped => false,
+            queue::Offer::Overflow => {
+                let limit = format!("queue_max_bytes={},queue_max_messages={}", ctx.cfg.queue_max_bytes, ctx.cfg.queue_max_messages);
+                self.close(ctx, CloseCode::Again, &CloseReason::slow(limit).to_json(), ReapReason::Overflow);
+                false
+            }
+        }
+    }
+
+    /// Queues a reply (ack, error, pong, subscribed …); it overflows like `disconnect`.
+    pub fn reply(&mut self, ctx: &Ctx, frame: Bytes) -> bool {
+        self.enqueue(ctx, frame, NO_CHAN, None)
+    }
+
+    /// Fills `iov` with the queued bytes, front first; returns how many slices it filled (0
+    /// when nothing is queued). The caller writes them and reports with
+    /// [`Session::transmitted`].
+    pub fn poll_transmit<'a>(&'a self, iov: &mut [std::io::IoSlice<'a>]) -> usize {
+        self.queue.fill(iov)
+    }
+
+    /// `n` bytes of what [`Session::poll_transmit`] offered were written at `now`.
+    pub fn transmitted(&mut self, n: usize, now: Tick) {
+        self.queue.advance(n);
+        if self.queue.is_empty() {
+            self.last_drained = now;
+        }
+    }
+
+    /// Whether TCP should be half-closed now: everything is written while finishing. Moves to
+    /// lingering (input read and dropped until the peer's FIN or the close deadline).
+    pub fn poll_fin(&mut self, ctx: &Ctx) -> bool {
+        if self.state != State::Finishing || !self.queue.is_empty() {
+            return false;
+        }
+        self.state = State::Lingering;
+        self.reap.get_or_insert(ReapReason::Close);
+        self.deadline = ctx.now.wrapping_add(ctx.cfg.close_timeout);
+        true
+    }
+
+    // ---- closes ----
+
+    /// Starts the close handshake from our side (RFC 6455 §7.1.2): the close frame goes out
+    /// (ahead of the queued data, which is dropped, when `why` is an overflow), then we wait for
+    /// the peer's close until `limits.close_timeout_ms`.
+    pub fn close(&mut self, ctx: &Ctx, code: CloseCode, reason: &str, why: ReapReason) {
+        if !self.state.can_write() {
+            return;
+        }
+        if why == ReapReason::Overflow {
+            self.queue.clear();
+        }
+        self.queue.push(codec::close_frame(code, reason), NO_CHAN);
+        self.state = State::ClosingByUs;
+        self.reap = Some(why);
+        ctx.metrics.close(code);
+        self.deadline = ctx.now.wrapping_add(ctx.cfg.close_timeout);
+    }
+
+    /// Fails the connection (RFC 6455 §7.1.7): a close frame with the violation's code, then
+    /// FIN once it is written, without waiting for the peer's close.
+    pub fn fail(&mut self, ctx: &Ctx, v: Violation) {
+        if !self.state.can_write() {
+            self.kill(ReapReason::Protocol);
+            return;
+        }
+        self.queue.push(codec::close_frame(v.code, v.reason), NO_CHAN);
+        self.reap = Some(ReapReason::Protocol);
+        ctx.metrics.close(v.code);
+        self.finish(ctx);
+    }
+
+    fn finish(&mut self, ctx: &Ctx) {
+        self.state = State::Finishing;
+        self.deadline = ctx.now.wrapping_add(ctx.cfg.close_timeout);
+    }
+
+    // ---- deadlines ----
+
+    /// The tick of this connection's next deadline. The caller files it in its timer wheel
+    /// and calls [`Session::handle_timeout`] when it comes.
+    pub fn poll_timeout(&self) -> Tick {
+        self.deadline
+    }
+
+    /// Schedules the drain close of this connection at `at` (an open connection only).
+    pub fn start_drain(&mut self, at: Tick) {
+        if self.state == State::Open {
+            self.flags.set(Flags::DRAIN);
+            self.deadline = at;
+        }
+    }
+
+    /// The deadline came (at `ctx.now`): the handshake or idle timeout of HTTP, the drain
+    /// close (`drain`: the code of the drain in progress), the heartbeat (ping, or the reap of
+    /// a peer that did not answer within the pong timeout), or the close-handshake deadline.
+    /// A call before the deadline does nothing.
+    pub fn handle_timeout(&mut self, ctx: &Ctx, drain: Option<CloseCode>, rng: &mut impl Rng) {
+        if !reached(ctx.now, self.deadline) {
+            return;
+        }
+        match self.state {
+            State::Http(p) => {
+                if p.served {
+                    // An idle keep-alive connection.
+                    self.kill(ReapReason::Eof);
+                } else {
+                    ctx.metrics.handshake_failure(super::metrics::HandshakeFailure::Timeout);
+                    self.kill(ReapReason::HandshakeTimeout);
+                }
+            }
+            State::Open if self.flags.has(Flags::DRAIN) => {
+                // A per-connection random hint: clients take it as the floor of their next
+                // wait, so a common value would line them all up again; a random one spreads
+                // their return over DRAIN_RETRY_SPREAD_MS even when the drain window is short.
+                let code = drain.unwrap_or(CloseCode::Restart);
+                let reason = CloseReason::drain(code, rng.random_range(0..=DRAIN_RETRY_SPREAD_MS));
+                ctx.metrics.drain_remaining.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                self.flags.clear(Flags::DRAIN);
+                self.close(ctx, code, &reason.to_json(), ReapReason::Drain);
+            }
+            State::Open => self.heartbeat(ctx),
+            State::ClosingByUs | State::Finishing | State::Lingering => self.kill(ReapReason::CloseTimeout),
+            State::Closed => {}
+        }
+    }
+
+    /// Pings when the interval has passed since the last ping; reaps a peer that stayed
+    /// silent for the pong timeout after one (any inbound byte clears the wait).
+    fn heartbeat(&mut self, ctx: &Ctx) {
+        let (now, interval, pong) = (ctx.now, ctx.cfg.ping_interval, ctx.cfg.pong_timeout);
+        let awaiting = self.flags.has(Flags::AWAIT_PONG);
+        if awaiting && reached(now, self.ping_sent.wrapping_add(pong)) {
+            self.kill(ReapReason::PongTimeout);
+            return;
+        }
+        self.queue.shrink_idle();
+        if !awaiting && reached(now, self.ping_sent.wrapping_add(interval)) {
+            self.ping_sent = now;
+            self.flags.set(Flags::AWAIT_PONG);
+            ctx.metrics.pings_sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.reply(ctx, PING.clone());
+            if !self.state.can_write() {
+                return;
+            }
+        }
+        // Next look: the next ping time, or the pong deadline if that comes first. A pong
+        // clears AWAIT_PONG without moving the deadline, so the ping time must be a candidate
+        // even while a pong is awaited.
+        let ping_due = self.ping_sent.wrapping_add(interval);
+        let mut next = ping_due;
+        if self.flags.has(Flags::AWAIT_PONG) {
+            let pong_due = self.ping_sent.wrapping_add(pong);
+            if !reached(now, ping_due) && !reached(ping_due, pong_due) {
+                next = ping_due;
+            } else {
+                next = pong_due;
+            }
+        }
+        self.deadline = if reached(now, next) { now.wrapping_add(1) } else { next };
+    }
+
+    /// Schedules the first heartbeat of a connection that just upgraded at a random point in
+    /// `[interval/2, 3·interval/2)`: the phase is uniform over a whole interval, so connections
+    /// opened together are pinged evenly rather than in lock-step (or in half-interval
+    /// bursts), and a fresh connection is not pinged in its first moments (conformance suites
+    /// count every frame).
+    fn first_ping(&mut self, ctx: &Ctx, rng: &mut impl Rng) {
+        let interval = ctx.cfg.ping_interval;
+        let offset = interval.div_ceil(2) + rng.random_range(0..interval);
+        self.ping_sent = ctx.now.wrapping_add(offset).wrapping_sub(interval);
+        self.deadline = ctx.now.wrapping_add(offset);
+    }
+}
+
+#[cfg(test)]
+mod size {
+    #[test]
+    fn session_record_stays_compact() {
+        // The per-connection cost at C1M: keep the slab entry small (see benches/density).
+        let size = std::mem::size_of::<super::Session>();
+        eprintln!("Session (the per-connection record): {size} bytes");
+        assert!(size <= 200, "Session is {size} bytes");
+    }
+}

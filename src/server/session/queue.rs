@@ -1,0 +1,173 @@
+//! A connection's outbound queue: shared frames (each encoded once for every subscriber), the
+//! written part of the front one, and the overflow policies that keep it bounded (DESIGN §3,
+//! docs/operations.md "Slow subscribers").
+
+use std::collections::VecDeque;
+use std::io::IoSlice;
+
+use bytes::Bytes;
+
+use super::Ctx;
+use crate::config::Overflow;
+
+/// Frames handed to one `sendmsg` at most.
+pub const MAX_IOV: usize = 64;
+
+/// One queued outbound frame and the local channel it belongs to (for overflow policies).
+#[derive(Debug)]
+pub struct Out {
+    /// The complete encoded frame, shared with every other subscriber.
+    pub frame: Bytes,
+    /// Local channel index, or [`NO_CHAN`](super::NO_CHAN).
+    pub chan: u32,
+}
+
+/// What [`OutQueue::offer`] did with a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offer {
+    /// Queued (after dropping or replacing older frames of its channel, by policy).
+    Queued,
+    /// Not queued: the policy found nothing of its channel to make room (`drop-oldest`,
+    /// `conflate`); the subscriber sees the seq gap.
+    Dropped,
+    /// Full under `disconnect` (or a reply): the connection must close with 1013.
+    Overflow,
+}
+
+/// The queue. Bounded by the caller's limits, except for HTTP answers and `/echo` frames,
+/// which are pushed directly (the reader stops reading while they wait instead).
+#[derive(Debug, Default)]
+pub struct OutQueue {
+    frames: VecDeque<Out>,
+    /// Bytes queued, minus the written part of the front frame.
+    bytes: u32,
+    /// Bytes of the front frame already written.
+    offset: u32,
+}
+
+impl OutQueue {
+    /// Bytes not yet written.
+    pub fn bytes(&self) -> usize {
+        self.bytes as usize
+    }
+
+    /// Frames queued (the front one may be partly written).
+    pub fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// Whether everything was written.
+    pub fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    /// Appends a frame without limit checks.
+    pub fn push(&mut self, frame: Bytes, chan: u32) {
+        self.bytes += frame.len() as u32;
+        self.frames.push_back(Out { frame, chan });
+    }
+
+    /// Whether `extra` more bytes in one more frame stay within the limits.
+    fn fits(&self, ctx: &Ctx, extra: usize) -> bool {
+        self.frames.len() < ctx.cfg.queue_max_messages && self.bytes() + extra <= ctx.cfg.queue_max_bytes
+    }
+
+    /// Queues `frame` of local channel `chan` within `limits.queue_max_bytes` and
+    /// `limits.queue_max_messages`, applying `policy` when it does not fit (`None`: a reply,
+    /// which overflows like `disconnect`). Counts overflows in `tether_overflow_total`.
+    pub fn offer(&mut self, ctx: &Ctx, frame: Bytes, chan: u32, policy: Option<Overflow>) -> Offer {
+        if !self.fits(ctx, frame.len()) {
+            match policy.unwrap_or(Overflow::Disconnect) {
+                Overflow::Disconnect => {
+                    ctx.metrics.overflow(0, self.bytes as u64);
+                    return Offer::Overflow;
+                }
+                Overflow::DropOldest => {
+                    ctx.metrics.overflow(1, self.bytes as u64);
+                    // The front may be partly written: never drop it.
+                    let mut i = 1;
+                    while !self.fits(ctx, frame.len()) && i < self.frames.len() {
+                        if self.frames[i].chan == chan {
+                            let o = self.frames.remove(i).expect("index checked");
+                            self.bytes -= o.frame.len() as u32;
+                        } else {
+                            i += 1;
+                        }
+                    }
+                    if !self.fits(ctx, frame.len()) {
+                        return Offer::Dropped;
+                    }
+                }
+                Overflow::Conflate => {
+                    ctx.metrics.overflow(2, self.bytes as u64);
+                    let start = usize::from(self.offset > 0);
+                    let Some(i) = (start..self.frames.len()).rev().find(|&i| self.frames[i].chan == chan) else {
+                        return Offer::Dropped;
+                    };
+                    self.bytes = self.bytes - self.frames[i].frame.len() as u32 + frame.len() as u32;
+                    self.frames[i].frame = frame;
+                    return Offer::Queued;
+                }
+            }
+        }
+        self.push(frame, chan);
+        Offer::Queued
+    }
+
+    /// Drops every queued frame except the unwritten rest of a partly written front frame
+    /// (cutting a frame in half would corrupt the stream).
+    pub fn clear(&mut self) {
+        let keep = if self.offset > 0 { self.frames.pop_front() } else { None };
+        self.frames.clear();
+        self.bytes = 0;
+        if let Some(f) = keep {
+            self.bytes = f.frame.len() as u32 - self.offset;
+            self.frames.push_back(f);
+        }
+    }
+
+    /// Gives an empty queue's memory back (between bursts of an idle connection).
+    pub fn shrink_idle(&mut self) {
+        if self.frames.is_empty() && self.frames.capacity() > 0 {
+            self.frames = VecDeque::new();
+        }
+    }
+
+    /// Room for `n` more frames without reaching `max_msgs`/`max_bytes`, for a frame of
+    /// `len` bytes; an empty queue always takes one frame, however large.
+    pub fn has_room(&self, len: usize, max_msgs: usize, max_bytes: usize) -> bool {
+        self.frames.is_empty() || (self.frames.len() < max_msgs && self.bytes() + len <= max_bytes)
+    }
+
+    /// Fills `iov` with the unwritten bytes, front first; returns the slices filled.
+    pub fn fill<'a>(&'a self, iov: &mut [IoSlice<'a>]) -> usize {
+        let mut n = 0;
+        for (i, o) in self.frames.iter().take(iov.len()).enumerate() {
+            let skip = if i == 0 { self.offset as usize } else { 0 };
+            iov[i] = IoSlice::new(&o.frame[skip..]);
+            n += 1;
+        }
+        n
+    }
+
+    /// `written` bytes from the front were sent.
+    pub fn advance(&mut self, mut written: usize) {
+        self.bytes -= written as u32;
+        while written > 0 {
+            let front_left = self.frames[0].frame.len() - self.offset as usize;
+            if written >= front_left {
+                written -= front_left;
+                self.frames.pop_front();
+                self.offset = 0;
+            } else {
+                self.offset += written as u32;
+                written = 0;
+            }
+        }
+    }
+
+    /// The queued frames, front first (for inspection and tests).
+    pub fn frames(&self) -> impl Iterator<Item = &Out> {
+        self.frames.iter()
+    }
+}
