@@ -18,6 +18,8 @@
 //!   benches; it can also drive other RFC 6455 servers (`--raw`).
 //! - [`client`]: the tokio client (`tether::client`) and the `sub`/`pub` command-line tools.
 
+#![warn(missing_docs, unreachable_pub)]
+
 pub mod client;
 pub mod config;
 pub mod http;

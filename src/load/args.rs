@@ -54,6 +54,7 @@ pub struct IdleArgs {
     /// SIGTERM or SIGINT ends the hold early (the report is still printed).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub hold: Duration,
+    /// Options shared by every scenario.
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -115,6 +116,7 @@ pub struct FanoutArgs {
     /// MiBs, and the server's own queue limit is reached only after that much more data.
     #[arg(long, default_value_t = 1460)]
     pub non_reader_mss: u32,
+    /// Options shared by every scenario.
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -127,6 +129,7 @@ pub struct ConnectArgs {
     /// Handshakes to perform; each connection sends close 1000 and is reset right after.
     #[arg(long)]
     pub conns: usize,
+    /// Options shared by every scenario.
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -172,6 +175,7 @@ pub struct StormArgs {
     /// are primed and no close came).
     #[arg(long, default_value = "120s", value_parser = parse_duration)]
     pub timeout: Duration,
+    /// Options shared by every scenario.
     #[command(flatten)]
     pub common: CommonArgs,
 }

@@ -39,7 +39,10 @@ pub struct ConnRef {
 #[derive(Debug)]
 pub enum PublishResult {
     /// Stored as `seq` (also for a duplicate id: the original seq).
-    Stored { seq: u64 },
+    Stored {
+        /// The channel's seq for this message.
+        seq: u64,
+    },
     /// Refused (a broker that cannot store it now).
     Refused(RequestError),
 }
@@ -50,15 +53,47 @@ pub enum PublishResult {
 pub enum Request {
     /// Publish `data` (raw JSON text) on `ch`; `id` is the publisher's dedup key. The answer
     /// ([`CoreMsg::Published`]) goes to `reply` when given.
-    Publish { ch: Arc<str>, id: Option<Box<str>>, data: Bytes, reply: Option<ConnRef> },
+    Publish {
+        /// Channel name.
+        ch: Arc<str>,
+        /// The publisher's message id (`pub.id`, `Idempotency-Key`), for dedup.
+        id: Option<Box<str>>,
+        /// The message: compact JSON text, validated on the way in.
+        data: Bytes,
+        /// Who gets the answer.
+        reply: Option<ConnRef>,
+    },
     /// Subscribe `conn` to `ch`, resuming after `from` when given (and `epoch` matches).
     /// Answered with [`CoreMsg::Subscribed`].
-    Subscribe { ch: Arc<str>, conn: ConnRef, from: Option<u64>, epoch: Option<Box<str>> },
+    Subscribe {
+        /// Channel name.
+        ch: Arc<str>,
+        /// The subscribing connection.
+        conn: ConnRef,
+        /// The last seq the client processed, to resume after.
+        from: Option<u64>,
+        /// The epoch `from` belongs to, as the client last saw it.
+        epoch: Option<Box<str>>,
+    },
     /// One subscription of core `core` to `ch` ended. Not answered.
-    Unsubscribe { ch: Arc<str>, core: u16 },
+    Unsubscribe {
+        /// Channel name.
+        ch: Arc<str>,
+        /// The core whose subscription ended.
+        core: u16,
+    },
     /// The next history batch of `ch` for a resuming subscriber: seqs after `after`, up to
     /// `until`. Answered with [`CoreMsg::ReplayBatch`].
-    Fetch { ch: Arc<str>, conn: ConnRef, after: u64, until: u64 },
+    Fetch {
+        /// Channel name.
+        ch: Arc<str>,
+        /// The resuming connection.
+        conn: ConnRef,
+        /// Last seq already fetched.
+        after: u64,
+        /// Last seq of the replay (the head when the subscription began).
+        until: u64,
+    },
 }
 
 impl Request {
@@ -85,18 +120,64 @@ pub enum BusMsg {
 #[derive(Debug)]
 pub enum CoreMsg {
     /// The answer to a [`Request::Publish`], for the publisher's core.
-    Published { reply: ConnRef, ch: Arc<str>, id: Option<Box<str>>, result: PublishResult },
+    Published {
+        /// The publishing connection.
+        reply: ConnRef,
+        /// Channel name.
+        ch: Arc<str>,
+        /// The publish id, echoed in the `ack`.
+        id: Option<Box<str>>,
+        /// Stored (with its seq) or refused.
+        result: PublishResult,
+    },
     /// The home registered the subscription: `conn` receives every seq after `head`.
-    Subscribed { ch: Arc<str>, conn: ConnId, head: u64, epoch: Arc<str>, resume: Resume },
+    Subscribed {
+        /// Channel name.
+        ch: Arc<str>,
+        /// The subscribing connection, on the receiving core.
+        conn: ConnId,
+        /// The channel's head when the subscription was registered (0 before any publish).
+        head: u64,
+        /// The channel's current epoch.
+        epoch: Arc<str>,
+        /// How the resume point, if any, resolved.
+        resume: Resume,
+    },
     /// Deliver the encoded frame of message `seq` of `ch` to local subscribers.
-    Deliver { ch: Arc<str>, seq: u64, frame: Bytes },
+    Deliver {
+        /// Channel name.
+        ch: Arc<str>,
+        /// The message's seq.
+        seq: u64,
+        /// The complete `msg` frame, shared by every subscriber.
+        frame: Bytes,
+    },
     /// The answer to a [`Request::Fetch`]: frames after `after`, or `evicted = Some(oldest)`
     /// when that part of history is gone meanwhile.
-    ReplayBatch { ch: Arc<str>, conn: ConnId, frames: Vec<Bytes>, evicted: Option<u64> },
+    ReplayBatch {
+        /// Channel name.
+        ch: Arc<str>,
+        /// The resuming connection, on the receiving core.
+        conn: ConnId,
+        /// `msg` frames of the next seqs, in order.
+        frames: Vec<Bytes>,
+        /// `Some(oldest kept seq)` when the rest of the replay was evicted from history.
+        evicted: Option<u64>,
+    },
     /// `GET /connections`: list this core's `top` connections by queued bytes.
-    Inspect { reply: ConnRef, top: usize },
+    Inspect {
+        /// The HTTP connection that asked.
+        reply: ConnRef,
+        /// Rows wanted.
+        top: usize,
+    },
     /// One core's answer to [`CoreMsg::Inspect`].
-    Inspected { reply: ConnRef, rows: Vec<ConnRow> },
+    Inspected {
+        /// The HTTP connection that asked.
+        reply: ConnRef,
+        /// This core's largest queues.
+        rows: Vec<ConnRow>,
+    },
 }
 
 /// One connection in `GET /connections` (a debugging view of the largest outbound queues).
@@ -123,9 +204,21 @@ pub enum Resume {
     Live,
     /// `from` was found: replay seqs `from+1 ..= until` (the head at subscribe) before live
     /// ones. `frames` is the first batch; the rest is fetched as the connection drains.
-    Recovered { from: u64, frames: Vec<Bytes>, until: u64 },
+    Recovered {
+        /// The client's resume point.
+        from: u64,
+        /// The first history batch (seqs `from+1 ..`).
+        frames: Vec<Bytes>,
+        /// The last seq to replay from history.
+        until: u64,
+    },
     /// The resume point is gone: send `reset` (evicted or epoch) with the oldest kept seq.
-    Reset { reason: crate::protocol::ResetReason, oldest: u64 },
+    Reset {
+        /// Why: evicted from history, or another epoch.
+        reason: crate::protocol::ResetReason,
+        /// The oldest seq still in history.
+        oldest: u64,
+    },
     /// `from` is beyond `head`: answer with an `error`.
     Ahead,
 }

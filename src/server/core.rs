@@ -23,7 +23,7 @@ use super::local::LocalChannels;
 use super::metrics::CoreMetrics;
 use super::session::queue::MAX_IOV;
 use super::session::replay::Fetch;
-use super::session::{ticks, ConnId, Ctx, Flags, ReapReason, Session, SessionConfig, State, Tick};
+use super::session::{ConnId, Ctx, Flags, ReapReason, Session, SessionConfig, State, Tick};
 use super::timer::{TimerWheel, TICK_MS};
 use super::{io as sock, Shared};
 use crate::protocol::{self, ClientOp};
@@ -362,7 +362,7 @@ impl CoreState {
 
     /// A deadline filed for `id` at tick `due` came.
     pub fn on_timer(&mut self, id: ConnId, due: Tick) {
-        if !self.conn(id).is_some_and(|s| s.armed == due) {
+        if self.conn(id).is_none_or(|s| s.armed != due) {
             return; // the deadline moved, or the slot holds another connection
         }
         let drain = self.shared.drain_code();
@@ -437,10 +437,5 @@ impl CoreState {
             CoreMsg::Inspected { reply, rows } => self.inspected(reply.id, rows),
             CoreMsg::Deliver { .. } => unreachable!("the processor walks deliveries itself"),
         }
-    }
-
-    /// Milliseconds → ticks, rounded up.
-    pub fn ticks(ms: u64) -> Tick {
-        ticks(ms)
     }
 }

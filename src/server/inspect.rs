@@ -57,7 +57,7 @@ impl CoreState {
             return;
         }
         let mut g = self.inspects.swap_remove(i);
-        g.rows.sort_by(|a, b| b.queued_bytes.cmp(&a.queued_bytes));
+        g.rows.sort_by_key(|r| std::cmp::Reverse(r.queued_bytes));
         g.rows.truncate(g.top);
         self.answer_inspect(id, g.rows);
     }

@@ -76,10 +76,11 @@ pub async fn run(core: Rc<RefCell<CoreState>>) {
             }
             handled += 1;
             if handled % PASS == 0 {
-                let mut st = core.borrow_mut();
-                st.flush_dirty();
-                super::tick::catch_up(&mut st);
-                drop(st);
+                {
+                    let mut st = core.borrow_mut();
+                    st.flush_dirty();
+                    super::tick::catch_up(&mut st);
+                }
                 yield_now().await;
             }
         }

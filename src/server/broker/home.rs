@@ -265,16 +265,6 @@ impl Homes {
         self.chans.retain(|_, c| c.interest.iter().any(|n| *n > 0) || now_ms.saturating_sub(c.last_publish_ms) < idle_ms);
         before - self.chans.len()
     }
-
-    /// Channels homed here.
-    pub fn len(&self) -> usize {
-        self.chans.len()
-    }
-
-    /// Whether no channel is homed here.
-    pub fn is_empty(&self) -> bool {
-        self.chans.is_empty()
-    }
 }
 
 /// The `msg` frame of one message: a complete unmasked text frame, built once per publish.

@@ -24,11 +24,6 @@ impl MemoryBroker {
         let dedup = Dedup::new(cfg.dedup.window_ms, (cfg.dedup.max_entries / shared.cores).max(1));
         MemoryBroker { homes: Homes::new(shared.cores, dedup), shared }
     }
-
-    /// The channels homed on this core.
-    pub fn homes(&self) -> &Homes {
-        &self.homes
-    }
 }
 
 impl Broker for MemoryBroker {

@@ -273,7 +273,9 @@ pub struct Session {
     ping_sent: Tick,
     /// Tick at which the outbound queue was last empty.
     pub last_drained: Tick,
-    /// Resume replays in progress, in order (usually none).
+    /// Resume replays in progress, in order (usually none). Boxed: an idle connection pays
+    /// 8 bytes here instead of the 24 of an empty `Vec`.
+    #[allow(clippy::box_collection)]
     replays: Option<Box<Vec<Replay>>>,
 }
 
@@ -347,10 +349,12 @@ impl Session {
     /// - Finishing, lingering or closed: discarded.
     pub fn handle_bytes(&mut self, ctx: &Ctx, data: &[u8], requests: &mut Vec<ClientOp>) {
         self.flags.clear(Flags::AWAIT_PONG);
+        if !self.state.can_read() {
+            return;
+        }
         match self.state {
             State::Http(_) => self.pending_in.extend_from_slice(data),
-            State::Open | State::ClosingByUs => self.decode(ctx, data, requests),
-            State::Finishing | State::Lingering | State::Closed => {}
+            _ => self.decode(ctx, data, requests),
         }
     }
 
@@ -536,7 +540,7 @@ impl Session {
         if !self.state.can_write() {
             return false;
         }
-        if chan != NO_CHAN && self.replays.is_some() {
+        if chan != NO_CHAN && self.replaying() {
             match self.hold_for_replay(ctx, chan, &frame, policy) {
                 replay::Held::Queued => return true,
                 replay::Held::Overflow => {

@@ -165,9 +165,4 @@ impl OutQueue {
             }
         }
     }
-
-    /// The queued frames, front first (for inspection and tests).
-    pub fn frames(&self) -> impl Iterator<Item = &Out> {
-        self.frames.iter()
-    }
 }
