@@ -86,6 +86,10 @@ pub const KEEP_ALIVE: u16 = 1024;
 pub const PUBLISHER: u16 = 2048;
 /// Reads paused for overload; listed in the core's `held` until woken.
 pub const HELD: u16 = 4096;
+/// `100 Continue` was sent for the HTTP request being read (RFC 9110 §10.1.1: once).
+pub const CONTINUED: u16 = 8192;
+/// The HTTP request being answered is a `HEAD`: its answer goes without content.
+pub const HEAD_ONLY: u16 = 16384;
 
 /// Tag for queued frames that belong to no channel (replies, pongs, close frames).
 pub const NO_CHAN: u32 = u32::MAX;

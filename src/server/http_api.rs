@@ -75,10 +75,14 @@ fn serve_pending(st: &mut CoreState, id: ConnId) {
                 return reject(st, id, e, why, &[]);
             }
         };
+        let expect = http::expectation(&req);
+        if let http::Expectation::Failed(e) = expect {
+            return reject(st, id, e, HandshakeFailure::BadRequest, &[]);
+        }
         let body_area = &c.pending_in[req.head_len..];
         let (body, consumed) = if req.chunked {
             match http::decode_chunked(body_area, limits.max_publish_bytes) {
-                Ok(None) => return,
+                Ok(None) => return send_continue(st, id, expect),
                 Ok(Some((b, n))) => (b, req.head_len + n),
                 Err(e) => return reject(st, id, e, HandshakeFailure::BadRequest, &[]),
             }
@@ -88,18 +92,35 @@ fn serve_pending(st: &mut CoreState, id: ConnId) {
                 return reject(st, id, HttpError::new(413, "request body larger than limits.max_publish_bytes"), HandshakeFailure::BadRequest, &[]);
             }
             if body_area.len() < len {
-                return;
+                return send_continue(st, id, expect);
             }
             (body_area[..len].to_vec(), req.head_len + len)
         };
         c.pending_in.drain(..consumed);
+        c.flags &= !CONTINUED;
+        c.flags |= if req.method == Method::Head { HEAD_ONLY } else { 0 };
         route(st, id, &req, &body);
+    }
+}
+
+/// RFC 9110 §10.1.1: the client waits for `100 Continue` before sending the content; sent
+/// once per request, and only when the content has not all arrived yet.
+fn send_continue(st: &mut CoreState, id: ConnId, expect: http::Expectation) {
+    let Some(c) = st.conn(id) else { return };
+    if expect == http::Expectation::Continue && c.flags & CONTINUED == 0 {
+        c.flags |= CONTINUED;
+        c.push(Bytes::from_static(http::CONTINUE), NO_CHAN);
+        st.flush(id);
     }
 }
 
 fn route(st: &mut CoreState, id: ConnId, req: &Request, body: &[u8]) {
     let keep_alive = req.keep_alive;
     let path = req.path.as_str();
+    if req.method == Method::Other {
+        // RFC 9110 §9.1: a method the server does not implement at all gets 501.
+        return send(st, id, http::error_response(501, "method not implemented: use GET, HEAD or POST", &[], keep_alive), keep_alive);
+    }
     if path == "/ws" || (path == "/echo" && st.shared.echo) {
         return upgrade(st, id, req, path == "/echo");
     }
@@ -116,11 +137,11 @@ fn route(st: &mut CoreState, id: ConnId, req: &Request, body: &[u8]) {
             http::response(503, "application/json", b"{\"status\":\"draining\"}", &[], keep_alive)
         }
         (Method::Get | Method::Head, "/readyz") => http::response(200, "application/json", b"{\"status\":\"ready\"}", &[], keep_alive),
-        (Method::Get, "/metrics") => {
+        (Method::Get | Method::Head, "/metrics") => {
             let text = metrics::render(&st.shared.metrics, draining);
             http::response(200, "text/plain; version=0.0.4", text.as_bytes(), &[], keep_alive)
         }
-        (Method::Get, "/connections") => {
+        (Method::Get | Method::Head, "/connections") => {
             let top = req.query.as_deref().and_then(|q| http::query_param(q, "top")).and_then(|t| t.parse().ok()).unwrap_or(10usize);
             if let Some(c) = st.conn(id) {
                 if keep_alive {
@@ -131,7 +152,9 @@ fn route(st: &mut CoreState, id: ConnId, req: &Request, body: &[u8]) {
             }
             return st.start_inspect(id, top.min(10_000));
         }
-        (_, "/healthz" | "/readyz" | "/metrics" | "/connections") => http::error_response(405, "use GET", &[("Allow", "GET")], keep_alive),
+        (_, "/healthz" | "/readyz" | "/metrics" | "/connections") => {
+            http::error_response(405, "use GET or HEAD", &[("Allow", "GET, HEAD")], keep_alive)
+        }
         _ => http::error_response(404, "no such endpoint", &[], keep_alive),
     };
     send(st, id, resp, keep_alive);
@@ -220,6 +243,8 @@ fn send(st: &mut CoreState, id: ConnId, resp: Vec<u8>, keep_alive: bool) {
     let idle = st.now_tick() + CoreState::ticks(st.shared.config.limits.handshake_timeout_ms);
     st.metrics().http_requests.fetch_add(1, Relaxed);
     let Some(c) = st.conn(id) else { return };
+    let resp = if c.flags & HEAD_ONLY != 0 { http::head_only(resp) } else { resp };
+    c.flags &= !HEAD_ONLY;
     c.push(Bytes::from(resp), NO_CHAN);
     c.flags |= HTTP_SERVED;
     if !keep_alive {

@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod raw_http;
+
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::PathBuf;
