@@ -24,7 +24,7 @@ struct Cli {
 enum Cmd {
     /// Run the server (embedded defaults; flags override the config file).
     Serve {
-        /// TOML config file (DESIGN §7); every key is optional.
+        /// TOML config file (every key: docs/configuration.md); every key is optional.
         #[arg(long)]
         config: Option<PathBuf>,
         /// Listen address, e.g. 0.0.0.0:8080 (port 0 picks a free port).
@@ -114,6 +114,7 @@ fn client_main<E: std::fmt::Display>(fut: impl std::future::Future<Output = Resu
 }
 
 fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>, cores: Option<usize>, echo: bool) -> ExitCode {
+    let source = config.as_ref().map_or_else(|| "built-in defaults".to_owned(), |p| p.display().to_string());
     let mut cfg = match config {
         Some(path) => match Config::load(&path) {
             Ok(c) => c,
@@ -134,9 +135,10 @@ fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>, cores: Option<usiz
         eprintln!("{e}");
         return ExitCode::from(2);
     }
-    if cfg.broker.kind != tether::config::BrokerKind::Memory {
-        eprintln!("config: broker.kind = \"redis\": this build has only the embedded memory broker; remove [broker] or set kind = \"memory\"");
-        return ExitCode::from(2);
+    tracing::info!(source = %source, "config in effect: {}", cfg.summary());
+    let memory = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| tether::limits::meminfo_bytes(&m, "MemTotal"));
+    for w in cfg.warnings(memory) {
+        tracing::warn!("{w}");
     }
     let (soft, hard) = server::raise_nofile();
     tracing::info!(soft_before = soft, soft = hard, hard, "RLIMIT_NOFILE raised to the hard limit");

@@ -18,6 +18,13 @@ pub const MAX_CHANNEL_BYTES: usize = 128;
 /// Longest publish id (`pub.id`, `Idempotency-Key`) in bytes.
 pub const MAX_ID_BYTES: usize = 128;
 
+/// The most bytes a `msg` frame ([`msg_frame`]) adds to its `data`: the envelope
+/// `{"op":"msg","ch":"…","seq":…,"data":…}` with a 128-byte channel name and a 20-digit seq
+/// (183 bytes) plus the longest frame header (10 bytes). A message whose `data` is `n` bytes
+/// occupies at most `n + MSG_FRAME_OVERHEAD` bytes of a subscriber's outbound queue, which is
+/// what config validation checks `limits.queue_max_bytes` against.
+pub const MSG_FRAME_OVERHEAD: usize = 193;
+
 /// The `code` tokens of `error` replies. Stable: clients match on them.
 pub mod codes {
     /// The message is not valid JSON (or not UTF-8).

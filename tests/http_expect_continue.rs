@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::raw_http::*;
 use common::*;
 
-const CONFIG: &str = "[limits]\nmax_publish_bytes = 4096\nqueue_max_bytes = 65536\n";
+const CONFIG: &str = "[limits]\nmax_publish_bytes = 4096\nqueue_max_bytes = 131072\n";
 
 fn publish_head(addr: std::net::SocketAddr, version: &str, len: usize, extra: &str) -> String {
     format!("POST /publish/expect HTTP/{version}\r\nHost: {addr}\r\nContent-Length: {len}\r\n{extra}\r\n")
