@@ -1,9 +1,10 @@
-//! The TOML configuration of DESIGN §7: its shape, its defaults and its validation.
+//! The TOML configuration (docs/configuration.md): its shape, its defaults and its validation.
 //!
 //! Every key is optional; a missing key takes the default documented on its field, which is the
-//! value shown in DESIGN §7 and in the example file `systemd/tether.toml`. Unknown keys are
-//! errors (a typo must not silently fall back to a default), and [`Config::validate`] checks
-//! every value at load, so a running server never meets a nonsensical limit. Every error is a
+//! value shown in docs/configuration.md and in the example file `systemd/tether.toml`. Unknown
+//! keys are errors (a typo must not silently fall back to a default), and [`Config::validate`]
+//! checks every value, and pairs of values against each other, at load, so a running server
+//! never meets a nonsensical or contradictory limit. Every error is a
 //! [`ConfigError`] naming the dotted key (`limits.queue_max_bytes`, `channels[1].overflow`) and
 //! the offending value; `tether serve` prints it and exits 2.
 //!
@@ -16,6 +17,8 @@
 mod toml_error;
 mod validate;
 
+pub use validate::{QUEUE_CONTROL_RESERVE, SHIPPED_UNIT_STOP_TIMEOUT_MS};
+
 #[cfg(test)]
 mod tests;
 
@@ -25,7 +28,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::LazyLock;
 
-/// The whole server configuration (DESIGN §7). Built with [`Config::from_toml_str`],
+/// The whole server configuration (docs/configuration.md). Built with [`Config::from_toml_str`],
 /// [`Config::load`] or [`Config::default`]; command-line flags (`--listen`, `--cores`) override
 /// fields after loading, and the caller should call [`Config::validate`] again afterwards.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -42,7 +45,7 @@ pub struct Config {
     /// more cores than CPUs only add context switches. At most 1024.
     pub cores: usize,
     /// Upgraded WebSocket connections this process holds at once; beyond it the handshake gets
-    /// HTTP 503 with `Retry-After` (DESIGN §3 Admission). Default 1,000,000.
+    /// HTTP 503 with `Retry-After` (docs/operations.md, admission). Default 1,000,000.
     /// Trade-off: it must fit under `RLIMIT_NOFILE` (`tether check-limits` says whether it
     /// does) and under memory (about 1 KiB user + 3 KiB kernel per idle connection). Danger: a
     /// value above what the box can hold turns overload into `EMFILE`/OOM instead of a clean 503.
@@ -55,9 +58,9 @@ pub struct Config {
     pub accept_rate: u32,
     /// Handshake, header, message and queue limits.
     pub limits: Limits,
-    /// Server pings and the pong deadline (DESIGN §3 Heartbeats).
+    /// Server pings and the pong deadline (docs/operations.md, heartbeats).
     pub heartbeat: Heartbeat,
-    /// Graceful shutdown on SIGTERM (DESIGN §3 Graceful shutdown).
+    /// Graceful shutdown on SIGTERM (docs/operations.md, drain).
     pub drain: Drain,
     /// Per-channel policies; the first rule whose `pattern` matches a channel name wins
     /// ([`Config::channel_rule`]). Default: one rule, pattern `*`, overflow `disconnect`,
@@ -65,9 +68,9 @@ pub struct Config {
     pub channels: Vec<ChannelRule>,
     /// Publish deduplication by `pub.id` / `Idempotency-Key`.
     pub dedup: Dedup,
-    /// Where channel seq numbers, history and cross-node fan-out live (DESIGN §6).
+    /// Where channel seq numbers, history and cross-node fan-out live.
     pub broker: Broker,
-    /// Optional `Origin` allow-list (DESIGN §3 Admission), top-level key `allowed_origins`,
+    /// Optional `Origin` allow-list (docs/operations.md, admission), top-level key `allowed_origins`,
     /// e.g. `["https://app.example.com"]`. Empty (default) = any origin. Entries are
     /// serialized origins, `scheme://host[:port]` without a path, or `null`; the comparison
     /// is ASCII case-insensitive. A handshake with no `Origin` header is admitted either way
@@ -81,7 +84,9 @@ pub struct Config {
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
     /// Milliseconds from accept until the upgrade request must be complete; a slower client
-    /// is dropped (slowloris defence). Default 5000, at least 100.
+    /// is dropped (slowloris defence). Also the idle timeout of an HTTP keep-alive connection
+    /// between requests. Default 5000, between 100 and 86,400,000 (one day); above 60,000 is
+    /// warned about at start.
     /// Trade-off: too short drops clients on slow mobile links; too long lets idle sockets pin
     /// file descriptors during an attack.
     pub handshake_timeout_ms: u64,
@@ -97,60 +102,69 @@ pub struct Limits {
     /// Largest `POST /publish/{channel}` body in bytes; larger gets 413. Default 1048576,
     /// between 1 and 1 GiB. Trade-off: a published message is held once in history and once
     /// in flight however many subscribers it has, but each subscriber's queue counts it
-    /// against `queue_max_bytes`.
+    /// against `queue_max_bytes`. It and `max_message_bytes`, plus the `msg` envelope
+    /// ([`crate::protocol::MSG_FRAME_OVERHEAD`]) and [`QUEUE_CONTROL_RESERVE`], must fit
+    /// `queue_max_bytes` (validation refuses otherwise: such a message could never be
+    /// delivered).
     pub max_publish_bytes: usize,
     /// Outbound queue bound per connection in bytes (frames are shared `Bytes`, so this counts
-    /// the frames a connection still has to write, not copies). Default 1048576, at least 1024.
-    /// When full the channel's overflow policy applies (DESIGN §3 Slow subscribers).
+    /// the frames a connection still has to write, not copies). Default 2097152 (2 MiB), at
+    /// least 1024 and at least the largest accepted message (`max_publish_bytes`,
+    /// `max_message_bytes`) + 193 bytes of envelope + 4096 bytes for control frames. When full
+    /// the channel's overflow policy applies (docs/operations.md, slow subscribers).
     /// Trade-off: larger rides out longer stalls before a 1013, but bounds worst-case memory
-    /// at `max_connections × queue_max_bytes`. Danger: below the size of one encoded message,
-    /// every subscriber of that message overflows at once.
+    /// at `max_connections × queue_max_bytes`. The default is twice the 1 MiB of the design's
+    /// first draft so a 1 MiB publish fits with room for the frames around it
+    /// (docs/configuration.md says why).
     pub queue_max_bytes: usize,
     /// Outbound queue bound per connection in messages. Default 4096, at least 1. Bounds the
     /// queue's bookkeeping (one entry per frame) when messages are tiny.
     pub queue_max_messages: usize,
-    /// Close-handshake deadline in milliseconds (DESIGN §8): after sending a close frame the
-    /// server keeps the socket for at most this long waiting for the peer's close, then drops
-    /// the TCP connection. Default 5000, at least 100. Trade-off: a slow subscriber that
+    /// Close-handshake deadline in milliseconds (docs/protocol.md, close handshake): after
+    /// sending a close frame the server keeps the socket for at most this long waiting for the
+    /// peer's close, then drops the TCP connection. Default 5000, between 100 and 86,400,000. Trade-off: a slow subscriber that
     /// resumes reading within it still receives its 1013; the socket stays open meanwhile.
     pub close_timeout_ms: u64,
 }
 
-/// Server pings and the pong deadline (`[heartbeat]`, DESIGN §3 Heartbeats).
+/// Server pings and the pong deadline (`[heartbeat]`, docs/operations.md, heartbeats).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Heartbeat {
     /// Milliseconds between pings to one connection; pings are spread over the interval, not
     /// sent in lock-step. Default 25000 (below the 60 s idle cut of common load balancers and
-    /// nginx), at least 100. Trade-off: shorter detects dead peers sooner and keeps more
-    /// middleboxes happy, at `connections / interval` pings per second (40,000/s at 1M and
-    /// 25 s).
+    /// nginx), between 100 and 86,400,000; 60,000 or more is warned about. Trade-off: shorter
+    /// detects dead peers sooner and keeps more middleboxes happy, at `connections / interval`
+    /// pings per second (40,000/s at 1M and 25 s).
     pub ping_interval_ms: u64,
     /// Milliseconds a pinged connection has to show life (any inbound frame) before it is
-    /// reaped and its TCP connection closed. Default 10000, at least 1. Danger: shorter than
-    /// a real round trip under load reaps healthy clients, which then all reconnect.
+    /// reaped and its TCP connection closed. Default 10000, between 1 and 86,400,000; not
+    /// below `ping_interval_ms` is warned about (no ping goes out while a pong is awaited, so
+    /// detection takes interval + timeout). Danger: shorter than a real round trip under load
+    /// reaps healthy clients, which then all reconnect.
     pub pong_timeout_ms: u64,
 }
 
-/// Graceful shutdown on SIGTERM (`[drain]`, DESIGN §3).
+/// Graceful shutdown on SIGTERM (`[drain]`, docs/operations.md, drain).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Drain {
     /// Milliseconds over which connection closes are spread after SIGTERM, so clients do not
     /// all reconnect in the same instant. Default 10000; 0 closes everything at once; at most
     /// 3,600,000. Danger: the service manager's stop timeout (`TimeoutStopSec` in
-    /// `systemd/tether.service`, 30 s) must exceed this plus `limits.close_timeout_ms`, or
-    /// the process is killed mid-drain.
+    /// `systemd/tether.service`, 30 s) must exceed this plus the last close handshakes (at most
+    /// 2 s), or the process is killed mid-drain; a window that does not fit the shipped unit
+    /// is warned about at start.
     pub window_ms: u64,
     /// Close code sent to every connection on drain. Default 1012 (service restart). Allowed:
     /// 1000 (normal), 1001 (going away: the server is not coming back here), 1012 (service
     /// restart: reconnect), 1013 (try again later). Clients reconnect on 1001, 1012 and 1013
-    /// but not on 1000 (DESIGN §3 Close codes); any other code would tell clients something
-    /// false about why they were closed.
+    /// but not on 1000 (docs/protocol.md, close codes); any other code would tell clients
+    /// something false about why they were closed.
     pub close_code: u16,
 }
 
-/// What a full outbound queue does to a subscriber (DESIGN §3 Slow subscribers).
+/// What a full outbound queue does to a subscriber (docs/operations.md, slow subscribers).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Overflow {
@@ -163,6 +177,17 @@ pub enum Overflow {
     /// Keep only the latest queued message of the channel (tickers, cursors).
     /// TOML `"conflate"`.
     Conflate,
+}
+
+impl Overflow {
+    /// The TOML spelling: `disconnect`, `drop-oldest`, `conflate`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Overflow::Disconnect => "disconnect",
+            Overflow::DropOldest => "drop-oldest",
+            Overflow::Conflate => "conflate",
+        }
+    }
 }
 
 /// One `[[channels]]` rule: the policy for channels whose name matches `pattern`.
@@ -178,7 +203,9 @@ pub struct ChannelRule {
     /// Messages kept per channel for resume (`sub` with `from`); 0 = none. Default 1000, at
     /// most 10,000,000. Trade-off: a longer history lets clients resume after longer
     /// outages instead of getting a `reset`; it costs memory per channel on its home core
-    /// (history × message size, held even with no subscribers).
+    /// (history × message size, held even with no subscribers); a rule whose worst case
+    /// (history × the largest accepted message) exceeds a quarter of the box's memory is
+    /// warned about at start.
     #[serde(default = "default_history")]
     pub history: usize,
 }
@@ -189,17 +216,19 @@ pub struct ChannelRule {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Dedup {
-    /// Milliseconds a publish id is remembered. Default 300000 (5 min), at least 1000.
-    /// Trade-off: must outlast a client's retry after a reconnect (backoff caps at 30 s) or a
-    /// retried publish is delivered twice; longer costs memory per remembered id.
+    /// Milliseconds a publish id is remembered. Default 300000 (5 min), between 1000 and
+    /// 86,400,000; below 30,000 is warned about. Trade-off: must outlast a client's retry after
+    /// a reconnect (backoff caps at 30 s) or a retried publish is delivered twice; longer costs
+    /// memory per remembered id.
     pub window_ms: u64,
     /// Most ids remembered per process; past it the oldest are forgotten early. Default
-    /// 1,000,000, at least 1. Bounds dedup memory (about 100 B per id) whatever the publish
-    /// rate. Danger: if the publish rate × window exceeds this, duplicates can slip through.
+    /// 1,000,000, at least 1. Bounds dedup memory ([`DEDUP_BYTES_PER_ID`], about 103 B per
+    /// id: 103 MB at the default) whatever the publish rate. Danger: if the publish rate ×
+    /// window exceeds this, duplicates can slip through.
     pub max_entries: usize,
 }
 
-/// Which broker holds channel state (`[broker]`, DESIGN §6).
+/// Which broker holds channel state (`[broker]`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BrokerKind {
@@ -207,15 +236,27 @@ pub enum BrokerKind {
     /// changes every channel's epoch). TOML `"memory"`.
     Memory,
     /// Redis: seq, history and dedup ids live in Redis, fan-out between nodes uses Redis
-    /// pub/sub, so clients can resume on any node. TOML `"redis"`.
+    /// pub/sub, so clients can resume on any node. TOML `"redis"`. Not built yet: validation
+    /// refuses it.
     Redis,
+}
+
+impl BrokerKind {
+    /// The TOML spelling: `memory`, `redis`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BrokerKind::Memory => "memory",
+            BrokerKind::Redis => "redis",
+        }
+    }
 }
 
 /// Broker selection (`[broker]`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Broker {
-    /// `"memory"` (default) or `"redis"`.
+    /// `"memory"` (default) or `"redis"` (refused by this build: the Redis broker is not
+    /// built yet).
     pub kind: BrokerKind,
     /// Redis URL, used only when `kind = "redis"`; must start with `redis://` or `rediss://`
     /// (TLS). Default `redis://127.0.0.1:6379`. Danger: credentials in the URL end up in the
@@ -296,7 +337,7 @@ impl Default for Limits {
             max_header_bytes: 8192,
             max_message_bytes: 65536,
             max_publish_bytes: 1_048_576,
-            queue_max_bytes: 1_048_576,
+            queue_max_bytes: 2_097_152,
             queue_max_messages: 4096,
             close_timeout_ms: 5000,
         }
@@ -340,7 +381,7 @@ impl Default for Broker {
 }
 
 impl Default for Config {
-    /// The defaults of DESIGN §7.
+    /// The defaults listed in docs/configuration.md.
     fn default() -> Self {
         Config {
             listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
@@ -357,6 +398,13 @@ impl Default for Config {
         }
     }
 }
+
+/// Memory per remembered publish id (`[dedup]`), bytes. Measured by
+/// `tests/dedup_memory_per_id.rs` (a counting allocator around 1,000,000 inserts into the dedup
+/// table): 102.8 B per id held (a 32-byte hash-table slot plus its control byte at the table's
+/// power-of-two size, and a 32-byte expiry entry), 137 B per id for a moment while the table
+/// doubles. Used for the memory warning of [`Config::warnings`].
+pub const DEDUP_BYTES_PER_ID: u64 = 104;
 
 /// The rule for channels no configured rule matches.
 static FALLBACK_RULE: LazyLock<ChannelRule> = LazyLock::new(ChannelRule::default);
@@ -386,10 +434,65 @@ impl Config {
         })
     }
 
-    /// Checks every value against the ranges documented on its field; the first violation is
-    /// returned, naming the key and the value. Call again after overriding fields from flags.
+    /// Checks every value against the ranges documented on its field, and pairs of values
+    /// against each other (the largest accepted message must fit the outbound queue); the
+    /// first violation is returned, naming the key and the value. `broker.kind = "redis"` is
+    /// refused (not built yet). Call again after overriding fields from flags.
     pub fn validate(&self) -> Result<(), ConfigError> {
         validate::validate(self)
+    }
+
+    /// Values that work but are probably not meant, each naming its key (same shape as a
+    /// [`ConfigError`]; `tether serve` logs them as warnings at start): one channel's history
+    /// or the dedup table above a quarter of `memory_bytes` (the box's `MemTotal`, when known),
+    /// `heartbeat.pong_timeout_ms` not below `ping_interval_ms`, a ping interval at or above
+    /// the 60 s idle cut of common load balancers, a drain longer than the shipped systemd
+    /// unit's `TimeoutStopSec`, a dedup window shorter than the client's backoff cap, fewer than
+    /// 4 queue slots, a handshake timeout above 60 s.
+    pub fn warnings(&self, memory_bytes: Option<u64>) -> Vec<ConfigError> {
+        validate::warnings(self, memory_bytes)
+    }
+
+    /// The configuration in effect as one line of `key=value` pairs (every key; the broker URL
+    /// is left out as it may carry a password), for the start-up log.
+    pub fn summary(&self) -> String {
+        let l = &self.limits;
+        let mut out = format!(
+            "listen={} cores={} (effective {}) max_connections={} accept_rate={} allowed_origins={:?} \
+             limits.handshake_timeout_ms={} limits.max_header_bytes={} limits.max_message_bytes={} \
+             limits.max_publish_bytes={} limits.queue_max_bytes={} limits.queue_max_messages={} \
+             limits.close_timeout_ms={} heartbeat.ping_interval_ms={} heartbeat.pong_timeout_ms={} \
+             drain.window_ms={} drain.close_code={} dedup.window_ms={} dedup.max_entries={} broker.kind={}",
+            self.listen,
+            self.cores,
+            self.effective_cores(),
+            self.max_connections,
+            self.accept_rate,
+            self.allowed_origins,
+            l.handshake_timeout_ms,
+            l.max_header_bytes,
+            l.max_message_bytes,
+            l.max_publish_bytes,
+            l.queue_max_bytes,
+            l.queue_max_messages,
+            l.close_timeout_ms,
+            self.heartbeat.ping_interval_ms,
+            self.heartbeat.pong_timeout_ms,
+            self.drain.window_ms,
+            self.drain.close_code,
+            self.dedup.window_ms,
+            self.dedup.max_entries,
+            self.broker.kind.as_str(),
+        );
+        for (i, r) in self.channels.iter().enumerate() {
+            out.push_str(&format!(
+                " channels[{i}]={{pattern={:?},overflow={},history={}}}",
+                r.pattern,
+                r.overflow.as_str(),
+                r.history
+            ));
+        }
+        out
     }
 
     /// First rule whose glob `pattern` matches `channel` (`*` matches any run of characters,

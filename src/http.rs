@@ -1,9 +1,68 @@
 //! Plain HTTP/1.1 for the non-WebSocket endpoints (`POST /publish/{channel}`, `/healthz`,
-//! `/readyz`, `/metrics`) and for refused upgrades, sans-IO: responses are built as bytes,
-//! request bodies and targets are decoded from bytes. Request heads are parsed by
+//! `/readyz`, `/metrics`, `/connections`) and for refused upgrades, sans-IO: responses are
+//! built as bytes, request bodies and targets are decoded from bytes, expectations are
+//! answered from the parsed head. Request heads are parsed by
 //! [`crate::ws::handshake::parse_request`].
+//!
+//! Which requirement of RFC 9110/9112 is met where: `docs/http.md`.
 
-use crate::ws::handshake::HttpError;
+mod date;
+
+use crate::ws::handshake::{HttpError, Request};
+
+pub use date::imf_fixdate;
+
+/// The interim response sent when a request with `Expect: 100-continue` may go on to send
+/// its content (RFC 9110 §15.2.1). 1xx responses carry no content and need no `Date`.
+pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+/// What the server does about a request's `Expect` header (RFC 9110 §10.1.1), decided from
+/// the head alone, before any content is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expectation {
+    /// No expectation to meet (none sent, or an HTTP/1.0 request, whose `Expect` a server
+    /// MUST ignore): read the content as usual.
+    None,
+    /// `100-continue`: send [`CONTINUE`] right after the head, unless the content has
+    /// already arrived or a final status is already decided (e.g. 413 for a declared length
+    /// over the limit, which the caller checks first).
+    Continue,
+    /// An expectation tether cannot meet: answer this final status (417) instead of reading
+    /// the content, then close.
+    Failed(HttpError),
+}
+
+/// Reads `req.expect` (RFC 9110 §10.1.1): `100-continue` (case-insensitive) is the only
+/// expectation defined; any other member gets 417 Expectation Failed. HTTP/1.0 requests are
+/// [`Expectation::None`]: a server MUST NOT send a 1xx response to an HTTP/1.0 client
+/// (RFC 9110 §15.2) and MUST ignore their 100-continue.
+pub fn expectation(req: &Request) -> Expectation {
+    let Some(value) = req.expect.as_deref() else {
+        return Expectation::None;
+    };
+    if req.minor_version == 0 {
+        return Expectation::None;
+    }
+    let mut result = Expectation::None;
+    for member in value.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+        if member.eq_ignore_ascii_case("100-continue") {
+            result = Expectation::Continue;
+        } else {
+            return Expectation::Failed(HttpError::new(417, "unsupported expectation"));
+        }
+    }
+    result
+}
+
+/// The answer to a `HEAD` request made from the answer to the same `GET`: the same head
+/// (`Content-Length` included, RFC 9110 §9.3.2 and §8.6), no content. `resp` is a complete
+/// response from [`response`]; anything after its head is cut.
+pub fn head_only(mut resp: Vec<u8>) -> Vec<u8> {
+    if let Some(end) = resp.windows(4).position(|w| w == b"\r\n\r\n") {
+        resp.truncate(end + 4);
+    }
+    resp
+}
 
 /// Longest chunk-size line (size plus extensions, RFC 9112 §7.1.1) accepted in a chunked body.
 const MAX_CHUNK_LINE: usize = 4096;
@@ -50,7 +109,8 @@ pub fn reason_phrase(status: u16) -> &'static str {
     }
 }
 
-/// A complete HTTP/1.1 response: status line with the standard reason phrase, `Content-Type`
+/// A complete HTTP/1.1 response: status line with the standard reason phrase, `Date` (the
+/// current second, RFC 9110 §6.6.1: an origin server with a clock MUST send it), `Content-Type`
 /// (omitted if empty), `Content-Length`, `Connection: keep-alive` or `close`, then `extra`
 /// headers, then the body.
 ///
@@ -297,6 +357,7 @@ fn head_with_capacity(
     out.push(b' ');
     out.extend_from_slice(reason_phrase(status).as_bytes());
     out.extend_from_slice(b"\r\n");
+    date::push_date_header(&mut out);
     if !content_type.is_empty() {
         push_header(&mut out, "Content-Type", content_type);
     }

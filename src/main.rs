@@ -25,7 +25,7 @@ struct Cli {
 enum Cmd {
     /// Run the server (embedded defaults; flags override the config file).
     Serve {
-        /// TOML config file (DESIGN §7); every key is optional.
+        /// TOML config file (every key: docs/configuration.md); every key is optional.
         #[arg(long)]
         config: Option<PathBuf>,
         /// Listen address, e.g. 0.0.0.0:8080 (port 0 picks a free port).
@@ -77,19 +77,49 @@ enum Cmd {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("TETHER_LOG").unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TETHER_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Serve { config, listen, cores, echo } => serve(config, listen, cores, echo),
-        Cmd::Sub { url, channel, from, offset_file, append_to } => {
-            let args = tether::client::SubArgs { url, channel, from, offset_file, append_to };
+        Cmd::Serve {
+            config,
+            listen,
+            cores,
+            echo,
+        } => serve(config, listen, cores, echo),
+        Cmd::Sub {
+            url,
+            channel,
+            from,
+            offset_file,
+            append_to,
+        } => {
+            let args = tether::client::SubArgs {
+                url,
+                channel,
+                from,
+                offset_file,
+                append_to,
+            };
             client_main(tether::client::run_sub(args))
         }
-        Cmd::Pub { url, channel, data, id } => {
-            let args = tether::client::PubArgs { url, channel, data, id };
+        Cmd::Pub {
+            url,
+            channel,
+            data,
+            id,
+        } => {
+            let args = tether::client::PubArgs {
+                url,
+                channel,
+                data,
+                id,
+            };
             client_main(tether::client::run_pub(args))
         }
         Cmd::Load { cmd } => ExitCode::from(tether::load::run(cmd) as u8),
@@ -97,8 +127,13 @@ fn main() -> ExitCode {
     }
 }
 
-fn client_main<E: std::fmt::Display>(fut: impl std::future::Future<Output = Result<(), E>>) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+fn client_main<E: std::fmt::Display>(
+    fut: impl std::future::Future<Output = Result<(), E>>,
+) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("tether: cannot start the runtime: {e}");
@@ -114,7 +149,16 @@ fn client_main<E: std::fmt::Display>(fut: impl std::future::Future<Output = Resu
     }
 }
 
-fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>, cores: Option<usize>, echo: bool) -> ExitCode {
+fn serve(
+    config: Option<PathBuf>,
+    listen: Option<SocketAddr>,
+    cores: Option<usize>,
+    echo: bool,
+) -> ExitCode {
+    let source = config.as_ref().map_or_else(
+        || "built-in defaults".to_owned(),
+        |p| p.display().to_string(),
+    );
     let mut cfg = match config {
         Some(path) => match Config::load(&path) {
             Ok(c) => c,
@@ -135,17 +179,44 @@ fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>, cores: Option<usiz
         eprintln!("{e}");
         return ExitCode::from(2);
     }
-    if cfg.broker.kind != tether::config::BrokerKind::Memory {
-        eprintln!("config: broker.kind = \"redis\": this build has only the embedded memory broker; remove [broker] or set kind = \"memory\"");
-        return ExitCode::from(2);
+    tracing::info!(source = %source, "config in effect: {}", cfg.summary());
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| tether::limits::meminfo_bytes(&m, "MemTotal"));
+    for w in cfg.warnings(memory) {
+        tracing::warn!("{w}");
     }
-    let (soft, hard) = server::raise_nofile();
-    tracing::info!(soft_before = soft, soft = hard, hard, "RLIMIT_NOFILE raised to the hard limit");
-    if (hard as usize) < cfg.max_connections {
-        tracing::warn!(hard, max_connections = cfg.max_connections,
+    let nofile = server::raise_nofile();
+    match &nofile {
+        Ok(n) if n.before < n.soft => {
+            tracing::info!(
+                soft_before = n.before,
+                soft = n.soft,
+                hard = n.hard,
+                "RLIMIT_NOFILE soft limit raised to the hard limit"
+            )
+        }
+        Ok(n) => tracing::info!(
+            soft = n.soft,
+            hard = n.hard,
+            "RLIMIT_NOFILE soft limit already at the hard limit"
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot raise the RLIMIT_NOFILE soft limit; connections beyond it fail with EMFILE")
+        }
+    }
+    if let Some(n) = nofile
+        .as_ref()
+        .ok()
+        .filter(|n| n.hard < cfg.max_connections as u64)
+    {
+        tracing::warn!(hard = n.hard, max_connections = cfg.max_connections,
             "the open-file hard limit is below max_connections; see `tether check-limits` and sysctl/");
     }
-    server::block_signals();
+    if let Err(e) = server::block_signals() {
+        eprintln!("tether: cannot block SIGTERM/SIGINT for the drain (pthread_sigmask: {e})");
+        return ExitCode::FAILURE;
+    }
     let srv = match Server::start(cfg, ServeOptions { echo }) {
         Ok(s) => s,
         Err(e) => {
@@ -155,13 +226,21 @@ fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>, cores: Option<usiz
     };
     // Tests and scripts read the bound address from this line.
     println!("tether listening on {}", srv.local_addr());
-    let sig = server::wait_signal();
-    let code = if sig == libc::SIGINT { CloseCode::Away } else { CloseCode::from(srv.shared().config.drain.close_code) };
+    let code = match server::wait_signal() {
+        Ok(libc::SIGINT) => CloseCode::Away,
+        Ok(_) => CloseCode::from(srv.shared().config.drain.close_code),
+        Err(e) => {
+            tracing::error!(error = %e, "sigwait failed; draining with 1001");
+            CloseCode::Away
+        }
+    };
     srv.shutdown(code);
     // A second signal while draining ends the process at once.
     std::thread::spawn(|| {
-        server::wait_signal();
-        std::process::exit(1);
+        if server::wait_signal().is_ok() {
+            tracing::warn!("second signal: exiting without finishing the drain");
+            std::process::exit(1);
+        }
     });
     srv.wait();
     tracing::info!("drained, exiting");

@@ -20,6 +20,13 @@ pub const MAX_CHANNEL_BYTES: usize = 128;
 /// Longest publish id (`pub.id`, `Idempotency-Key`) in bytes.
 pub const MAX_ID_BYTES: usize = 128;
 
+/// The most bytes a `msg` frame ([`msg_frame`]) adds to its `data`: the envelope
+/// `{"op":"msg","ch":"…","seq":…,"data":…}` with a 128-byte channel name and a 20-digit seq
+/// (183 bytes) plus the longest frame header (10 bytes). A message whose `data` is `n` bytes
+/// occupies at most `n + MSG_FRAME_OVERHEAD` bytes of a subscriber's outbound queue, which is
+/// what config validation checks `limits.queue_max_bytes` against.
+pub const MSG_FRAME_OVERHEAD: usize = 193;
+
 /// The `code` tokens of `error` replies. Stable: clients match on them.
 pub mod codes {
     /// The message is not valid JSON (or not UTF-8).
@@ -46,17 +53,25 @@ pub enum ClientOp {
     /// Subscribe to `ch`; with `from`, resume after that seq (the last one the client
     /// processed) if `epoch` still matches.
     Sub {
+        /// Channel name (validated).
         ch: String,
+        /// The last seq the client processed.
         from: Option<u64>,
+        /// The epoch `from` belongs to, echoed unchanged.
         epoch: Option<String>,
     },
+    /// Unsubscribe from `ch`.
     Unsub {
+        /// Channel name (validated).
         ch: String,
     },
     /// Publish `data` (compact JSON text) to `ch`; `id` is the client's dedup key.
     Pub {
+        /// Channel name (validated).
         ch: String,
+        /// The client's message id, 1–128 bytes.
         id: String,
+        /// The message, compact JSON.
         data: Box<RawValue>,
     },
 }
@@ -68,8 +83,11 @@ pub enum ClientOp {
 /// to its publish.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestError {
+    /// One of [`codes`].
     pub code: &'static str,
+    /// For humans.
     pub reason: String,
+    /// The request's `id`, when it could be read.
     pub id: Option<String>,
 }
 

@@ -19,7 +19,7 @@ fn empty_document_gives_design_defaults() {
     assert_eq!(c.limits.max_header_bytes, 8192);
     assert_eq!(c.limits.max_message_bytes, 65536);
     assert_eq!(c.limits.max_publish_bytes, 1_048_576);
-    assert_eq!(c.limits.queue_max_bytes, 1_048_576);
+    assert_eq!(c.limits.queue_max_bytes, 2_097_152);
     assert_eq!(c.limits.queue_max_messages, 4096);
     assert_eq!(c.limits.close_timeout_ms, 5000);
     assert_eq!(c.heartbeat.ping_interval_ms, 25_000);
@@ -59,7 +59,8 @@ accept_rate = 5000
 allowed_origins = ["https://app.example.com", "null"]
 
 [limits]
-queue_max_bytes = 65536
+queue_max_bytes = 262144
+max_publish_bytes = 131072
 
 [heartbeat]
 ping_interval_ms = 1000
@@ -85,14 +86,14 @@ window_ms = 60000
 max_entries = 10
 
 [broker]
-kind = "redis"
+kind = "memory"
 url = "rediss://cache:6380/0"
 "#,
     )
     .unwrap();
     assert_eq!(c.listen.port(), 9000);
     assert_eq!(c.effective_cores(), 2);
-    assert_eq!(c.limits.queue_max_bytes, 65536);
+    assert_eq!(c.limits.queue_max_bytes, 262144);
     assert_eq!(
         c.limits.max_message_bytes, 65536,
         "unset keys in a table keep their default"
@@ -105,7 +106,7 @@ url = "rediss://cache:6380/0"
             history: 1000
         }
     );
-    assert_eq!(c.broker.kind, BrokerKind::Redis);
+    assert_eq!(c.broker.url, "rediss://cache:6380/0");
     assert_eq!(c.drain.close_code, 1001);
 }
 
@@ -177,6 +178,42 @@ fn every_range_check_names_key_and_value() {
         ("[drain]\nwindow_ms = 3600001", "drain.window_ms", "3600001"),
         ("[drain]\nclose_code = 1011", "drain.close_code", "1011"),
         ("[dedup]\nwindow_ms = 999", "dedup.window_ms", "999"),
+        (
+            "[dedup]\nwindow_ms = 86400001",
+            "dedup.window_ms",
+            "86400001",
+        ),
+        (
+            "[limits]\nhandshake_timeout_ms = 18446744073709551615",
+            "limits.handshake_timeout_ms",
+            "18446744073709551615",
+        ),
+        (
+            "[limits]\nclose_timeout_ms = 86400001",
+            "limits.close_timeout_ms",
+            "86400001",
+        ),
+        (
+            "[heartbeat]\nping_interval_ms = 86400001",
+            "heartbeat.ping_interval_ms",
+            "86400001",
+        ),
+        (
+            "[heartbeat]\npong_timeout_ms = 86400001",
+            "heartbeat.pong_timeout_ms",
+            "86400001",
+        ),
+        (
+            "[limits]\nqueue_max_bytes = 1048576",
+            "limits.queue_max_bytes",
+            "1048576",
+        ),
+        (
+            "[limits]\nmax_publish_bytes = 4096\nqueue_max_bytes = 65536",
+            "limits.queue_max_bytes",
+            "65536",
+        ),
+        ("[broker]\nkind = \"redis\"", "broker.kind", "\"redis\""),
         ("[dedup]\nmax_entries = 0", "dedup.max_entries", "0"),
         (
             "[[channels]]\npattern = \"a\"\nhistory = 10000001",
@@ -401,4 +438,109 @@ fn origin_allow_list() {
     assert!(!c.origin_allowed(Some("http://app.example.com")));
     assert!(!c.origin_allowed(Some("https://evil.example")));
     assert!(c.origin_allowed(None), "non-browser clients send no Origin");
+}
+
+#[test]
+fn queue_must_hold_the_largest_accepted_message() {
+    // The fault of issue 8: the default 1 MiB publish could never be delivered through a
+    // 1 MiB queue (its msg frame is 1 MiB + envelope).
+    let e = err("[limits]\nqueue_max_bytes = 1048576");
+    assert_eq!(e.key, "limits.queue_max_bytes");
+    assert!(
+        e.message.contains("limits.max_publish_bytes = 1048576"),
+        "{e}"
+    );
+    assert!(e.message.contains("at least 1052865"), "{e}");
+    assert!(e.message.contains("at most 1044287"), "{e}");
+    // Both ways out of the message are accepted, exactly at the edge.
+    Config::from_toml_str("[limits]\nqueue_max_bytes = 1052865").unwrap();
+    Config::from_toml_str("[limits]\nqueue_max_bytes = 1048576\nmax_publish_bytes = 1044287")
+        .unwrap();
+    err("[limits]\nqueue_max_bytes = 1048576\nmax_publish_bytes = 1044288");
+    // WebSocket `pub` messages count the same way.
+    let e = err("[limits]\nmax_message_bytes = 4000000\nqueue_max_bytes = 3000000");
+    assert_eq!(e.key, "limits.queue_max_bytes");
+    assert!(
+        e.message.contains("limits.max_message_bytes = 4000000"),
+        "{e}"
+    );
+    // The defaults are coherent.
+    let d = Config::default();
+    assert!(
+        d.limits.max_publish_bytes + crate::protocol::MSG_FRAME_OVERHEAD + QUEUE_CONTROL_RESERVE
+            <= d.limits.queue_max_bytes
+    );
+}
+
+#[test]
+fn redis_broker_is_refused_by_validation() {
+    let e = err("[broker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"");
+    assert_eq!(e.key, "broker.kind");
+    assert!(e.message.contains("not built yet"), "{e}");
+}
+
+#[test]
+fn warnings_name_the_key() {
+    let keys = |toml: &str, mem: Option<u64>| -> Vec<String> {
+        Config::from_toml_str(toml)
+            .unwrap()
+            .warnings(mem)
+            .into_iter()
+            .map(|w| w.key)
+            .collect()
+    };
+    // The defaults raise none on a box with 8 GiB.
+    assert_eq!(keys("", Some(8 << 30)), Vec::<String>::new());
+    assert_eq!(keys("", None), Vec::<String>::new());
+    // 1000 × 1 MiB of history is 1 GiB per channel: too much for a 2 GiB box.
+    assert_eq!(keys("", Some(2 << 30)), vec!["channels[0].history"]);
+    // 1,000,000 ids × 104 B is 104 MB.
+    assert_eq!(
+        keys(
+            "[[channels]]\npattern = \"*\"\nhistory = 0",
+            Some(256 << 20)
+        ),
+        vec!["dedup.max_entries"]
+    );
+    assert_eq!(
+        keys(
+            "[heartbeat]\nping_interval_ms = 5000\npong_timeout_ms = 5000",
+            None
+        ),
+        vec!["heartbeat.pong_timeout_ms"]
+    );
+    assert_eq!(
+        keys("[heartbeat]\nping_interval_ms = 60000", None),
+        vec!["heartbeat.ping_interval_ms"]
+    );
+    assert_eq!(
+        keys("[drain]\nwindow_ms = 28000", None),
+        vec!["drain.window_ms"]
+    );
+    assert_eq!(
+        keys("[drain]\nwindow_ms = 27999", None),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        keys("[dedup]\nwindow_ms = 10000", None),
+        vec!["dedup.window_ms"]
+    );
+    assert_eq!(
+        keys("[limits]\nqueue_max_messages = 2", None),
+        vec!["limits.queue_max_messages"]
+    );
+    assert_eq!(
+        keys("[limits]\nhandshake_timeout_ms = 120000", None),
+        vec!["limits.handshake_timeout_ms"]
+    );
+    let w = Config::from_toml_str("[drain]\nwindow_ms = 60000")
+        .unwrap()
+        .warnings(None);
+    assert!(
+        w[0].to_string()
+            .starts_with("config: drain.window_ms = 60000: "),
+        "{}",
+        w[0]
+    );
+    assert!(w[0].message.contains("TimeoutStopSec"), "{}", w[0]);
 }

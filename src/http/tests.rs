@@ -1,7 +1,20 @@
 use super::*;
 
-fn text(v: &[u8]) -> &str {
-    std::str::from_utf8(v).expect("UTF-8")
+/// The response as text with its `Date` line removed, after checking there is exactly one,
+/// right after the status line (RFC 9110 §6.6.1).
+fn text(v: &[u8]) -> String {
+    let t = std::str::from_utf8(v).expect("UTF-8");
+    let (status, rest) = t.split_once("\r\n").expect("status line");
+    let date = rest
+        .strip_prefix("Date: ")
+        .unwrap_or_else(|| panic!("no Date after the status line: {t:?}"));
+    let (value, rest) = date.split_once("\r\n").expect("Date line");
+    assert!(
+        value.len() == 29 && value.ends_with(" GMT"),
+        "Date {value:?}"
+    );
+    assert!(!rest.contains("\r\nDate:"), "two Date lines: {t:?}");
+    format!("{status}\r\n{rest}")
 }
 
 #[test]
@@ -39,7 +52,7 @@ fn bodiless_statuses_and_unknown_reason() {
 }
 
 #[test]
-fn head_only() {
+fn response_head_announces_a_length() {
     let out = response_head(200, "text/plain; version=0.0.4", 12345, &[], true);
     assert_eq!(
         text(&out),
@@ -61,7 +74,7 @@ fn header_injection_is_dropped() {
         ],
         true,
     );
-    let t = text(&out);
+    let t = &text(&out);
     assert!(!t.contains("Evil") && !t.contains("Set-Cookie") && !t.contains("X\nB"));
     assert!(t.contains("X-Ok: v\r\n"));
 }
@@ -69,7 +82,7 @@ fn header_injection_is_dropped() {
 #[test]
 fn json_error_response() {
     let out = error_response(400, "body is not JSON: \"x\" at line 1\n", &[], true);
-    let t = text(&out);
+    let t = &text(&out);
     let (head, body) = t.split_once("\r\n\r\n").unwrap();
     assert!(head.starts_with("HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"));
     assert!(head.contains(&format!("Content-Length: {}", body.len())));
@@ -92,7 +105,7 @@ fn rejections() {
         HttpError::new(426, "unsupported Sec-WebSocket-Version"),
         &[],
     );
-    let t = text(&out);
+    let t = &text(&out);
     assert!(t.starts_with("HTTP/1.1 426 Upgrade Required\r\n"));
     assert!(
         t.contains("\r\nSec-WebSocket-Version: 13\r\n") && t.contains("\r\nConnection: close\r\n")
@@ -102,11 +115,12 @@ fn rejections() {
         HttpError::new(503, "too many connections"),
         &[("Retry-After", "5")],
     );
-    let t = text(&out);
+    let t = &text(&out);
     assert!(t.starts_with("HTTP/1.1 503 Service Unavailable\r\n"));
     assert!(t.contains("\r\nRetry-After: 5\r\n") && t.ends_with("\r\n\r\ntoo many connections\n"));
     assert!(!t.contains("Sec-WebSocket-Version"));
     let t = handshake_rejection(HttpError::new(431, "request head too large"), &[]);
+    let t = t.as_slice();
     assert!(text(&t).starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"));
 }
 
@@ -168,4 +182,42 @@ fn chunked_errors() {
         big_trailers.extend_from_slice(b"X-Trailer: 0123456789\r\n");
     }
     assert_eq!(status(&big_trailers, 100), 400);
+}
+
+fn parsed(head: &str) -> Request {
+    crate::ws::handshake::parse_request(head.as_bytes(), 8192)
+        .expect("valid head")
+        .expect("complete head")
+}
+
+#[test]
+fn expectations() {
+    let with = |version: &str, expect: Option<&str>| {
+        let mut head =
+            format!("POST /publish/x HTTP/{version}\r\nHost: h\r\nContent-Length: 5\r\n");
+        if let Some(e) = expect {
+            head.push_str(&format!("Expect: {e}\r\n"));
+        }
+        head.push_str("\r\n");
+        expectation(&parsed(&head))
+    };
+    assert_eq!(with("1.1", None), Expectation::None);
+    assert_eq!(with("1.1", Some("100-continue")), Expectation::Continue);
+    assert_eq!(with("1.1", Some("100-Continue")), Expectation::Continue);
+    let failed = Expectation::Failed(HttpError::new(417, "unsupported expectation"));
+    assert_eq!(with("1.1", Some("200-ok")), failed);
+    assert_eq!(with("1.1", Some("100-continue, x=1")), failed);
+    // RFC 9110 §10.1.1 / §15.2: HTTP/1.0 expectations are ignored, no 1xx is ever sent.
+    assert_eq!(with("1.0", Some("100-continue")), Expectation::None);
+    assert_eq!(with("1.0", Some("200-ok")), Expectation::None);
+    assert_eq!(CONTINUE, b"HTTP/1.1 100 Continue\r\n\r\n");
+}
+
+#[test]
+fn head_answers_keep_the_head_and_drop_the_content() {
+    let get = response(200, "application/json", b"{\"status\":\"ok\"}", &[], true);
+    let head = head_only(get.clone());
+    assert_eq!(text(&head), text(&get[..get.len() - 15]));
+    assert!(text(&head).contains("Content-Length: 15\r\n"));
+    assert!(head.ends_with(b"\r\n\r\n"));
 }

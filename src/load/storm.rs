@@ -209,6 +209,9 @@ async fn control(args: &StormArgs, url: &WsUrl, channels: &[String], shared: &Sh
                 return Err(format!("cannot SIGTERM --server-pid {pid}: {}", std::io::Error::last_os_error()));
             }
             if let Some(cmd) = &args.restart_cmd {
+                // One port, one process: the replacement would refuse to start while the old
+                // server still listens, and a draining server closes its listeners at once.
+                wait_until(STEP_TIMEOUT, || !listening(url.addr)).await;
                 out.restart_pid = Some(spawn_restart(cmd)?);
             }
         }
@@ -226,6 +229,11 @@ async fn control(args: &StormArgs, url: &WsUrl, channels: &[String], shared: &Sh
         out.problem = Some(format!("not all clients were back within {:?}", args.timeout));
     }
     Ok(out)
+}
+
+/// Whether something accepts TCP connections on `addr` (a connect that is not refused).
+fn listening(addr: std::net::SocketAddr) -> bool {
+    std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(100)).is_ok()
 }
 
 /// Starts `sh -c cmd` with its stdout on this process's stderr (stdout carries the report);

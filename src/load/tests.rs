@@ -133,11 +133,12 @@ fn child_reports_aggregate() {
 }
 
 /// A 1-core in-process server whose channels use `overflow`, with a 256 KiB queue so a
-/// non-reader overflows early in the run, and a close deadline longer than the run so a
-/// non-reader that reads at the end still finds the close frame (DESIGN §8).
+/// non-reader overflows early in the run (and publishes capped at 64 KiB, so the queue holds
+/// the largest one), and a close deadline longer than the run so a non-reader that reads at
+/// the end still finds the close frame (docs/protocol.md, close handshake).
 fn slow_consumer_server(overflow: &str) -> crate::server::Server {
     let toml = format!(
-        "listen = \"127.0.0.1:0\"\ncores = 1\n[limits]\nqueue_max_bytes = 262144\nclose_timeout_ms = 20000\n[drain]\nwindow_ms = 200\n\
+        "listen = \"127.0.0.1:0\"\ncores = 1\n[limits]\nqueue_max_bytes = 262144\nmax_publish_bytes = 65536\nclose_timeout_ms = 20000\n[drain]\nwindow_ms = 200\n\
          [[channels]]\npattern = \"*\"\noverflow = \"{overflow}\"\nhistory = 10\n"
     );
     let cfg = crate::config::Config::from_toml_str(&toml).expect("valid config");

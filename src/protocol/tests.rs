@@ -369,3 +369,21 @@ fn message_ids() {
     assert!(valid_message_id(&"x".repeat(128)));
     assert!(!valid_message_id(&"x".repeat(129)));
 }
+
+#[test]
+fn msg_frame_overhead_is_the_worst_case() {
+    let data = "\"x\"".repeat(30_000);
+    let longest_ch = "c".repeat(MAX_CHANNEL_BYTES);
+    let worst = msg_frame(&longest_ch, u64::MAX, &data);
+    assert_eq!(worst.len() - data.len(), MSG_FRAME_OVERHEAD);
+    for (ch, seq, data) in [
+        ("a", 1, "1"),
+        ("news", 12_345, "{}"),
+        (longest_ch.as_str(), u64::MAX, "\"\""),
+    ] {
+        assert!(
+            msg_frame(ch, seq, data).len() - data.len() <= MSG_FRAME_OVERHEAD,
+            "{ch} {seq} {data}"
+        );
+    }
+}

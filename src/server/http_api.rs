@@ -69,6 +69,11 @@ impl CoreState {
     fn route(&mut self, id: ConnId, req: &Request, body: &[u8]) {
         let keep_alive = req.keep_alive;
         let path = req.path.as_str();
+        if req.method == Method::Other {
+            // RFC 9110 §9.1: a method the server does not implement at all gets 501.
+            let resp = http::error_response(501, "method not implemented: use GET, HEAD or POST", &[], keep_alive);
+            return self.send(id, resp, keep_alive);
+        }
         if path == "/ws" || (path == "/echo" && self.shared.echo) {
             return self.upgrade(id, req, path == "/echo");
         }
@@ -85,18 +90,20 @@ impl CoreState {
                 http::response(503, "application/json", b"{\"status\":\"draining\"}", &[], keep_alive)
             }
             (Method::Get | Method::Head, "/readyz") => http::response(200, "application/json", b"{\"status\":\"ready\"}", &[], keep_alive),
-            (Method::Get, "/metrics") => {
+            (Method::Get | Method::Head, "/metrics") => {
                 let text = metrics::render(&self.shared.metrics, draining);
                 http::response(200, "text/plain; version=0.0.4", text.as_bytes(), &[], keep_alive)
             }
-            (Method::Get, "/connections") => {
+            (Method::Get | Method::Head, "/connections") => {
                 let top = req.query.as_deref().and_then(|q| http::query_param(q, "top")).and_then(|t| t.parse().ok()).unwrap_or(10usize);
                 if let Some(s) = self.conn(id) {
                     s.await_answer(keep_alive);
                 }
                 return self.start_inspect(id, top.min(10_000));
             }
-            (_, "/healthz" | "/readyz" | "/metrics" | "/connections") => http::error_response(405, "use GET", &[("Allow", "GET")], keep_alive),
+            (_, "/healthz" | "/readyz" | "/metrics" | "/connections") => {
+                http::error_response(405, "use GET or HEAD", &[("Allow", "GET, HEAD")], keep_alive)
+            }
             _ => http::error_response(404, "no such endpoint", &[], keep_alive),
         };
         self.send(id, resp, keep_alive);

@@ -119,8 +119,10 @@ pub struct Server {
 
 impl Server {
     /// Binds `config.listen` (port 0 picks a free port, shared by every core's listener) and
-    /// starts `config.effective_cores()` core threads. Errors: the address cannot be bound,
-    /// or a runtime cannot be built.
+    /// starts `config.effective_cores()` core threads. Errors: another process already
+    /// listens on the address (`AddrInUse`, "address ADDR is already in use by another
+    /// process"), the address cannot be bound (the message names it), or a runtime cannot be
+    /// built.
     pub fn start(config: Config, opts: ServeOptions) -> std::io::Result<Server> {
         let cores = config.effective_cores().max(1);
         let bus = Bus::new(cores);
@@ -133,13 +135,8 @@ impl Server {
             open: AtomicUsize::new(0),
             config,
         });
-        let mut addr = shared.config.listen;
-        let mut listeners = Vec::with_capacity(cores);
-        for _ in 0..cores {
-            let l = bind_reuseport(addr)?;
-            addr = l.local_addr()?;
-            listeners.push(l);
-        }
+        let (addr, listeners) = bind_listeners(shared.config.listen, cores)?;
+        tracing::info!(%addr, listeners = cores, "listening (one SO_REUSEPORT listener per core)");
         let start = Instant::now();
         let endpoints = bus.into_endpoints();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -160,7 +157,11 @@ impl Server {
                 Err(_) => return Err(std::io::Error::other("a core thread died while starting")),
             }
         }
-        Ok(Server { shared, addr, threads })
+        Ok(Server {
+            shared,
+            addr,
+            threads,
+        })
     }
 
     /// The bound address (with the real port when `listen` had port 0).
@@ -193,15 +194,61 @@ impl Server {
     }
 }
 
-/// A listening socket with `SO_REUSEPORT`, so each core accepts on its own queue.
-fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+/// One listener per core on `addr`, sharing its port with `SO_REUSEPORT`, after making sure
+/// no other process listens there: `SO_REUSEPORT` would let a second process share the port
+/// silently, the kernel would split connections between the two, and the two memory brokers
+/// would number the same channel twice (docs/operations.md, one server per port).
+///
+/// The check is a probe socket bound to `addr` *without* `SO_REUSEPORT` (with
+/// `SO_REUSEADDR`, so sockets in TIME_WAIT do not count): the bind fails with `EADDRINUSE`
+/// exactly when another socket listens on the address (or on a wildcard covering it). The
+/// probe stays bound (not listening) until our listeners listen, which it does not hinder,
+/// and picks the port when `addr` has port 0. Two processes started in the same instant can
+/// both pass the probe; one started while another serves cannot.
+fn bind_listeners(
+    addr: SocketAddr,
+    cores: usize,
+) -> std::io::Result<(SocketAddr, Vec<std::net::TcpListener>)> {
+    let named = |e: std::io::Error| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}"));
+    let probe = socket_for(addr).map_err(named)?;
+    match probe.bind(&addr.into()) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                format!("address {addr} is already in use by another process (stop it, or choose another address with --listen or `listen` in the config)"),
+            ));
+        }
+        Err(e) => return Err(named(e)),
+    }
+    let bound = probe
+        .local_addr()
+        .map_err(named)?
+        .as_socket()
+        .unwrap_or(addr);
+    let mut listeners = Vec::with_capacity(cores);
+    for _ in 0..cores {
+        listeners.push(bind_reuseport(bound).map_err(named)?);
+    }
+    drop(probe);
+    Ok((bound, listeners))
+}
+
+/// A TCP socket for `addr` with `SO_REUSEADDR` (and dual-stack for IPv6).
+fn socket_for(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
     use socket2::{Domain, Socket, Type};
     let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
     s.set_reuse_address(true)?;
-    s.set_reuse_port(true)?;
     if addr.is_ipv6() {
-        s.set_only_v6(false).ok();
+        s.set_only_v6(false)?;
     }
+    Ok(s)
+}
+
+/// A listening socket with `SO_REUSEPORT`, so each core accepts on its own queue.
+fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let s = socket_for(addr)?;
+    s.set_reuse_port(true)?;
     s.bind(&addr.into())?;
     // The kernel caps this at net.core.somaxconn (sysctl/99-tether.conf raises it).
     s.listen(65_535)?;
@@ -209,13 +256,28 @@ fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     Ok(s.into())
 }
 
-fn pin_to_cpu(i: usize) {
-    let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    // SAFETY: cpu_set_t is plain data; sched_setaffinity(0) affects only this thread.
+/// Pins the calling thread to the `i`-th CPU this process may run on (its affinity mask,
+/// which cgroups and `taskset` narrow), wrapping around; returns the CPU number.
+fn pin_to_cpu(i: usize) -> std::io::Result<usize> {
+    // SAFETY: cpu_set_t is plain data; sched_{get,set}affinity(0) read and change only this
+    // thread's mask.
     unsafe {
+        let mut allowed: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut allowed) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &allowed))
+            .collect();
+        let Some(&cpu) = cpus.get(i % cpus.len().max(1)) else {
+            return Err(std::io::Error::other("empty CPU affinity mask"));
+        };
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(i % n, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(cpu)
     }
 }
 
@@ -227,8 +289,16 @@ fn core_thread(
     start: Instant,
     ready: std::sync::mpsc::Sender<std::io::Result<()>>,
 ) {
-    pin_to_cpu(i);
-    let rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new().with_entries(16_384).enable_timer().build();
+    match pin_to_cpu(i) {
+        Ok(cpu) => tracing::debug!(core = i, cpu, "core thread pinned"),
+        Err(e) => {
+            tracing::warn!(core = i, error = %e, "cannot pin the core thread to a CPU; the scheduler may move it")
+        }
+    }
+    let rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+        .with_entries(16_384)
+        .enable_timer()
+        .build();
     let mut rt = match rt {
         Ok(rt) => rt,
         Err(e) => {
@@ -294,42 +364,88 @@ async fn accept_loop(core: Rc<RefCell<CoreState>>, listener: TcpListener) {
     tracing::info!(core = core.borrow().me, "listener closed");
 }
 
-/// Raises the soft `RLIMIT_NOFILE` to the hard limit; returns (soft before, hard).
-pub fn raise_nofile() -> (u64, u64) {
-    // SAFETY: plain getrlimit/setrlimit on this process.
+/// The open-file limit before and after [`raise_nofile`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Nofile {
+    /// Soft limit at start.
+    pub before: u64,
+    /// Soft limit now (the hard limit after a successful raise).
+    pub soft: u64,
+    /// Hard limit.
+    pub hard: u64,
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit. `Ok` carries the limits as they are
+/// now; `Err` when `getrlimit` or `setrlimit` failed (the soft limit is then unchanged).
+pub fn raise_nofile() -> std::io::Result<Nofile> {
+    // SAFETY: plain getrlimit/setrlimit on this process with a valid rlimit.
     unsafe {
         let mut r: libc::rlimit = std::mem::zeroed();
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
         let before = r.rlim_cur;
-        r.rlim_cur = r.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-        (before, r.rlim_max)
+        if before < r.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: r.rlim_max,
+                rlim_max: r.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+                let e = std::io::Error::last_os_error();
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "setrlimit(RLIMIT_NOFILE, {}) failed, soft limit stays {before}: {e}",
+                        r.rlim_max
+                    ),
+                ));
+            }
+        }
+        Ok(Nofile {
+            before,
+            soft: r.rlim_max,
+            hard: r.rlim_max,
+        })
+    }
+}
+
+fn term_and_int() -> libc::sigset_t {
+    // SAFETY: plain sigset manipulation on a local value.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        set
     }
 }
 
 /// Blocks SIGTERM and SIGINT in the calling thread (and the threads it starts later), so
-/// [`wait_signal`] can take them synchronously.
-pub fn block_signals() {
-    // SAFETY: plain sigset manipulation.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+/// [`wait_signal`] can take them synchronously. Errors: `pthread_sigmask` failed (then the
+/// signals keep their default action, ending the process without a drain).
+pub fn block_signals() -> std::io::Result<()> {
+    let set = term_and_int();
+    // SAFETY: a valid set; a null old-set pointer is allowed.
+    let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    // pthread functions return the error number instead of setting errno.
+    if r != 0 {
+        return Err(std::io::Error::from_raw_os_error(r));
     }
+    Ok(())
 }
 
 /// Waits for SIGTERM or SIGINT (blocked by [`block_signals`]); returns the signal number.
-pub fn wait_signal() -> i32 {
-    // SAFETY: plain sigwait on a blocked set.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        let mut sig = 0;
-        libc::sigwait(&set, &mut sig);
-        sig
+/// Errors: `sigwait` failed.
+pub fn wait_signal() -> std::io::Result<i32> {
+    let set = term_and_int();
+    let mut sig = 0;
+    loop {
+        // SAFETY: a valid set and a valid out pointer.
+        let r = unsafe { libc::sigwait(&set, &mut sig) };
+        match r {
+            0 => return Ok(sig),
+            libc::EINTR => continue,
+            e => return Err(std::io::Error::from_raw_os_error(e)),
+        }
     }
 }

@@ -15,9 +15,13 @@ pub const MAX_HEADERS: usize = 64;
 /// Request method (RFC 9110 §9). Only the methods tether routes on are named.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Method {
+    /// `GET` (the upgrade, probes, metrics).
     Get,
+    /// `POST` (publish).
     Post,
+    /// `HEAD`: answered like `GET`, without content (RFC 9110 §9.3.2).
     Head,
+    /// Any other method (501, or 405 where the resource exists).
     Other,
 }
 
@@ -25,9 +29,10 @@ pub enum Method {
 ///
 /// Header-derived fields are `None`/`false` when the header is absent. A header sent several
 /// times is combined as a comma list (RFC 9110 §5.3), except `Host` and `Content-Length`,
-/// whose conflicting repeats are rejected by [`parse_request`].
+/// whose repeats [`parse_request`] rejects (a repeated `Host`, conflicting lengths).
 #[derive(Debug, Clone)]
 pub struct Request {
+    /// The request method.
     pub method: Method,
     /// Request target without the query, still percent-encoded (`/publish/news`). An
     /// absolute-form target (`http://host/p`, RFC 9112 §3.2.2) is reduced to its path.
@@ -46,9 +51,11 @@ pub struct Request {
     /// Whether the connection stays open after the response (RFC 9112 §9.3): HTTP/1.1 unless
     /// `Connection: close`; HTTP/1.0 only with `Connection: keep-alive`.
     pub keep_alive: bool,
-    /// `Host`, or the authority of an absolute-form target. Not required here: the caller
-    /// decides (the upgrade check requires it).
+    /// `Host`, or the authority of an absolute-form target (RFC 9112 §3.2.2). Always present
+    /// in an HTTP/1.1 request ([`parse_request`] refuses one without); may be `None` or empty
+    /// in HTTP/1.0.
     pub host: Option<String>,
+    /// `Origin` (RFC 6454), as sent; compared by `Config::origin_allowed`.
     pub origin: Option<String>,
     /// `Idempotency-Key` (draft-ietf-httpapi-idempotency-key-header), with one pair of
     /// surrounding double quotes removed (the draft makes it a structured-field string).
@@ -57,23 +64,30 @@ pub struct Request {
     pub upgrade_websocket: bool,
     /// `Connection` contains the token `upgrade` (case-insensitive, comma list).
     pub connection_upgrade: bool,
+    /// `Sec-WebSocket-Key` (RFC 6455 §4.2.1), as sent.
     pub ws_key: Option<String>,
+    /// `Sec-WebSocket-Version` (RFC 6455 §4.2.1), as sent.
     pub ws_version: Option<String>,
+    /// `Expect` (RFC 9110 §10.1.1), comma lists combined; `crate::http::expectation` reads it.
+    pub expect: Option<String>,
 }
 
 /// A request refused before it reaches a route: the HTTP status to answer with and a short,
 /// stable, human-readable reason (also fit for a metrics label).
 ///
 /// Statuses produced here: 400 (malformed or not a valid upgrade), 426 (unsupported
-/// `Sec-WebSocket-Version`), 431 (head too large). Callers may build others (e.g. 503 for
-/// admission).
+/// `Sec-WebSocket-Version`), 431 (head too large), 501 (a transfer coding other than
+/// `chunked`). Callers may build others (e.g. 503 for admission, 417 for an expectation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HttpError {
+    /// HTTP status code of the answer.
     pub status: u16,
+    /// Why, in a few words (the answer's body, and a metrics label).
     pub reason: &'static str,
 }
 
 impl HttpError {
+    /// A refusal with `status` and `reason`.
     pub const fn new(status: u16, reason: &'static str) -> Self {
         Self { status, reason }
     }
@@ -99,9 +113,13 @@ impl std::error::Error for HttpError {}
 /// - `Err(431)`: the head is, or must become, longer than `max_head_bytes` bytes, or it has more
 ///   than [`MAX_HEADERS`] fields.
 /// - `Err(400)`: malformed request line or field, non-UTF-8 value in a field tether reads,
-///   repeated `Host`, bad or conflicting `Content-Length`, `Transfer-Encoding` whose last coding
-///   is not `chunked`, or sent with `Content-Length` or over HTTP/1.0 (RFC 9112 §6.1, §6.3 —
-///   ambiguous framing is the root of request smuggling, so it is refused, not guessed).
+///   an HTTP/1.1 request without `Host`, a repeated `Host` or one that is not
+///   `host[:port]` (RFC 9112 §3.2), bad or conflicting `Content-Length`, `Transfer-Encoding`
+///   whose last coding is not `chunked` or that repeats `chunked`, or sent with
+///   `Content-Length` or over HTTP/1.0 (RFC 9112 §6.1, §6.3 — ambiguous framing is the root of
+///   request smuggling, so it is refused, not guessed).
+/// - `Err(501)`: a transfer coding other than `chunked` (`gzip, chunked`): tether decodes
+///   only `chunked` (RFC 9112 §6.1 "SHOULD respond with 501").
 pub fn parse_request(buf: &[u8], max_head_bytes: usize) -> Result<Option<Request>, HttpError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut headers);
@@ -160,6 +178,7 @@ pub fn parse_request(buf: &[u8], max_head_bytes: usize) -> Result<Option<Request
         connection_upgrade: false,
         ws_key: None,
         ws_version: None,
+        expect: None,
     };
     let mut conn_close = false;
     let mut conn_keep_alive = false;
@@ -189,8 +208,12 @@ pub fn parse_request(buf: &[u8], max_head_bytes: usize) -> Result<Option<Request
                 return Err(HttpError::bad("repeated Host header"));
             }
             host_seen = true;
+            let host = utf8(value)?;
+            if !valid_host(host) {
+                return Err(HttpError::bad("invalid Host header"));
+            }
             if authority.is_none() {
-                req.host = Some(utf8(value)?.to_owned());
+                req.host = Some(host.to_owned());
             }
         } else if name.eq_ignore_ascii_case("content-length") {
             let n = content_length(value)?;
@@ -210,7 +233,15 @@ pub fn parse_request(buf: &[u8], max_head_bytes: usize) -> Result<Option<Request
             combine(&mut req.ws_key, utf8(value)?);
         } else if name.eq_ignore_ascii_case("sec-websocket-version") {
             combine(&mut req.ws_version, utf8(value)?);
+        } else if name.eq_ignore_ascii_case("expect") {
+            combine(&mut req.expect, utf8(value)?);
         }
+    }
+
+    // RFC 9112 §3.2: "A server MUST respond with a 400 (Bad Request) status code to any
+    // HTTP/1.1 request message that lacks a Host header field" (absolute form included).
+    if minor_version >= 1 && !host_seen {
+        return Err(HttpError::bad("missing Host header"));
     }
 
     if let Some(a) = authority {
@@ -223,11 +254,18 @@ pub fn parse_request(buf: &[u8], max_head_bytes: usize) -> Result<Option<Request
         if req.content_length.is_some() {
             return Err(HttpError::bad("both Content-Length and Transfer-Encoding"));
         }
-        let last_is_chunked = transfer_codings
-            .last()
-            .is_some_and(|c| c.eq_ignore_ascii_case("chunked"));
-        if !last_is_chunked {
+        let is_chunked = |c: &String| c.eq_ignore_ascii_case("chunked");
+        if !transfer_codings.last().is_some_and(is_chunked) {
             return Err(HttpError::bad("Transfer-Encoding must end in chunked"));
+        }
+        if transfer_codings.iter().filter(|c| is_chunked(c)).count() > 1 {
+            return Err(HttpError::bad("chunked applied more than once"));
+        }
+        if transfer_codings.len() > 1 {
+            return Err(HttpError::new(
+                501,
+                "only the chunked transfer coding is supported",
+            ));
         }
         req.chunked = true;
     }
@@ -315,6 +353,24 @@ fn split_absolute_form(target: &str) -> (&str, Option<&str>) {
         None => ("", rest),
     };
     (target, (!authority.is_empty()).then_some(authority))
+}
+
+/// `Host` (RFC 9112 §3.2, RFC 3986 §3.2.2): `uri-host [":" port]`, where the host is a
+/// reg-name (unreserved, sub-delims, pct-encoded), an IPv4 address or an `[IP-literal]`. The
+/// empty value is valid (a target URI without authority).
+fn valid_host(v: &str) -> bool {
+    // unreserved / sub-delims / the `%` of pct-encoded (RFC 3986 §2).
+    let host_byte = |b: u8| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=%".contains(&b);
+    let port = |p: &str| p.bytes().all(|b| b.is_ascii_digit());
+    if let Some(rest) = v.strip_prefix('[') {
+        let Some((literal, after)) = rest.split_once(']') else {
+            return false;
+        };
+        let literal_ok = !literal.is_empty() && literal.bytes().all(|b| host_byte(b) || b == b':');
+        return literal_ok && (after.is_empty() || after.strip_prefix(':').is_some_and(port));
+    }
+    let (host, p) = v.rsplit_once(':').unwrap_or((v, ""));
+    host.bytes().all(host_byte) && port(p)
 }
 
 /// Comma-separated list elements, trimmed, empty ones skipped (RFC 9110 §5.6.1).

@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod raw_http;
+
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -475,6 +477,12 @@ impl Server {
     /// Like [`Server::start`] but listening on `listen` (e.g. `127.0.0.1:PORT` to restart a
     /// server on the port a previous one used; the server binds with `SO_REUSEADDR`).
     pub fn start_at(config_toml: &str, listen: SocketAddr, extra: &[&str]) -> Server {
+        Server::start_with_env(config_toml, listen, extra, &[])
+    }
+
+    /// Like [`Server::start_at`] with extra environment variables for the server process
+    /// (e.g. `TETHER_LOG=debug`).
+    pub fn start_with_env(config_toml: &str, listen: SocketAddr, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let base = std::env::temp_dir().join(format!("tether-it-{}-{n}", std::process::id()));
         let config_path = base.with_extension("toml");
@@ -486,6 +494,7 @@ impl Server {
             .arg(&config_path)
             .args(extra)
             .env("TETHER_LOG", std::env::var("TETHER_LOG").unwrap_or_else(|_| "info".into()))
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))

@@ -94,6 +94,10 @@ pub struct HttpPhase {
     pub awaiting: bool,
     /// The request being answered asked for keep-alive (RFC 9112 §9.3).
     pub keep_alive: bool,
+    /// `100 Continue` was sent for the request being read (RFC 9110 §10.1.1: once).
+    pub continued: bool,
+    /// The request being answered is a `HEAD`: its answer goes without content.
+    pub head: bool,
 }
 
 /// Lifecycle of a connection (RFC 6455 §7, the close handshake).
@@ -443,7 +447,10 @@ impl Session {
 
     /// The next complete HTTP request held in the input (head and body), in order; `None`
     /// while it is incomplete, or while an earlier answer waits (for the socket or another
-    /// core). An `Err` is a request to refuse (400, 413, 431 …) and close after.
+    /// core). An `Err` is a request to refuse (400, 413, 417, 431 …) and close after.
+    ///
+    /// A request with `Expect: 100-continue` whose content has not all arrived gets
+    /// `100 Continue` queued right after its head (RFC 9110 §10.1.1), once.
     pub fn next_request(&mut self, cfg: &SessionConfig) -> Option<Result<(Request, Vec<u8>), HttpError>> {
         let State::Http(phase) = self.state else { return None };
         if phase.awaiting || self.flags.has(Flags::WANT_WRITE) || self.pending_in.is_empty() {
@@ -457,10 +464,14 @@ impl Session {
             Ok(Some(r)) => r,
             Err(e) => return Some(Err(e)),
         };
+        let expect = crate::http::expectation(&req);
+        if let crate::http::Expectation::Failed(e) = expect {
+            return Some(Err(e));
+        }
         let body_area = &self.pending_in[req.head_len..];
         let (body, consumed) = if req.chunked {
             match crate::http::decode_chunked(body_area, cfg.max_publish_bytes) {
-                Ok(None) => return None,
+                Ok(None) => return self.send_continue(expect),
                 Ok(Some((b, n))) => (b, req.head_len + n),
                 Err(e) => return Some(Err(e)),
             }
@@ -470,12 +481,28 @@ impl Session {
                 return Some(Err(HttpError::new(413, "request body larger than limits.max_publish_bytes")));
             }
             if body_area.len() < len {
-                return None;
+                return self.send_continue(expect);
             }
             (body_area[..len].to_vec(), req.head_len + len)
         };
         self.pending_in.drain(..consumed);
+        if let State::Http(p) = &mut self.state {
+            p.continued = false;
+            p.head = req.method == handshake::Method::Head;
+        }
         Some(Ok((req, body)))
+    }
+
+    /// Queues `100 Continue` for a request that expects it, once; the request stays
+    /// incomplete (`None`).
+    fn send_continue<T>(&mut self, expect: crate::http::Expectation) -> Option<T> {
+        if let State::Http(p) = &mut self.state {
+            if expect == crate::http::Expectation::Continue && !p.continued {
+                p.continued = true;
+                self.queue.push(Bytes::from_static(crate::http::CONTINUE), NO_CHAN);
+            }
+        }
+        None
     }
 
     /// The answer to the current request waits for another core; `keep_alive` as requested.
@@ -500,6 +527,7 @@ impl Session {
     pub fn respond(&mut self, ctx: &Ctx, resp: Vec<u8>, keep_alive: bool) {
         let State::Http(p) = &mut self.state else { return };
         p.served = true;
+        let resp = if std::mem::take(&mut p.head) { crate::http::head_only(resp) } else { resp };
         if std::mem::take(&mut p.awaiting) {
             // The I/O owner stopped reading while the answer was awaited: resume it.
             self.wake();

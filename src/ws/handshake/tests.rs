@@ -20,8 +20,16 @@ fn req(head: &str) -> Request {
     parse(head).expect("valid head").expect("complete head")
 }
 
-/// A request built from `lines` (request line first), each line CRLF-terminated.
+/// A request built from `lines` (request line first), each line CRLF-terminated, with
+/// `Host: h` added after the request line when `lines` has no `Host` (HTTP/1.1 requires one).
 fn head_of(lines: &[&str]) -> String {
+    let mut lines = lines.to_vec();
+    if !lines
+        .iter()
+        .any(|l| l.to_ascii_lowercase().starts_with("host:"))
+    {
+        lines.insert(1.min(lines.len()), "Host: h");
+    }
     let mut s = lines.join("\r\n");
     s.push_str("\r\n\r\n");
     s
@@ -92,9 +100,12 @@ fn oversize_heads_get_431() {
 #[test]
 fn header_count_limit() {
     let fields = |n: usize| (0..n).map(|i| format!("X-H{i}: v\r\n")).collect::<String>();
-    let ok = format!("GET / HTTP/1.1\r\n{}\r\n", fields(MAX_HEADERS));
+    let ok = format!(
+        "GET / HTTP/1.1\r\nHost: h\r\n{}\r\n",
+        fields(MAX_HEADERS - 1)
+    );
     assert!(parse(&ok).unwrap().is_some());
-    let too_many = format!("GET / HTTP/1.1\r\n{}\r\n", fields(MAX_HEADERS + 1));
+    let too_many = format!("GET / HTTP/1.1\r\nHost: h\r\n{}\r\n", fields(MAX_HEADERS));
     assert_eq!(
         parse(&too_many).unwrap_err(),
         HttpError::new(431, "too many header fields")
@@ -126,7 +137,7 @@ fn methods() {
         ("PUT", Method::Other),
         ("get", Method::Other),
     ] {
-        assert_eq!(req(&format!("{m} / HTTP/1.1\r\n\r\n")).method, want);
+        assert_eq!(req(&head_of(&[&format!("{m} / HTTP/1.1")])).method, want);
     }
 }
 
@@ -213,10 +224,14 @@ fn transfer_encoding_rules() {
     assert!(r.chunked && r.content_length.is_none());
     let r = req(&head_of(&[
         "POST /p HTTP/1.1",
-        "Transfer-Encoding: gzip, Chunked",
+        "Transfer-Encoding: Chunked",
     ]));
     assert!(r.chunked);
+    // A coding tether cannot decode (RFC 9112 §6.1: 501).
+    let gzip = head_of(&["POST /p HTTP/1.1", "Transfer-Encoding: gzip, chunked"]);
+    assert_eq!(parse(&gzip).unwrap_err().status, 501);
     for bad in [
+        head_of(&["POST /p HTTP/1.1", "Transfer-Encoding: chunked, chunked"]),
         head_of(&["POST /p HTTP/1.1", "Transfer-Encoding: chunked, gzip"]),
         head_of(&["POST /p HTTP/1.1", "Transfer-Encoding: gzip"]),
         head_of(&[
@@ -232,7 +247,38 @@ fn transfer_encoding_rules() {
 
 #[test]
 fn host_rules() {
-    assert!(req(&head_of(&["GET / HTTP/1.1"])).host.is_none());
+    // RFC 9112 §3.2: HTTP/1.1 needs exactly one valid Host; HTTP/1.0 may omit it.
+    assert_eq!(
+        parse("GET / HTTP/1.1\r\n\r\n").unwrap_err(),
+        HttpError::new(400, "missing Host header")
+    );
+    assert_eq!(
+        parse("GET http://h/ HTTP/1.1\r\n\r\n").unwrap_err(),
+        HttpError::new(400, "missing Host header")
+    );
+    assert!(req("GET / HTTP/1.0\r\n\r\n").host.is_none());
+    for good in [
+        "",
+        "example.com",
+        "example.com:8080",
+        "127.0.0.1:80",
+        "[::1]:8080",
+        "[::1]",
+        "a%41b",
+    ] {
+        let r = req(&format!("GET / HTTP/1.1\r\nHost: {good}\r\n\r\n"));
+        assert_eq!(r.host.as_deref(), Some(good), "{good:?}");
+    }
+    for bad in [
+        "a b", "a/b", "user@h", "h:80x", "[::1", "[]:80", "h?q", "[::1]x",
+    ] {
+        let head = format!("GET / HTTP/1.1\r\nHost: {bad}\r\n\r\n");
+        assert_eq!(
+            parse(&head).unwrap_err(),
+            HttpError::new(400, "invalid Host header"),
+            "{bad:?}"
+        );
+    }
     let twice = head_of(&["GET / HTTP/1.1", "Host: a", "Host: b"]);
     assert_eq!(
         parse(&twice).unwrap_err(),
@@ -253,7 +299,7 @@ fn host_rules() {
         (r.path.as_str(), r.query.as_deref(), r.host.as_deref()),
         ("/", Some("x"), Some("h"))
     );
-    let r = req(&head_of(&["OPTIONS * HTTP/1.1"]));
+    let r = req(&head_of(&["OPTIONS * HTTP/1.1", "Host: h"]));
     assert_eq!((r.method, r.path.as_str()), (Method::Other, "*"));
 }
 
@@ -270,10 +316,10 @@ fn optional_fields_and_combining() {
     assert_eq!(r.origin.as_deref(), Some("https://a, https://b"));
     let r = req(&head_of(&["POST /p HTTP/1.1", "Idempotency-Key:   k1  "]));
     assert_eq!(r.idempotency_key.as_deref(), Some("k1"));
-    let mut non_utf8 = b"GET / HTTP/1.1\r\nOrigin: \xff\xfe\r\n\r\n".to_vec();
+    let mut non_utf8 = b"GET / HTTP/1.1\r\nHost: h\r\nOrigin: \xff\xfe\r\n\r\n".to_vec();
     assert_eq!(parse_request(&non_utf8, 8192).unwrap_err().status, 400);
     // Obs-text in a field tether does not read is left alone.
-    non_utf8 = b"GET / HTTP/1.1\r\nX-Other: \xff\xfe\r\n\r\n".to_vec();
+    non_utf8 = b"GET / HTTP/1.1\r\nHost: h\r\nX-Other: \xff\xfe\r\n\r\n".to_vec();
     assert!(parse_request(&non_utf8, 8192).unwrap().is_some());
 }
 
@@ -310,7 +356,12 @@ fn each_upgrade_rule_is_checked() {
         upgrade_with(replace("GET", "GET /ws HTTP/1.0")),
         bad("HTTP/1.1 required")
     );
-    assert_eq!(upgrade_with(drop_line("Host")), bad("missing Host header"));
+    // An HTTP/1.1 request without Host is refused by the parser already (RFC 9112 §3.2).
+    let no_host = upgrade_head("").replace("Host: example.com\r\n", "");
+    assert_eq!(
+        parse(&no_host).map(|_| ()),
+        bad("missing Host header").map(|_: String| ())
+    );
     assert_eq!(
         upgrade_with(drop_line("Upgrade")),
         bad("missing Upgrade: websocket")
