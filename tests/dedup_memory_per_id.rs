@@ -8,7 +8,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use tether::config::DEDUP_BYTES_PER_ID;
-use tether::server::home::Dedup;
+use tether::server::broker::home::Dedup;
 
 /// The system allocator, counting live bytes.
 struct Counting;

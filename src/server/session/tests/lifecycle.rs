@@ -90,7 +90,7 @@ fn only_http_open_and_closing_by_us_read_input() {
 
 #[test]
 fn only_open_writes_new_frames() {
-    let http = State::Http(HttpPhase { served: true, awaiting: false, keep_alive: true });
+    let http = State::Http(HttpPhase { served: true, keep_alive: true, ..HttpPhase::default() });
     let writes = [http, State::Open, State::ClosingByUs, State::Finishing, State::Lingering, State::Closed].map(State::can_write);
     assert_eq!(writes, [false, true, false, false, false, false]);
 }
