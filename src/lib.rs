@@ -14,6 +14,8 @@
 //!   of connections, its side of the subscription index, the channels whose home it is, and the
 //!   bounded queues between cores.
 //! - [`limits`]: `tether check-limits`: reads the OS limits and predicts connection capacity.
+//! - [`logging`]: the `TETHER_LOG` filter, checked before use; [`log_limit`]: a sans-IO rate
+//!   limiter for log lines a flood can produce.
 //! - [`load`]: `tether load`, the load generator (idle, fanout, connect, storm) behind the
 //!   benches; it can also drive other RFC 6455 servers (`--raw`).
 //! - [`client`]: the tokio client (`tether::client`) and the `sub`/`pub` command-line tools.
@@ -23,6 +25,8 @@ pub mod config;
 pub mod http;
 pub mod limits;
 pub mod load;
+pub mod log_limit;
+pub mod logging;
 pub mod protocol;
 pub mod server;
 pub mod ws;

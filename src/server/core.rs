@@ -202,6 +202,7 @@ impl CoreState {
                 Some(Held::Queued) => return true,
                 Some(Held::Overflow) => {
                     metrics.overflow(0, c.out_bytes as u64);
+                    super::events::overflow_closed(self.me, c.fd, c.out_bytes, "replay backlog");
                     self.close_by_us(id, 1013, SLOW_REPLAY_REASON, ReapReason::Overflow);
                     return false;
                 }
@@ -213,6 +214,7 @@ impl CoreState {
             match policy.unwrap_or(Overflow::Disconnect) {
                 Overflow::Disconnect => {
                     metrics.overflow(0, c.out_bytes as u64);
+                    super::events::overflow_closed(self.me, c.fd, c.out_bytes, "queue_max_bytes / queue_max_messages");
                     let reason = format!("{{\"reason\":\"slow\",\"limit\":\"queue_max_bytes={max_bytes},queue_max_messages={max_msgs}\",\"retry_after_ms\":1000}}");
                     self.close_by_us(id, 1013, &reason, ReapReason::Overflow);
                     return false;
@@ -374,6 +376,7 @@ impl CoreState {
             self.shared.open.fetch_sub(1, Relaxed);
             let why = c.reap.unwrap_or(ReapReason::Eof);
             metrics.reaped(why);
+            super::events::reaped(self.me, c.fd, why);
             if matches!(why, ReapReason::Reset | ReapReason::Eof | ReapReason::PongTimeout) {
                 metrics.close(1006);
             }

@@ -229,6 +229,7 @@ fn upgrade(st: &mut CoreState, id: ConnId, req: &Request, echo: bool) {
 /// Answers a refused request and closes the connection once the answer is written.
 fn reject(st: &mut CoreState, id: ConnId, e: HttpError, why: HandshakeFailure, extra: &[(&str, &str)]) {
     st.metrics().handshake_failure(why);
+    super::events::handshake_failed(st.me, st.conn(id).map(|c| c.fd), why, e.status, e.reason);
     let resp = http::handshake_rejection(e, extra);
     if let Some(c) = st.conn(id) {
         c.pending_in = Vec::new();

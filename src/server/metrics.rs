@@ -38,6 +38,13 @@ pub enum HandshakeFailure {
 const FAILURE_NAMES: [&str; 9] =
     ["bad_request", "version", "head_too_large", "timeout", "over_capacity", "rate_limited", "origin", "draining", "aborted"];
 
+impl HandshakeFailure {
+    /// The metric label (also used in log lines).
+    pub fn label(self) -> &'static str {
+        FAILURE_NAMES[self as usize]
+    }
+}
+
 /// Why a connection was reaped: the `reason` label of `tether_reaped_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(usize)]
@@ -64,6 +71,13 @@ pub enum ReapReason {
 
 const REAP_NAMES: [&str; 9] =
     ["close", "reset", "eof", "pong_timeout", "overflow", "close_timeout", "protocol", "drain", "handshake_timeout"];
+
+impl ReapReason {
+    /// The metric label (also used in log lines).
+    pub fn label(self) -> &'static str {
+        REAP_NAMES[self as usize]
+    }
+}
 
 /// Overflow policies, the `policy` label of `tether_overflow_total`.
 pub const OVERFLOW_POLICIES: [&str; 3] = ["disconnect", "drop-oldest", "conflate"];

@@ -12,6 +12,8 @@
 //! - [`core`]: one core's state and the operations on it (queueing, flushing, close, subscribe).
 //! - [`conn`]: the task of one connection (readiness, reads, WebSocket frames, requests).
 //! - [`conn_state`]: the compact per-connection record and its outbound queue.
+//! - [`events`]: log lines about connections (handshake failures, reaps, overflow closes,
+//!   drain progress), rate-limited per core.
 //! - [`home`]: channels at their home core: seq, epoch, history, dedup.
 //! - [`local`]: channels at a subscriber's core: the subscriber lists.
 //! - [`processor`]: the task that applies messages and fans frames out in chunks.
@@ -25,6 +27,7 @@ pub mod bus;
 pub mod conn;
 pub mod conn_state;
 pub mod core;
+pub mod events;
 pub mod home;
 pub mod http_api;
 pub mod inspect;

@@ -61,6 +61,7 @@ pub fn catch_up(st: &mut CoreState) {
     if now == st.wheel.now() {
         return;
     }
+    super::events::flush_suppressed(st.me);
     if !st.draining && st.shared.drain_code.load(Relaxed) != 0 {
         start_drain(st);
     }
@@ -93,8 +94,10 @@ pub fn catch_up(st: &mut CoreState) {
         // a drain ends within window + 2 s even when peers never answer (DESIGN §8).
         let wait = cfg.limits.close_timeout_ms.min(DRAIN_CLOSE_WAIT_MS);
         let deadline = *st.drain_deadline.get_or_insert(now + CoreState::ticks(cfg.drain.window_ms + wait) + 1);
+        super::events::drain_progress(st.me, st.metrics().drain_remaining.load(Relaxed), st.metrics().connections.load(Relaxed));
         if st.metrics().connections.load(Relaxed) <= 0 || (now.wrapping_sub(deadline) as i32) >= 0 {
             st.drain_done = true;
+            super::events::drain_done(st.me, st.metrics().connections.load(Relaxed));
             if let Some(w) = st.tick_waker.take() {
                 w.wake();
             }
@@ -111,6 +114,7 @@ fn on_timer(st: &mut CoreState, id: ConnId, due: u32, now: u32) {
         Phase::Http => {
             if c.flags & (HTTP_SERVED | DRAIN) == 0 {
                 metrics.handshake_failure(HandshakeFailure::Timeout);
+                super::events::handshake_failed(st.me, Some(c.fd), HandshakeFailure::Timeout, 0, "no complete request head in time");
                 c.kill(ReapReason::HandshakeTimeout);
             } else {
                 // An idle keep-alive connection, or the drain.
@@ -176,6 +180,7 @@ pub fn start_drain(st: &mut CoreState) {
         st.conns.iter().filter(|(_, c)| c.phase == Phase::Open).map(|(k, c)| ConnId { key: k as u32, gen: c.gen }).collect();
     let n = open.len() as u64;
     st.metrics().drain_remaining.fetch_add(n as i64, Relaxed);
+    super::events::drain_started(st.me, n, st.shared.config.drain.window_ms);
     for (i, id) in open.into_iter().enumerate() {
         if let Some(c) = st.conn(id) {
             c.flags |= DRAIN;
