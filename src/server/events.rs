@@ -1,5 +1,5 @@
-//! Log lines about connections (README, "Logs"): handshake failures and reaps at `debug`,
-//! overflow closes and drain progress at `info`. Lines a flood can produce go through a
+//! Log lines about connections (docs/operations.md, "Logs"): handshake failures and reaps at
+//! `debug`, overflow closes and drain progress at `info`, accept errors at `warn`. Lines a flood can produce go through a
 //! per-core [`LogLimiter`] (at most [`LINES_PER_SECOND`] per kind per core, then one
 //! "suppressed K similar lines" summary), so a storm of bad handshakes or a mass reap after a
 //! network cut does not become a storm of log lines.
@@ -28,13 +28,19 @@ enum Kind {
     Handshake = 0,
     Reap = 1,
     Overflow = 2,
+    Accept = 3,
 }
 
-const KIND_NAMES: [&str; 3] = ["handshake failure", "reap", "overflow close"];
+const KIND_NAMES: [&str; 4] = [
+    "handshake failure",
+    "reap",
+    "overflow close",
+    "accept error",
+];
 
 struct State {
     epoch: Instant,
-    limiters: [LogLimiter; 3],
+    limiters: [LogLimiter; 4],
     last_drain_line_ms: Option<u64>,
 }
 
@@ -42,7 +48,7 @@ thread_local! {
     // One per core thread: cores never share it.
     static STATE: RefCell<State> = RefCell::new(State {
         epoch: Instant::now(),
-        limiters: [const { LogLimiter::new(LINES_PER_SECOND, 1000) }; 3],
+        limiters: [const { LogLimiter::new(LINES_PER_SECOND, 1000) }; 4],
         last_drain_line_ms: None,
     });
 }
@@ -70,18 +76,22 @@ fn admit(kind: Kind, level: Level, core: usize) -> bool {
 
 fn summary(level: Level, core: usize, kind: Kind, n: u64) {
     let what = KIND_NAMES[kind as usize];
-    if level == Level::INFO {
-        tracing::info!(
+    match level {
+        Level::WARN => tracing::warn!(
             core,
             suppressed = n,
             "suppressed {n} similar lines ({what})"
-        );
-    } else {
-        tracing::debug!(
+        ),
+        Level::INFO => tracing::info!(
             core,
             suppressed = n,
             "suppressed {n} similar lines ({what})"
-        );
+        ),
+        _ => tracing::debug!(
+            core,
+            suppressed = n,
+            "suppressed {n} similar lines ({what})"
+        ),
     }
 }
 
@@ -122,6 +132,14 @@ pub fn overflow_closed(core: usize, fd: RawFd, queued_bytes: usize, limit: &str)
     }
 }
 
+/// `accept` failed (e.g. `EMFILE` with a full fd table; the loop retries every 10 ms):
+/// `warn`, rate-limited.
+pub fn accept_failed(core: usize, error: &std::io::Error) {
+    if tracing::enabled!(Level::WARN) && admit(Kind::Accept, Level::WARN, core) {
+        tracing::warn!(core, %error, "accept failed");
+    }
+}
+
 /// Called every clock tick: reports floods that ended (their summary line).
 pub fn flush_suppressed(core: usize) {
     STATE.with(|s| {
@@ -131,6 +149,7 @@ pub fn flush_suppressed(core: usize) {
             (Kind::Handshake, Level::DEBUG),
             (Kind::Reap, Level::DEBUG),
             (Kind::Overflow, Level::INFO),
+            (Kind::Accept, Level::WARN),
         ] {
             if let Some(n) = s.limiters[kind as usize].flush(now) {
                 summary(level, core, kind, n);

@@ -341,7 +341,7 @@ async fn accept_loop(core: Rc<RefCell<CoreState>>, listener: TcpListener) {
             }
             Err(e) => {
                 // EMFILE/ENFILE: back off briefly instead of spinning on a full fd table.
-                tracing::warn!(error = %e, "accept failed");
+                events::accept_failed(core.borrow().me, &e);
                 monoio::time::sleep(Duration::from_millis(10)).await;
             }
         }
