@@ -34,9 +34,10 @@ use std::path::PathBuf;
 /// Default `--target`: the C1M goal.
 pub const DEFAULT_TARGET: u64 = 1_000_000;
 
-/// Budget of user-space RSS per idle subscribed connection, bytes: the issue 5 target
-/// (≤ 1,024 B). A budget figure, not a measurement: replace it with the slope measured by
-/// `benches/density` on the deployment's allocator (`--conn-user-bytes`).
+/// Budget of user-space RSS per idle subscribed connection, bytes: the design target
+/// (≤ 1,024 B; README, "Allocator", has the measured 938–949 B). A budget figure, not a
+/// measurement: replace it with the slope measured by `benches/density` on the deployment's
+/// allocator (`--conn-user-bytes`).
 pub const USER_BYTES_PER_CONN: u64 = 1024;
 
 /// Kernel memory per idle TCP connection, bytes: socket, inode, dentry, file and io_uring
@@ -120,9 +121,9 @@ impl CheckLimitsArgs {
         })
     }
 
-    /// Runs the check on stdout and returns the process exit code of DESIGN §7: 0 when the
-    /// target is reachable, 1 when not, 2 for a bad config file or an output error (the
-    /// message goes to stderr).
+    /// Runs the check on stdout and returns the process exit code of docs/operations.md
+    /// (check-limits): 0 when the target is reachable, 1 when not, 2 for a bad config file or an
+    /// output error (the message goes to stderr).
     pub fn run(&self) -> i32 {
         let opts = match self.to_options() {
             Ok(o) => o,
@@ -396,9 +397,9 @@ fn rows(r: &Readings, opts: &CheckOptions) -> Vec<Row> {
     rows
 }
 
-/// Reads the limits under `opts.proc_root`, prints the table (limit | current | needed for
-/// the target | bound on connections), the predicted capacity and, when something falls short, the exact
-/// lines to change, to `out`. Returns `Ok(true)` when the capacity reaches `opts.target`.
+/// Reads the limits under `opts.proc_root`, prints the table (limit | current | needed for the
+/// target | bound on connections), the predicted capacity and, when something falls short, the
+/// exact lines to change, to `out`. Returns `Ok(true)` when the capacity reaches `opts.target`.
 ///
 /// Errors: only write errors on `out`; unreadable limits are shown as `unreadable` and do not
 /// bound the capacity.

@@ -1,5 +1,5 @@
-//! Which close codes a client reconnects on (DESIGN §3, §4; codes from RFC 6455 §7.4.1 and
-//! the IANA WebSocket close code registry).
+//! Which close codes a client reconnects on (docs/protocol.md, close codes; codes from RFC 6455
+//! §7.4.1 and the IANA WebSocket close code registry).
 
 use std::time::Duration;
 
@@ -14,13 +14,13 @@ pub enum CloseAction {
     Stop,
 }
 
-/// Classifies a close code received from the server, exactly as DESIGN §3 lists them.
+/// Classifies a close code received from the server, exactly as docs/protocol.md lists them.
 ///
 /// Reconnect on 1001 (going away: shutdown), 1006 (abnormal closure: no close frame, any I/O
 /// error), 1011 (internal error), 1012 (service restart: drain) and 1013 (try again later:
 /// slow consumer, overload). Every other code stops: the listed 1002, 1003, 1007, 1008, 1009
 /// and 1010, and also 1000 (the server meant to end the session normally), 1005 (no status in
-/// the close frame) and unknown or application codes (3000–4999), because DESIGN §4 allows a
+/// the close frame) and unknown or application codes (3000–4999), because docs/protocol.md allows a
 /// reconnect only for the listed codes and I/O errors.
 pub fn classify_close(code: u16) -> CloseAction {
     match code {
@@ -31,7 +31,7 @@ pub fn classify_close(code: u16) -> CloseAction {
 
 /// The server's wait hint in a close reason: a JSON object such as
 /// `{"reason":"slow","retry_after_ms":250}` gives `Some(250 ms)`, the floor of the next
-/// reconnect delay (DESIGN §4). A reason that is not JSON, or has no non-negative integer
+/// reconnect delay (docs/protocol.md). A reason that is not JSON, or has no non-negative integer
 /// `retry_after_ms`, gives `None`.
 pub fn retry_hint(reason: &str) -> Option<Duration> {
     #[derive(Deserialize)]

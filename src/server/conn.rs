@@ -233,7 +233,7 @@ fn echo_frame(st: &mut CoreState, id: ConnId, opcode: u8, p: &[u8]) {
     st.flush(id);
 }
 
-/// One pub/sub request (DESIGN §2); a bad one gets an `error` and the connection stays open.
+/// One pub/sub request (docs/protocol.md); a bad one gets an `error` and the connection stays open.
 fn on_request(st: &mut CoreState, id: ConnId, text: &[u8]) {
     match protocol::parse_client_op(text) {
         Ok(ClientOp::Sub { ch, from, epoch }) => st.client_sub(id, &ch, from, epoch),

@@ -91,7 +91,7 @@ pub fn catch_up(st: &mut CoreState) {
     if st.draining && !st.drain_done {
         let cfg = &st.shared.config;
         // Peers get at most DRAIN_CLOSE_WAIT_MS after the window to answer their close, so
-        // a drain ends within window + 2 s even when peers never answer (DESIGN §8).
+        // a drain ends within window + 2 s even when peers never answer (docs/operations.md).
         let wait = cfg.limits.close_timeout_ms.min(DRAIN_CLOSE_WAIT_MS);
         let deadline = *st.drain_deadline.get_or_insert(now + CoreState::ticks(cfg.drain.window_ms + wait) + 1);
         super::events::drain_progress(st.me, st.metrics().drain_remaining.load(Relaxed), st.metrics().connections.load(Relaxed));
