@@ -1,4 +1,4 @@
-//! Connect rate (DESIGN §5): full WebSocket handshakes per second and handshake time.
+//! Connect rate (README, benchmarks): full WebSocket handshakes per second and handshake time.
 //!
 //! `cargo bench --bench connect`. Env: CONNECT_CONNS (10000), CONNECT_CONCURRENCY ("16,64,256":
 //! one run per value), CONNECT_CORES (2).

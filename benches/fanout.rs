@@ -1,5 +1,5 @@
-//! Broadcast fan-out (DESIGN §5): deliveries/s and publish-to-receive latency (p50/p99/p999)
-//! with N subscribers on one channel, for each subscriber count × payload size.
+//! Broadcast fan-out (README, benchmarks): deliveries/s and publish-to-receive latency
+//! (p50/p99/p999) with N subscribers on one channel, for each subscriber count × payload size.
 //!
 //! `cargo bench --bench fanout`. Env: FANOUT_SUBS ("1000,10000,19000"), FANOUT_SIZES
 //! ("64,1024", bytes of `data`), FANOUT_OFFERED (offered deliveries/s, 50000: each run

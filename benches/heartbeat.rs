@@ -1,4 +1,4 @@
-//! The cost of heartbeats (DESIGN §3, issue 3 "Done when": the timer wheel and the pings):
+//! The cost of heartbeats (docs/operations.md, heartbeats: the timer wheel and the pings):
 //! server CPU for N idle subscribed connections that answer every ping, with
 //! `heartbeat.ping_interval_ms = 1000` against the 25000 default (the baseline).
 //!

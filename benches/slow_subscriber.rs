@@ -1,6 +1,6 @@
-//! One slow subscriber must not slow the others (DESIGN §3, issue 3 "Done when"): p50/p99/p999
-//! publish-to-receive latency of N fast subscribers on one channel, WITHOUT and WITH one
-//! non-reader on the same channel, in interleaved rounds of the same run, reported as medians
+//! One slow subscriber must not slow the others (docs/operations.md, slow subscribers):
+//! p50/p99/p999 publish-to-receive latency of N fast subscribers on one channel, WITHOUT and WITH
+//! one non-reader on the same channel, in interleaved rounds of the same run, reported as medians
 //! over the rounds and as the ratio of the medians against the no-non-reader baseline.
 //!
 //! `cargo bench --bench slow_subscriber`. Env: SLOW_ROUNDS (5), SLOW_SUBS (1000), SLOW_RATE
@@ -10,14 +10,17 @@
 //! 0: skip).
 //!
 //! The non-reader (`tether load fanout --non-readers`) sets `SO_RCVBUF` 4096 and announces an
-//! MSS of 1460 before connect, subscribes, then never reads; at the defaults its 1 MiB queue
-//! (default `limits.queue_max_bytes`) fills about 5 s into each run, so the `disconnect` server
-//! closes it with 1013 within the run (the remaining seconds show the others after it is gone). Both servers use the default queue limits;
+//! MSS of 1460 before connect, subscribes, then never reads; with a 1 MiB queue
+//! (`limits.queue_max_bytes = 1048576`, set here: the default is 2 MiB, which would fill only
+//! after the run) it fills about 5 s into each run, so the `disconnect` server closes it with
+//! 1013 within the run (the remaining seconds show the others after it is gone). The 1 MiB queue
+//! needs `limits.max_publish_bytes` at most 1,044,287 (the largest publish must fit the queue);
+//! 65536 is set, far above SLOW_SIZE. Both servers use these queue limits;
 //! `limits.close_timeout_ms = 30000` only keeps the 1013 readable when the non-reader reads at
-//! the end of the run (DESIGN §8), so the report can say how it was closed. The order of the
-//! cases alternates from round to round, so drift on the shared box hits every case alike.
-//! Besides the ratio of the medians, the summary gives the median of the per-round ratios
-//! (each case against the baseline of its own round), which pairs runs seconds apart.
+//! the end of the run (docs/protocol.md, close codes), so the report can say how it was closed.
+//! The order of the cases alternates from round to round, so drift on the shared box hits every
+//! case alike. Besides the ratio of the medians, the summary gives the median of the per-round
+//! ratios (each case against the baseline of its own round), which pairs runs seconds apart.
 
 mod common;
 
@@ -47,7 +50,7 @@ fn main() {
     let drop_oldest = env_or("SLOW_DROP_OLDEST", 1) != 0;
 
     pin_binary("slow_subscriber");
-    let base = "[limits]\nclose_timeout_ms = 30000\n";
+    let base = "[limits]\nclose_timeout_ms = 30000\nqueue_max_bytes = 1048576\nmax_publish_bytes = 65536\n";
     let mut servers = vec![Serve::start("slow_subscriber", cores, 0, base)];
     let mut cases = vec![
         Case { name: "baseline", server: 0, non_readers: 0 },

@@ -3,17 +3,19 @@
 //!
 //! # Layout
 //!
-//! - [`config`]: the TOML configuration (DESIGN §7), its defaults and its validation.
+//! - [`config`]: the TOML configuration (docs/configuration.md), its defaults and its validation.
 //! - [`ws`]: RFC 6455 pieces, sans-IO: [`ws::handshake`] (HTTP/1.1 request parsing and the
 //!   upgrade check, §4.2) and [`ws::codec`] (frame decoding and encoding, fragments, UTF-8, close
 //!   codes, §5–§7).
 //! - [`http`]: plain HTTP/1.1 responses for the non-WebSocket endpoints.
-//! - [`protocol`]: the pub/sub wire protocol v1 (DESIGN §2), sans-IO: client ops in, server
+//! - [`protocol`]: the pub/sub wire protocol v1 (docs/protocol.md), sans-IO: client ops in, server
 //!   frames out.
 //! - [`server`]: the thread-per-core engine: one monoio runtime per core, its listener, its slab
 //!   of connections, its side of the subscription index, the channels whose home it is, and the
 //!   bounded queues between cores.
 //! - [`limits`]: `tether check-limits`: reads the OS limits and predicts connection capacity.
+//! - [`logging`]: the `TETHER_LOG` filter, checked before use; [`log_limit`]: a sans-IO rate
+//!   limiter for log lines a flood can produce.
 //! - [`load`]: `tether load`, the load generator (idle, fanout, connect, storm) behind the
 //!   benches; it can also drive other RFC 6455 servers (`--raw`).
 //! - [`client`]: the tokio client (`tether::client`) and the `sub`/`pub` command-line tools.
@@ -25,6 +27,8 @@ pub mod config;
 pub mod http;
 pub mod limits;
 pub mod load;
+pub mod log_limit;
+pub mod logging;
 pub mod protocol;
 pub mod server;
 pub mod ws;

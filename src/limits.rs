@@ -1,6 +1,6 @@
 //! `tether check-limits [--target N] [--config F]`: reads the OS limits that bound how many
-//! connections this box can hold, prints them against recommended values, predicts capacity,
-//! and says exactly which lines to change (DESIGN §4, §5; issue 5 item 6).
+//! connections this box can hold, prints each against the value the target needs, predicts
+//! capacity, and says exactly which lines to change (docs/operations.md, check-limits).
 //!
 //! Capacity is the smallest of these bounds on concurrent connections of one `tether serve`:
 //! - the nofile hard limit (the server raises its soft limit to the hard one at start),
@@ -13,8 +13,8 @@
 //! The ephemeral port range bounds connections per (source IP, destination) pair, which limits
 //! the load generator, not the server (accepted sockets use no ephemeral port); it is shown
 //! but does not cap. `somaxconn` and `tcp_max_syn_backlog` bound connection bursts (a
-//! reconnect storm), not concurrent connections: below the recommendation they are listed as
-//! advisory changes.
+//! reconnect storm), not concurrent connections: below the recommendation they are marked
+//! `<- advised` and listed as changes, but need nothing for the target.
 //!
 //! # Layout
 //! - this file: options, the capacity arithmetic, the table and the change list.
@@ -34,9 +34,10 @@ use std::path::PathBuf;
 /// Default `--target`: the C1M goal.
 pub const DEFAULT_TARGET: u64 = 1_000_000;
 
-/// Budget of user-space RSS per idle subscribed connection, bytes: the issue 5 target
-/// (≤ 1,024 B). A budget figure, not a measurement: replace it with the slope measured by
-/// `benches/density` on the deployment's allocator (`--conn-user-bytes`).
+/// Budget of user-space RSS per idle subscribed connection, bytes: the design target
+/// (≤ 1,024 B; README, "Allocator", has the measured 938–949 B). A budget figure, not a
+/// measurement: replace it with the slope measured by `benches/density` on the deployment's
+/// allocator (`--conn-user-bytes`).
 pub const USER_BYTES_PER_CONN: u64 = 1024;
 
 /// Kernel memory per idle TCP connection, bytes: socket, inode, dentry, file and io_uring
@@ -120,9 +121,9 @@ impl CheckLimitsArgs {
         })
     }
 
-    /// Runs the check on stdout and returns the process exit code of DESIGN §7: 0 when the
-    /// target is reachable, 1 when not, 2 for a bad config file or an output error (the
-    /// message goes to stderr).
+    /// Runs the check on stdout and returns the process exit code of docs/operations.md
+    /// (check-limits): 0 when the target is reachable, 1 when not, 2 for a bad config file or an
+    /// output error (the message goes to stderr).
     pub fn run(&self) -> i32 {
         let opts = match self.to_options() {
             Ok(o) => o,
@@ -175,7 +176,9 @@ enum Bound {
 struct Row {
     limit: &'static str,
     current: String,
-    recommended: String,
+    /// The least value that reaches the target (`-` when the row does not bound connections);
+    /// the change lines may recommend more (a power of two, room to grow).
+    needed: String,
     bound: Bound,
     /// Lines to change; empty when the row is fine.
     fixes: Vec<(Target, String)>,
@@ -215,7 +218,7 @@ fn rows(r: &Readings, opts: &CheckOptions) -> Vec<Row> {
     rows.push(Row {
         limit: "nofile soft/hard",
         current: format!("{}/{}", show(r.nofile_soft), show(r.nofile_hard)),
-        recommended: rec_fds.to_string(),
+        needed: format!(">= {need_fds} hard"),
         bound: hard_bound.map_or(Bound::Info("unknown (not counted)".into()), Bound::Caps),
         fixes: if nofile_short {
             vec![
@@ -238,7 +241,7 @@ fn rows(r: &Readings, opts: &CheckOptions) -> Vec<Row> {
     rows.push(Row {
         limit: "fs.nr_open",
         current: show(r.nr_open),
-        recommended: rec_nr_open.to_string(),
+        needed: format!(">= {need_fds}"),
         bound: r
             .nr_open
             .map(|n| n.saturating_sub(RESERVED_FDS))
@@ -263,7 +266,10 @@ fn rows(r: &Readings, opts: &CheckOptions) -> Vec<Row> {
             Some(a) => format!("{} ({a} in use)", show(r.file_max)),
             None => show(r.file_max),
         },
-        recommended: rec_file_max.to_string(),
+        needed: format!(
+            ">= {}",
+            need_fds.saturating_add(r.file_allocated.unwrap_or(0))
+        ),
         bound: file_bound.map_or(Bound::Info("unknown (not counted)".into()), Bound::Caps),
         fixes: if file_bound.is_some_and(|b| b < target) {
             vec![(Target::Sysctl, format!("fs.file-max = {rec_file_max}"))]
@@ -287,7 +293,7 @@ fn rows(r: &Readings, opts: &CheckOptions) -> Vec<Row> {
             r.mem_available.map_or("unreadable".into(), gib),
             r.mem_total.map_or("unreadable".into(), gib)
         ),
-        recommended: format!(">= {} available", gib(mem_need)),
+        needed: format!(">= {} available", gib(mem_need)),
         bound: mem_bound.map_or(Bound::Info("unknown (not counted)".into()), Bound::Caps),
         fixes: if mem_bound.is_some_and(|b| b < target) {
             vec![(
@@ -315,7 +321,7 @@ fn rows(r: &Readings, opts: &CheckOptions) -> Vec<Row> {
     rows.push(Row {
         limit: label,
         current: max_conn.to_string(),
-        recommended: format!(">= {target}"),
+        needed: format!(">= {target}"),
         bound: Bound::Caps(max_conn),
         fixes: if max_conn < target {
             vec![(Target::ConfigFile, format!("max_connections = {target}"))]
@@ -332,12 +338,15 @@ fn rows(r: &Readings, opts: &CheckOptions) -> Vec<Row> {
         current: r
             .port_range
             .map_or("unreadable".into(), |(lo, hi)| format!("{lo} {hi}")),
-        recommended: format!("{rec_lo} {rec_hi}"),
+        needed: "-".into(),
         bound: Bound::Info(match ports {
-            Some(p) => format!(
-                "none (load generator: {p} per client source IP, {} IPs for the target)",
-                target.div_ceil(p.max(1))
-            ),
+            Some(p) => {
+                let ips = target.div_ceil(p.max(1));
+                format!(
+                    "none (load generator: {p} per client source IP, {ips} {} for the target)",
+                    if ips == 1 { "IP" } else { "IPs" }
+                )
+            }
             None => "unknown".into(),
         }),
         fixes: if ports.is_some_and(|p| p < rec_hi - rec_lo + 1) {
@@ -365,7 +374,7 @@ fn rows(r: &Readings, opts: &CheckOptions) -> Vec<Row> {
         rows.push(Row {
             limit,
             current: show(value),
-            recommended: RECOMMENDED_BACKLOG.to_string(),
+            needed: "-".into(),
             bound: Bound::Info(what.into()),
             fixes: if value.is_some_and(|v| v < RECOMMENDED_BACKLOG) {
                 vec![(Target::Sysctl, format!("{limit} = {RECOMMENDED_BACKLOG}"))]
@@ -378,7 +387,7 @@ fn rows(r: &Readings, opts: &CheckOptions) -> Vec<Row> {
     rows.push(Row {
         limit: "cores",
         current: r.cores.to_string(),
-        recommended: "-".into(),
+        needed: "-".into(),
         bound: Bound::Info(format!(
             "none ({} connections per core at the target)",
             target.div_ceil(r.cores.max(1) as u64)
@@ -388,9 +397,9 @@ fn rows(r: &Readings, opts: &CheckOptions) -> Vec<Row> {
     rows
 }
 
-/// Reads the limits under `opts.proc_root`, prints the table (limit | current | recommended |
-/// bound on connections), the predicted capacity and, when something falls short, the exact
-/// lines to change, to `out`. Returns `Ok(true)` when the capacity reaches `opts.target`.
+/// Reads the limits under `opts.proc_root`, prints the table (limit | current | needed for the
+/// target | bound on connections), the predicted capacity and, when something falls short, the
+/// exact lines to change, to `out`. Returns `Ok(true)` when the capacity reaches `opts.target`.
 ///
 /// Errors: only write errors on `out`; unreadable limits are shown as `unreadable` and do not
 /// bound the capacity.
@@ -426,27 +435,27 @@ pub fn report(readings: &Readings, opts: &CheckOptions, out: &mut dyn Write) -> 
         .unwrap_or(0);
     let w2 = rows
         .iter()
-        .map(|r| r.recommended.len())
-        .chain([11])
+        .map(|r| r.needed.len())
+        .chain([17])
         .max()
         .unwrap_or(0);
     writeln!(
         out,
         "{:w0$}  {:w1$}  {:w2$}  bound on connections",
-        "limit", "current", "recommended"
+        "limit", "current", "needed for target"
     )?;
     for r in &rows {
-        let mark = if r.fixes.is_empty() {
-            ""
-        } else {
-            "  <- change"
+        let mark = match (&r.bound, r.fixes.is_empty()) {
+            (_, true) => "",
+            (Bound::Caps(_), false) => "  <- change",
+            (Bound::Info(_), false) => "  <- advised",
         };
         writeln!(
             out,
             "{:w0$}  {:w1$}  {:w2$}  {}{mark}",
             r.limit,
             r.current,
-            r.recommended,
+            r.needed,
             bound_text(&r.bound)
         )?;
     }

@@ -76,11 +76,13 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
+    let spec = std::env::var("TETHER_LOG").ok();
+    let (filter, problem) = tether::logging::filter(spec.as_deref());
+    if let Some(problem) = problem {
+        eprintln!("tether: {problem}; logging at info");
+    }
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TETHER_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();

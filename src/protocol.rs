@@ -1,4 +1,4 @@
-//! The pub/sub wire protocol v1 (DESIGN §2), sans-IO: client text messages in, server JSON
+//! The pub/sub wire protocol v1 (docs/protocol.md), sans-IO: client text messages in, server JSON
 //! texts (and the shared `msg` frame) out.
 //!
 //! Every server → client text is one compact JSON object with an `op` field and no trailing
@@ -15,7 +15,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
-/// Longest channel name in bytes (DESIGN §7).
+/// Longest channel name in bytes (docs/protocol.md, channel names).
 pub const MAX_CHANNEL_BYTES: usize = 128;
 /// Longest publish id (`pub.id`, `Idempotency-Key`) in bytes.
 pub const MAX_ID_BYTES: usize = 128;
@@ -47,7 +47,7 @@ pub mod codes {
     pub const NOT_SUBSCRIBED: &str = "not_subscribed";
 }
 
-/// One client → server request (DESIGN §2).
+/// One client → server request (docs/protocol.md).
 #[derive(Debug)]
 pub enum ClientOp {
     /// Subscribe to `ch`; with `from`, resume after that seq (the last one the client
@@ -137,7 +137,7 @@ fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::
     <&'de RawValue>::deserialize(d).map(Some)
 }
 
-/// Parses one client text message (DESIGN §2).
+/// Parses one client text message (docs/protocol.md).
 ///
 /// Errors, checked in this order:
 /// - `bad_json`: not valid JSON;
@@ -249,7 +249,7 @@ fn parse_fields(f: &Fields<'_>, id: Option<Cow<'_, str>>) -> Result<ClientOp, Re
     }
 }
 
-/// Validates an HTTP publish body (`POST /publish/{channel}`, DESIGN §2): it must be one JSON
+/// Validates an HTTP publish body (`POST /publish/{channel}`, docs/http.md): it must be one JSON
 /// value, which becomes `data`. Returns it compacted ([`compact_json`]); `bad_json` (answer
 /// 400 with the reason) otherwise. The size limit is the caller's (413).
 pub fn parse_publish_body(body: &[u8]) -> Result<Box<RawValue>, RequestError> {
@@ -263,7 +263,7 @@ pub fn valid_message_id(id: &str) -> bool {
     (1..=MAX_ID_BYTES).contains(&id.len())
 }
 
-/// Channel names: 1–128 bytes of `[A-Za-z0-9._:-]` (DESIGN §7).
+/// Channel names: 1–128 bytes of `[A-Za-z0-9._:-]` (docs/protocol.md).
 pub fn valid_channel(name: &str) -> bool {
     (1..=MAX_CHANNEL_BYTES).contains(&name.len())
         && name
@@ -325,7 +325,7 @@ pub fn msg_frame(ch: &str, seq: u64, data: &str) -> Bytes {
 }
 
 /// `{"op":"subscribed","ch":CH,"seq":SEQ,"epoch":EPOCH[,"recovered":BOOL]}`; `recovered` only
-/// when the `sub` carried `from` (DESIGN §2, §8).
+/// when the `sub` carried `from` (docs/protocol.md, resume).
 pub fn subscribed_json(ch: &str, seq: u64, epoch: &str, recovered: Option<bool>) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + ch.len() + epoch.len());
     out.extend_from_slice(b"{\"op\":\"subscribed\",\"ch\":");
@@ -345,7 +345,7 @@ pub fn subscribed_json(ch: &str, seq: u64, epoch: &str, recovered: Option<bool>)
     out
 }
 
-/// Why a resume point is gone (DESIGN §2 `reset.reason`).
+/// Why a resume point is gone (docs/protocol.md, `reset.reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResetReason {
     /// `from` is older than the oldest seq still in the history ring.
@@ -411,7 +411,7 @@ pub fn error_json(code: &str, reason: &str, id: Option<&str>) -> Vec<u8> {
     out
 }
 
-/// `{"seq":SEQ}`: the body of a successful `POST /publish/{channel}` (DESIGN §8).
+/// `{"seq":SEQ}`: the body of a successful `POST /publish/{channel}` (docs/http.md).
 pub fn seq_json(seq: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(28);
     out.extend_from_slice(b"{\"seq\":");

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Installs tether's OS profile (DESIGN §5):
+# Installs tether's OS profile (docs/operations.md, OS profile):
 #   sysctl/99-tether.conf        -> /etc/sysctl.d/99-tether.conf
 #   (nf_conntrack_max, only where /proc/sys/net/netfilter/nf_conntrack_max exists)
 #                                -> /etc/sysctl.d/99-tether-conntrack.conf

@@ -1,4 +1,4 @@
-//! Admission (DESIGN §3, issue 3): past `max_connections` the upgrade gets 503 with
+//! Admission (docs/operations.md, admission): past `max_connections` the upgrade gets 503 with
 //! `Retry-After`; `accept_rate` refuses handshakes over the rate the same way.
 
 mod common;

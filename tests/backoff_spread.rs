@@ -1,4 +1,4 @@
-//! Reconnect spread (issue 4, "Backoff spread"; DESIGN §3, §4): 500 `tether::client` clients
+//! Reconnect spread (issue 4, "Backoff spread"; docs/protocol.md): 500 `tether::client` clients
 //! dropped by a drain with a short window, the server restarted on the same port, come back
 //! spread out by full jitter: no 100 ms slot holds more than 10 % of the reconnects (going by
 //! the clients' own `Event::Connected` timestamps).

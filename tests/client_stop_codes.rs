@@ -1,7 +1,7 @@
 //! Close-code handling of `tether::client` against a real server (issue 4, client item 5;
-//! DESIGN §3): a stop code ends the client with a typed error naming the code, and fails the
-//! pending publish, instead of reconnecting. (The full code table and the seeded backoff
-//! formula are unit-tested in `src/client/close.rs` and `src/client/backoff.rs`.)
+//! docs/protocol.md, close codes): a stop code ends the client with a typed error naming the code,
+//! and fails the pending publish, instead of reconnecting. (The full code table and the seeded
+//! backoff formula are unit-tested in `src/client/close.rs` and `src/client/backoff.rs`.)
 
 mod common;
 

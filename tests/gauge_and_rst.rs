@@ -1,4 +1,4 @@
-//! The connection gauge is exact (DESIGN §3 Reaping, §8): it returns to 0 after clients
+//! The connection gauge is exact (docs/operations.md, reaping): it returns to 0 after clients
 //! leave by close handshake, by EOF, and by TCP RST; 1,000 RSTs are reaped within 1 s and the
 //! server's descriptors return to their baseline.
 

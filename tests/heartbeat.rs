@@ -1,6 +1,6 @@
-//! Heartbeats (DESIGN §3, issue 3): server pings keep a connection alive through a proxy that
-//! cuts idle connections, and a peer that never answers is reaped with its TCP connection, its
-//! subscriptions and its gauge contribution.
+//! Heartbeats (docs/operations.md, heartbeats): server pings keep a connection alive through a
+//! proxy that cuts idle connections, and a peer that never answers is reaped with its TCP
+//! connection, its subscriptions and its gauge contribution.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! At-least-once publish (issue 4, "Cut publisher"; DESIGN §2, §4): a WebSocket publisher
+//! At-least-once publish (issue 4, "Cut publisher"; docs/protocol.md): a WebSocket publisher
 //! (`tether::client`) sends 5,000 publishes with ids through a relay whose connections are
 //! reset twice mid-stream. The outbox is resent after each reconnect and the server dedups by
 //! id, so every publish is acked once with one seq and a subscriber sees each message once.

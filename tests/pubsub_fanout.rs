@@ -1,7 +1,7 @@
 //! Pub/sub end to end with `--cores 2`: 240 independent (tokio-tungstenite) subscribers spread
 //! over both cores, plus 8 of tether's own clients, each get seq 1..N in order exactly once;
 //! HTTP publish, `Idempotency-Key` dedup, WS `pub`/`ack` dedup, and publishes through
-//! `tether::client` (DESIGN §2, §4, §8).
+//! `tether::client` (docs/protocol.md).
 
 mod common;
 

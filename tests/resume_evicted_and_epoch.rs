@@ -1,4 +1,4 @@
-//! Typed reset (issue 4, "Evicted history"; DESIGN §2, §8): a resume point that history no
+//! Typed reset (issue 4, "Evicted history"; docs/protocol.md): a resume point that history no
 //! longer holds gets `reset` with reason `evicted` and the first seq still available as
 //! `oldest`; a resume across a server restart gets `reset` with reason `epoch`. Either way the
 //! stream continues live at `reset.seq + 1` with no gap. Raw JSON over tokio-tungstenite, so

@@ -1,4 +1,4 @@
-//! Resume replay (issue 4, server item 1; DESIGN §2, §8): a `sub` with `from: 0` on a channel
+//! Resume replay (issue 4, server item 1; docs/protocol.md): a `sub` with `from: 0` on a channel
 //! with a 100,000-message history gets `subscribed` with `recovered: true`, then seq 1..head
 //! from history, then the live stream, with no gap and no duplicate at the seam even while the
 //! channel is being published during the replay. Prints the replay rate.

@@ -1,4 +1,4 @@
-//! Resume after cuts (issue 4, "Two cuts"; DESIGN §2, §4): a subscriber whose TCP path is reset
+//! Resume after cuts (issue 4, "Two cuts"; docs/protocol.md): a subscriber whose TCP path is reset
 //! twice mid-stream while seq 1..20000 is published still records every seq exactly once, by
 //! resubscribing with `from` = the last seq it recorded.
 

@@ -1,4 +1,4 @@
-//! Graceful shutdown (DESIGN §3, issue 3 "Staggered drain"): SIGTERM closes every connection
+//! Graceful shutdown (docs/operations.md, drain): SIGTERM closes every connection
 //! with `drain.close_code` (1012), SIGINT with 1001, spread over `drain.window_ms`, and the
 //! process exits 0.
 
@@ -51,7 +51,7 @@ async fn signal_closes_with(sig: i32, want: u16) {
     let mut srv = srv;
     let status = srv.wait_exit(Duration::from_secs(8)).unwrap_or_else(|| panic!("still running {:?} after the signal", t0.elapsed()));
     assert!(status.success(), "exit status {status:?}");
-    assert!(t0.elapsed() < Duration::from_secs(5), "DESIGN §8: window 1000 ms exits within 5 s; took {:?}", t0.elapsed());
+    assert!(t0.elapsed() < Duration::from_secs(5), "docs/operations.md: window 1000 ms exits within 5 s; took {:?}", t0.elapsed());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

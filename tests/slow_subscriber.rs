@@ -1,4 +1,4 @@
-//! Slow subscribers (DESIGN §3, issue 3 "64 MiB to a non-reader"): a subscriber with a small
+//! Slow subscribers (docs/operations.md, slow subscribers): a subscriber with a small
 //! `SO_RCVBUF` that stops reading never slows the publisher or a reading subscriber, server
 //! memory stays bounded, and the channel's overflow policy decides what the non-reader sees.
 
@@ -19,7 +19,7 @@ const CH: &str = "slow.ch";
 const MESSAGES: u64 = 1024;
 const DATA_BYTES: usize = 64 * 1024;
 /// The publisher stays at most this many messages ahead of the reading subscriber, so the
-/// reader's own queue (1 MiB default) never overflows: the test is about the non-reader.
+/// reader's own queue (2 MiB default) never overflows: the test is about the non-reader.
 const AHEAD: u64 = 8;
 const RSS_BUDGET_KIB: u64 = 48 * 1024;
 
@@ -60,9 +60,9 @@ struct Run {
 /// Starts a server whose channels use `policy`, subscribes a non-reader and a reader, publishes
 /// 64 MiB over HTTP keep-alive and checks the reader got all of it in order and the RSS bound.
 async fn publish_64mib_past_a_non_reader(policy: &str) -> Run {
-    // history = 16: the history ring would otherwise keep 1000 × 64 KiB = 64 MiB by design,
-    // which is not what this test measures. close_timeout_ms = 30000: the non-reader starts
-    // reading only after the whole run, and must still find its 1013 then (DESIGN §8).
+    // history = 16: the history ring would otherwise keep 1000 × 64 KiB = 64 MiB by design, which
+    // is not what this test measures. close_timeout_ms = 30000: the non-reader starts reading only
+    // after the whole run, and must still find its 1013 then (docs/protocol.md, close codes).
     let config = format!(
         "[limits]\nclose_timeout_ms = 30000\n\n[[channels]]\npattern = \"*\"\noverflow = \"{policy}\"\nhistory = 16\n"
     );

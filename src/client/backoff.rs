@@ -1,5 +1,6 @@
-//! Reconnect delays with full jitter (DESIGN §4): a fleet of clients dropped at the same
-//! moment (a drain, a cut) comes back spread over the whole window instead of in one spike.
+//! Reconnect delays with full jitter (docs/protocol.md, the reference client): a fleet of clients
+//! dropped at the same moment (a drain, a cut) comes back spread over the whole window instead of
+//! in one spike.
 
 use std::time::Duration;
 

@@ -1,12 +1,11 @@
-//! `tether sub` and `tether pub` (DESIGN §4, §7).
+//! `tether sub` and `tether pub` (README, "Client and command-line tools"; docs/protocol.md).
 
 use std::fs::{File, OpenOptions};
 use std::future::Future;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
@@ -184,30 +183,18 @@ pub(super) async fn run_sub_with(
                     break Err(e);
                 }
             }
-            Ok(Event::Reset {
-                ch,
-                seq,
-                epoch,
-                reason,
-                oldest,
-            }) => {
-                let line = json!({"op":"reset","ch":ch,"seq":seq,"epoch":epoch,"reason":reason,"oldest":oldest});
-                eprintln!("{line}");
+            Ok(ev @ (Event::Reset { .. } | Event::Disconnected { .. })) => {
+                if let Some(line) = stderr_line(&ev) {
+                    eprintln!("{line}");
+                }
             }
-            Ok(Event::Disconnected {
-                code,
-                reason,
-                retry_in,
-            }) => {
-                let line = json!({"event":"disconnected","code":code,"reason":reason,
-                    "retry_in_ms":u64::try_from(retry_in.as_millis()).unwrap_or(u64::MAX)});
-                eprintln!("{line}");
-            }
-            Ok(Event::Error { code, reason, id }) => {
-                eprintln!(
-                    "{}",
-                    json!({"op":"error","code":code,"reason":reason,"id":id})
-                );
+            Ok(ev @ Event::Error { .. }) => {
+                if let Some(line) = stderr_line(&ev) {
+                    eprintln!("{line}");
+                }
+                let Event::Error { code, reason, .. } = ev else {
+                    unreachable!("matched above")
+                };
                 break Err(ClientError::Refused { code, reason });
             }
             Ok(Event::Connected | Event::Subscribed { .. }) => {}
@@ -216,6 +203,71 @@ pub(super) async fn run_sub_with(
     };
     client.close().await;
     result
+}
+
+/// The JSON line `tether sub` writes on stderr for a reset, a disconnect or a refusal, with
+/// its keys in the order of the wire protocol (docs/protocol.md), e.g.
+/// `{"op":"reset","ch":"news","seq":42,"epoch":"…","reason":"epoch","oldest":1}` and
+/// `{"event":"disconnected","code":1012,"reason":"…","retry_in_ms":850}`. `None` for events
+/// that print nothing.
+pub(super) fn stderr_line(ev: &Event) -> Option<String> {
+    #[derive(Serialize)]
+    struct Reset<'a> {
+        op: &'static str,
+        ch: &'a str,
+        seq: u64,
+        epoch: &'a str,
+        reason: &'a str,
+        oldest: u64,
+    }
+    #[derive(Serialize)]
+    struct Disconnected<'a> {
+        event: &'static str,
+        code: Option<u16>,
+        reason: &'a str,
+        retry_in_ms: u64,
+    }
+    #[derive(Serialize)]
+    struct Refused<'a> {
+        op: &'static str,
+        code: &'a str,
+        reason: &'a str,
+        id: Option<&'a str>,
+    }
+    let text = match ev {
+        Event::Reset {
+            ch,
+            seq,
+            epoch,
+            reason,
+            oldest,
+        } => serde_json::to_string(&Reset {
+            op: "reset",
+            ch,
+            seq: *seq,
+            epoch,
+            reason,
+            oldest: *oldest,
+        }),
+        Event::Disconnected {
+            code,
+            reason,
+            retry_in,
+        } => serde_json::to_string(&Disconnected {
+            event: "disconnected",
+            code: *code,
+            reason,
+            retry_in_ms: u64::try_from(retry_in.as_millis()).unwrap_or(u64::MAX),
+        }),
+        Event::Error { code, reason, id } => serde_json::to_string(&Refused {
+            op: "error",
+            code,
+            reason,
+            id: id.as_deref(),
+        }),
+        _ => return None,
+    };
+    text.ok()
 }
 
 /// Makes the append file end on a complete line and returns the `seq` of its last line

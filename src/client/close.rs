@@ -1,5 +1,5 @@
-//! Which close codes a client reconnects on (DESIGN §3, §4; codes from RFC 6455 §7.4.1 and
-//! the IANA WebSocket close code registry).
+//! Which close codes a client reconnects on (docs/protocol.md, close codes; codes from RFC 6455
+//! §7.4.1 and the IANA WebSocket close code registry).
 
 use std::time::Duration;
 

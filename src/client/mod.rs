@@ -1,9 +1,9 @@
 //! The tether client for ordinary tokio applications, and the `tether sub` / `tether pub`
-//! command-line tools (DESIGN §2, §4, §7).
+//! command-line tools (docs/protocol.md, README).
 //!
 //! A [`Client`] owns one background task that holds the WebSocket connection to
-//! `ws://HOST:PORT/ws`, reconnects with full-jitter backoff on the close codes of DESIGN §3, and
-//! after every reconnect resubscribes each channel from the last seq the application
+//! `ws://HOST:PORT/ws`, reconnects with full-jitter backoff on the close codes of docs/protocol.md,
+//! and after every reconnect resubscribes each channel from the last seq the application
 //! **committed** and resends the publish outbox in its original order.
 //!
 //! ```no_run
@@ -29,7 +29,7 @@
 //! - [`close`]: which close codes reconnect and which stop; the `retry_after_ms` hint.
 //! - [`backoff`]: full-jitter reconnect delays.
 //! - [`offsets`]: the offset file (committed positions that survive a process restart).
-//! - `wire`: client frames out, server frames in (DESIGN §2).
+//! - `wire`: client frames out, server frames in (docs/protocol.md).
 //! - `session`: the application side: [`Client`], [`Publisher`], [`AckHandle`].
 //! - `shared`: resume positions, counters and commands shared by both sides.
 //! - `task`: the background connection task: connect, resubscribe, outbox, dedup, reconnect.
@@ -65,7 +65,7 @@ pub use wire::{new_publish_id, valid_channel};
 /// Why a client stopped or a request failed. Each variant says what the caller should do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClientError {
-    /// The server closed the connection with a code that must not be retried (DESIGN §3:
+    /// The server closed the connection with a code that must not be retried (docs/protocol.md:
     /// 1002, 1003, 1007, 1008, 1009, 1010, and every code not listed as reconnectable,
     /// including 1000 and 1005). Fix the cause before reconnecting.
     Closed {
@@ -74,7 +74,7 @@ pub enum ClientError {
         /// The close reason text as received.
         reason: String,
     },
-    /// The server answered a request with `error` (DESIGN §2): the publish (or subscription)
+    /// The server answered a request with `error` (docs/protocol.md): the publish (or subscription)
     /// was refused and retrying the same request will not help.
     Refused {
         /// The server's `code` field as text (a JSON number is rendered in decimal).
@@ -90,7 +90,7 @@ pub enum ClientError {
     },
     /// The URL cannot be used (not `ws://`, no host, unparsable).
     InvalidUrl(String),
-    /// A channel name outside 1–128 bytes of `[A-Za-z0-9._:-]` (DESIGN §7).
+    /// A channel name outside 1–128 bytes of `[A-Za-z0-9._:-]` (docs/protocol.md).
     InvalidChannel(String),
     /// Publish data that is not valid JSON, or that cannot be serialized.
     InvalidData(String),
@@ -133,14 +133,14 @@ impl From<std::io::Error> for ClientError {
 /// What the background task reports to the application, in connection order.
 ///
 /// `Subscribed`, `Message`, `Reset` and `Error` are never dropped: while the application does
-/// not consume them the client stops reading from the socket (the server's slow-subscriber
-/// policy then applies, DESIGN §3). `Connected` and `Disconnected` are informational and are
+/// not consume them the client stops reading from the socket (the server's slow-subscriber policy
+/// then applies, docs/operations.md). `Connected` and `Disconnected` are informational and are
 /// dropped when 64 events are already waiting.
 #[derive(Debug, Clone)]
 pub enum Event {
     /// A WebSocket connection is open; subscriptions and the outbox have been (re)sent on it.
     Connected,
-    /// The server confirmed a subscription (`subscribed`, DESIGN §2).
+    /// The server confirmed a subscription (`subscribed`, docs/protocol.md).
     Subscribed {
         /// Channel name.
         ch: String,
@@ -171,7 +171,7 @@ pub enum Event {
         seq: u64,
         /// The channel's current epoch.
         epoch: String,
-        /// `evicted` or `epoch` (DESIGN §2).
+        /// `evicted` or `epoch` (docs/protocol.md).
         reason: String,
         /// The oldest seq still in the channel's history.
         oldest: u64,
@@ -199,7 +199,7 @@ pub enum Event {
     },
 }
 
-/// The server's acknowledgement of a publish (`ack`, DESIGN §2).
+/// The server's acknowledgement of a publish (`ack`, docs/protocol.md).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ack {
     /// The publish id (client-generated or caller-given).
@@ -221,7 +221,7 @@ pub struct Stats {
     /// connection, or at or below the committed seq.
     pub duplicates_dropped: u64,
     /// Messages whose seq skipped ahead of the previous one (a drop-oldest or conflate policy,
-    /// DESIGN §3). They are delivered anyway.
+    /// docs/operations.md). They are delivered anyway.
     pub gaps: u64,
     /// `Connected` / `Disconnected` events dropped because the application was not reading.
     pub status_events_dropped: u64,
@@ -232,15 +232,15 @@ pub struct Stats {
 pub struct ClientConfig {
     /// `ws://HOST:PORT/ws`. TLS (`wss://`) is not built in.
     pub url: String,
-    /// Reconnect delays (DESIGN §4).
+    /// Reconnect delays (docs/protocol.md, the reference client).
     pub backoff: BackoffConfig,
     /// Seed for the backoff jitter; `None` seeds from the OS. Set it in tests.
     pub seed: Option<u64>,
     /// Limit on TCP connect plus WebSocket upgrade. Default 10 s.
     pub connect_timeout: Duration,
-    /// Reconnect when no frame at all arrives for this long. The server pings every 25 s by
-    /// default (DESIGN §3), so the default of 60 s only fires on a dead path (a NAT or proxy
-    /// that dropped the connection without telling either side). `None` disables it.
+    /// Reconnect when no frame at all arrives for this long. The server pings every 25 s by default
+    /// (docs/operations.md, heartbeats), so the default of 60 s only fires on a dead path (a NAT or
+    /// proxy that dropped the connection without telling either side). `None` disables it.
     pub idle_timeout: Option<Duration>,
     /// Offset file holding committed positions across process restarts. At-least-once: a
     /// crash between processing a message and its commit repeats that one message.

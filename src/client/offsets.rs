@@ -1,5 +1,5 @@
 //! The offset file: committed positions per channel that survive a client process restart
-//! (DESIGN §4, issue 4 item 6).
+//! (docs/protocol.md, the reference client).
 //!
 //! Format: one JSON object mapping channel → position,
 //! `{"news":{"seq":42,"epoch":"9f3c…"},"prices.eur":{"seq":7}}`.

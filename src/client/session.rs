@@ -23,7 +23,7 @@ use super::{Ack, ClientConfig, ClientError, Event, Stats};
 /// How long [`Client::close`] waits for the close handshake.
 const CLOSE_WAIT: Duration = Duration::from_secs(3);
 
-/// A reconnecting, resuming tether client (DESIGN §4).
+/// A reconnecting, resuming tether client (docs/protocol.md, the reference client).
 ///
 /// Dropping the last handle (`Client` and every [`Publisher`]) closes the connection.
 pub struct Client {

@@ -1,5 +1,5 @@
 //! The background connection task: connect, resubscribe from committed positions, resend the
-//! outbox, read frames, and reconnect with backoff (DESIGN §3, §4).
+//! outbox, read frames, and reconnect with backoff (docs/protocol.md).
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;

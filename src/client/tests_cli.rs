@@ -158,3 +158,47 @@ async fn sub_command_appends_each_seq_exactly_once_across_a_cut() {
     })
     .await;
 }
+
+#[test]
+fn stderr_lines_keep_the_protocol_key_order() {
+    use super::cli::stderr_line;
+    let reset = Event::Reset {
+        ch: "news".into(),
+        seq: 42,
+        epoch: "e1".into(),
+        reason: "epoch".into(),
+        oldest: 1,
+    };
+    assert_eq!(
+        stderr_line(&reset).unwrap(),
+        r#"{"op":"reset","ch":"news","seq":42,"epoch":"e1","reason":"epoch","oldest":1}"#
+    );
+    let gone = Event::Disconnected {
+        code: Some(1012),
+        reason: "{\"reason\":\"restart\"}".into(),
+        retry_in: Duration::from_millis(850),
+    };
+    assert_eq!(
+        stderr_line(&gone).unwrap(),
+        r#"{"event":"disconnected","code":1012,"reason":"{\"reason\":\"restart\"}","retry_in_ms":850}"#
+    );
+    let cut = Event::Disconnected {
+        code: None,
+        reason: "connection reset".into(),
+        retry_in: Duration::from_millis(3),
+    };
+    assert_eq!(
+        stderr_line(&cut).unwrap(),
+        r#"{"event":"disconnected","code":null,"reason":"connection reset","retry_in_ms":3}"#
+    );
+    let refused = Event::Error {
+        code: "bad_channel".into(),
+        reason: "invalid channel".into(),
+        id: None,
+    };
+    assert_eq!(
+        stderr_line(&refused).unwrap(),
+        r#"{"op":"error","code":"bad_channel","reason":"invalid channel","id":null}"#
+    );
+    assert_eq!(stderr_line(&Event::Connected), None);
+}

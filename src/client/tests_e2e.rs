@@ -1,5 +1,5 @@
 //! End-to-end client tests against a fake tether server written with tokio-tungstenite on
-//! 127.0.0.1:0, speaking the v1 wire protocol of DESIGN §2.
+//! 127.0.0.1:0, speaking the v1 wire protocol of docs/protocol.md.
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -1,4 +1,4 @@
-//! Wire protocol v1 frames as the client sees them (DESIGN §2): `sub`, `unsub`, `pub` out;
+//! Wire protocol v1 frames as the client sees them (docs/protocol.md): `sub`, `unsub`, `pub` out;
 //! `subscribed`, `msg`, `reset`, `ack`, `error` in.
 
 use serde::{Deserialize, Deserializer, Serialize};
@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::ClientError;
 
-/// Whether `name` is a valid channel name: 1–128 bytes of `[A-Za-z0-9._:-]` (DESIGN §7).
+/// Whether `name` is a valid channel name: 1–128 bytes of `[A-Za-z0-9._:-]` (docs/protocol.md).
 pub fn valid_channel(name: &str) -> bool {
     (1..=128).contains(&name.len())
         && name

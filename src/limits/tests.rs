@@ -333,3 +333,49 @@ fn real_proc_does_not_fail() {
     check_limits(&opts, &mut out).unwrap();
     assert!(String::from_utf8(out).unwrap().contains("capacity:"));
 }
+
+#[test]
+fn needed_column_shows_minimums_never_above_a_sufficient_current_value() {
+    // A box with more than the target needs everywhere: no row may claim more is needed.
+    let b = Box_ {
+        nofile: ("4194304", "4194304"),
+        file_max: "9000000",
+        nr_open: "4194304",
+        ..tuned()
+    };
+    let (ok, out) = run(&b, |o| o.target = 20_000);
+    assert!(ok, "{out}");
+    assert!(out.contains("needed for target"), "{out}");
+    assert!(
+        !out.contains("recommended  "),
+        "the column is not 'recommended': {out}"
+    );
+    assert!(
+        out.contains(">= 20256 hard"),
+        "nofile: target + reserved fds: {out}"
+    );
+    for row in ["nofile soft/hard", "fs.nr_open", "fs.file-max"] {
+        let line = out.lines().find(|l| l.starts_with(row)).unwrap();
+        assert!(!line.contains("<- "), "{line}");
+    }
+    // 64,512 ports per source IP hold 20,000 connections: one IP, singular.
+    assert!(
+        out.contains("64512 per client source IP, 1 IP for the target"),
+        "{out}"
+    );
+}
+
+#[test]
+fn advisory_rows_are_marked_advised_not_change() {
+    let b = Box_ {
+        somaxconn: "4096",
+        ..tuned()
+    };
+    let (ok, out) = run(&b, |o| o.target = 19_000);
+    assert!(ok, "{out}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("net.core.somaxconn"))
+        .unwrap();
+    assert!(line.ends_with("<- advised"), "{line}");
+}

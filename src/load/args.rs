@@ -1,6 +1,6 @@
-//! Command-line arguments of `tether load` (DESIGN §7: the flags are a stable interface) and
-//! the parsers for their values: durations (`30s`), source-address ranges
-//! (`127.0.0.2-127.0.0.254`) and `ws://` URLs.
+//! Command-line arguments of `tether load` (README, "Benchmarks and the load generator": the flags
+//! are a stable interface) and the parsers for their values: durations (`30s`), source-address
+//! ranges (`127.0.0.2-127.0.0.254`) and `ws://` URLs.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::time::Duration;
@@ -100,10 +100,10 @@ pub struct FanoutArgs {
     /// Longest wait after the last publish for deliveries to arrive, e.g. `5s`.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub grace: Duration,
-    /// Extra subscribers that complete the handshake, subscribe (non-reader j to channel
-    /// `j % K`) and then never read: slow consumers (DESIGN §3). They are left out of the
-    /// latency, delivery and loss figures; the report says how many the server closed, with
-    /// which code. Not in raw mode.
+    /// Extra subscribers that complete the handshake, subscribe (non-reader j to channel `j % K`)
+    /// and then never read: slow consumers (docs/operations.md, slow subscribers). They are left
+    /// out of the latency, delivery and loss figures; the report says how many the server closed,
+    /// with which code. Not in raw mode.
     #[arg(long, default_value_t = 0)]
     pub non_readers: usize,
     /// `SO_RCVBUF` of each non-reader in bytes, set before connect so the advertised window
@@ -165,10 +165,10 @@ pub struct StormArgs {
     /// replacement server; its stdout goes to this process's stderr.
     #[arg(long)]
     pub restart_cmd: Option<String>,
-    /// Full-jitter backoff base (DESIGN §4), e.g. `500ms`.
+    /// Full-jitter backoff base (docs/protocol.md, the reference client), e.g. `500ms`.
     #[arg(long, default_value = "500ms", value_parser = parse_duration)]
     pub backoff_base: Duration,
-    /// Full-jitter backoff cap (DESIGN §4), e.g. `30s`.
+    /// Full-jitter backoff cap (docs/protocol.md, the reference client), e.g. `30s`.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub backoff_cap: Duration,
     /// Give up this long after the trigger (or, for drain without `--server-pid`, after all

@@ -1,4 +1,4 @@
-//! `tether load`: the load generator (DESIGN §5, §7; issue 5 item 1).
+//! `tether load`: the load generator (README, "Benchmarks and the load generator").
 //!
 //! Scenarios, one subcommand each; every one prints a table on stderr and ONE final JSON line
 //! on stdout:
@@ -162,7 +162,8 @@ pub(crate) fn run_id() -> String {
     format!("{:08x}", rand::random::<u32>())
 }
 
-/// Full-jitter backoff (DESIGN §4): uniform in `[0, min(cap, base·2^attempt)]`.
+/// Full-jitter backoff (docs/protocol.md, the reference client): uniform in `[0, min(cap,
+/// base·2^attempt)]`.
 pub fn full_jitter(base: Duration, cap: Duration, attempt: u32) -> Duration {
     let ceiling = base.saturating_mul(1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX)).min(cap);
     ceiling.mul_f64(rand::random::<f64>())

@@ -1,4 +1,4 @@
-//! Non-readers for `tether load fanout --non-readers N` (DESIGN §3 "Slow subscribers", issue 3):
+//! Non-readers for `tether load fanout --non-readers N` (docs/operations.md, slow subscribers):
 //! subscribers that connect with a small `SO_RCVBUF`, complete the handshake, subscribe, and
 //! then never read while the run publishes, so their outbound queue on the server fills.
 //!

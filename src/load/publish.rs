@@ -152,7 +152,7 @@ fn due(start: Instant, rate: f64, total: u64) -> u64 {
     ((start.elapsed().as_secs_f64() * rate) as u64 + 1).min(total)
 }
 
-/// One keep-alive HTTP/1.1 connection for `POST /publish/{ch}` (DESIGN §2, §8).
+/// One keep-alive HTTP/1.1 connection for `POST /publish/{ch}` (docs/http.md).
 pub struct HttpPublisher {
     stream: TcpStream,
     host: String,

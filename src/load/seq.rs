@@ -1,6 +1,6 @@
 //! Loss and reordering accounting for one subscriber on one channel.
 //!
-//! Per channel the server numbers messages 1, 2, 3, … (DESIGN §2). A subscriber that sees
+//! Per channel the server numbers messages 1, 2, 3, … (docs/protocol.md). A subscriber that sees
 //! every seq in order has lost nothing. A seq above the next expected one opens a gap; the
 //! missing seqs are remembered (up to [`MAX_TRACKED_GAPS`]) so that one arriving late counts
 //! as **reordered**, not lost. A seq at or below one already seen that was not missing is a

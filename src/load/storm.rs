@@ -4,7 +4,7 @@
 //! Phases of each client: open and subscribe; primed (one message per channel is published over
 //! HTTP so every client has a non-zero `from`); dropped (`--trigger cut`: this process resets
 //! every socket at once; `--trigger drain`: the server closes with 1012/1001 while draining);
-//! reconnecting with full-jitter backoff (DESIGN §4: sleep uniform in
+//! reconnecting with full-jitter backoff (docs/protocol.md: sleep uniform in
 //! `[0, min(cap, base·2^attempt)]` before each attempt; a close code that forbids reconnecting,
 //! §3, ends the client); back (`subscribed` answered the `sub` with `from` and `epoch`, or a
 //! `reset` did: both mean the client resumed correctly).
@@ -37,7 +37,7 @@ use super::report::{round3, Errors, Report};
 use super::wire::{scan_str, scan_u64, ConnError, WsConn};
 use super::{full_jitter, now_ns, run_id, run_split, share, thread_count, wait_until};
 
-/// Close codes after which a client must not reconnect (DESIGN §3).
+/// Close codes after which a client must not reconnect (docs/protocol.md, close codes).
 const TERMINAL_CODES: [u16; 6] = [1002, 1003, 1007, 1008, 1009, 1010];
 /// Width of a reconnect-rate bucket, ns.
 const BUCKET_NS: u64 = 100_000_000;
@@ -386,7 +386,7 @@ impl Client {
                     }
                     Some(b"reset") if answer.is_none() => {
                         epoch = scan_str(m, "epoch").map(<[u8]>::to_vec);
-                        // Live messages continue at reset.seq + 1 (DESIGN §8).
+                        // Live messages continue at reset.seq + 1 (docs/protocol.md, resume).
                         last = scan_u64(m, "seq").unwrap_or(0);
                         answer = Some(Ok(Answer::Reset));
                     }

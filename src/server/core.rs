@@ -20,7 +20,8 @@ use slab::Slab;
 use super::broker::{memory::MemoryBroker, Broker, Request};
 use super::bus::{ConnRef, ConnRow, CoreMsg, Endpoint, PublishResult, Router};
 use super::local::LocalChannels;
-use super::metrics::CoreMetrics;
+use super::metrics::{CoreMetrics, HandshakeFailure};
+use crate::config::Overflow;
 use super::session::queue::MAX_IOV;
 use super::session::replay::Fetch;
 use super::session::{ConnId, Ctx, Flags, ReapReason, Session, SessionConfig, State, Tick};
@@ -366,7 +367,31 @@ impl CoreState {
             return; // the deadline moved, or the slot holds another connection
         }
         let drain = self.shared.drain_code();
-        self.with_session(id, |s, ctx| s.handle_timeout(ctx, drain, &mut rand::rng()));
+        let timed_out = self.with_session(id, |s, ctx| {
+            s.handle_timeout(ctx, drain, &mut rand::rng());
+            s.is_closed() && s.reap_reason() == Some(ReapReason::HandshakeTimeout)
+        });
+        if timed_out == Some(true) {
+            let fd = self.conn(id).map(|s| s.fd);
+            super::events::handshake_failed(self.me, fd, HandshakeFailure::Timeout, 0, "no complete request head in time");
+        }
+    }
+
+    /// Queues `frame` of local channel `chan` on `id` under `policy` at tick `now` (a fan-out
+    /// delivery); returns whether it was queued. An overflow that closes the connection is
+    /// logged.
+    pub fn deliver_to(&mut self, id: ConnId, now: Tick, frame: Bytes, chan: u32, policy: Overflow) -> bool {
+        let r = self.with_session_at(id, now, |s, ctx| {
+            let open = s.state().can_write();
+            let queued = s.enqueue(ctx, frame, chan, Some(policy));
+            (queued, open && !s.state().can_write(), s.fd)
+        });
+        let Some((queued, closed, fd)) = r else { return false };
+        if closed {
+            let cfg = &self.clock.cfg;
+            super::events::overflow_closed(self.me, fd, cfg.queue_max_bytes, cfg.queue_max_messages);
+        }
+        queued
     }
 
     /// Removes connection `id` and every trace of it: subscriptions, queue, gauge.
@@ -381,6 +406,7 @@ impl CoreState {
             metrics.connections.fetch_sub(1, Relaxed);
             self.shared.open.fetch_sub(1, Relaxed);
             metrics.reaped(why);
+            super::events::reaped(self.me, s.fd, why);
             if why.is_abnormal() {
                 metrics.close(CloseCode::Abnormal);
             }

@@ -172,6 +172,7 @@ impl CoreState {
     /// Answers a refused request and closes the connection once the answer is written.
     fn reject(&mut self, id: ConnId, e: HttpError, why: HandshakeFailure, extra: &[(&str, &str)]) {
         self.metrics().handshake_failure(why);
+        super::events::handshake_failed(self.me, self.conn(id).map(|s| s.fd), why, e.status, e.reason);
         self.send(id, http::handshake_rejection(e, extra), false);
     }
 

@@ -41,6 +41,13 @@ pub enum HandshakeFailure {
 const FAILURE_NAMES: [&str; 9] =
     ["bad_request", "version", "head_too_large", "timeout", "over_capacity", "rate_limited", "origin", "draining", "aborted"];
 
+impl HandshakeFailure {
+    /// The metric label (also used in log lines).
+    pub fn label(self) -> &'static str {
+        FAILURE_NAMES[self as usize]
+    }
+}
+
 /// Overflow policies, the `policy` label of `tether_overflow_total`.
 pub const OVERFLOW_POLICIES: [&str; 3] = ["disconnect", "drop-oldest", "conflate"];
 

@@ -17,6 +17,8 @@
 //! - [`http_api`]: the upgrade and the HTTP endpoints.
 //! - [`subscribe`]: `sub`/`unsub` and the broker's confirmation, at the subscriber's core.
 //! - [`inspect`]: `GET /connections`, gathered from every core.
+//! - [`events`]: log lines about connections (handshake failures, reaps, overflow closes,
+//!   drain progress), rate-limited per core.
 //! - [`broker`]: the home side of channels behind the [`broker::Broker`] trait (seq, epoch,
 //!   history, dedup); [`broker::memory`] is the embedded one.
 //! - [`bus`]: the queues between cores and the messages they carry.
@@ -35,6 +37,7 @@ pub mod broker;
 pub mod bus;
 pub mod conn;
 pub mod core;
+pub mod events;
 pub mod http_api;
 pub mod inspect;
 pub mod io;
@@ -356,7 +359,7 @@ async fn accept_loop(core: Rc<RefCell<CoreState>>, listener: TcpListener) {
             }
             Err(e) => {
                 // EMFILE/ENFILE: back off briefly instead of spinning on a full fd table.
-                tracing::warn!(error = %e, "accept failed");
+                events::accept_failed(core.borrow().me, &e);
                 monoio::time::sleep(Duration::from_millis(10)).await;
             }
         }

@@ -107,7 +107,7 @@ async fn deliver(core: &Rc<RefCell<CoreState>>, ch: &str, frame: Bytes) {
             let mut n = 0u64;
             let now = st.clock.now();
             for id in &ids[..end - pos] {
-                if *id != ConnId::DEAD && st.with_session_at(*id, now, |s, ctx| s.enqueue(ctx, frame.clone(), chan, Some(policy))) == Some(true) {
+                if *id != ConnId::DEAD && st.deliver_to(*id, now, frame.clone(), chan, policy) {
                     n += 1;
                 }
             }

@@ -57,6 +57,7 @@ pub fn catch_up(st: &mut CoreState) {
     if now == st.clock.wheel.now() {
         return;
     }
+    super::events::flush_suppressed(st.me);
     if !st.drain.started && st.shared.draining() {
         start_drain(st);
     }
@@ -86,8 +87,11 @@ pub fn catch_up(st: &mut CoreState) {
         // a drain ends within window + 2 s even when peers never answer.
         let wait = cfg.limits.close_timeout_ms.min(DRAIN_CLOSE_WAIT_MS);
         let deadline = *st.drain.deadline.get_or_insert(now + ticks(cfg.drain.window_ms + wait) + 1);
-        if st.metrics().connections.load(Relaxed) <= 0 || (now.wrapping_sub(deadline) as i32) >= 0 {
+        let (to_close, open) = (st.metrics().drain_remaining.load(Relaxed), st.metrics().connections.load(Relaxed));
+        super::events::drain_progress(st.me, to_close, open);
+        if open <= 0 || (now.wrapping_sub(deadline) as i32) >= 0 {
             st.drain.done = true;
+            super::events::drain_done(st.me, open);
             if let Some(w) = st.drain.tick_waker.take() {
                 w.wake();
             }
@@ -110,6 +114,7 @@ pub fn start_drain(st: &mut CoreState) {
         st.conns.slab.iter().filter(|(_, s)| s.state() == State::Open).map(|(k, s)| ConnId { key: k as u32, gen: s.gen }).collect();
     let n = open.len() as u64;
     st.metrics().drain_remaining.fetch_add(n as i64, Relaxed);
+    super::events::drain_started(st.me, n, st.shared.config.drain.window_ms);
     for (i, id) in open.into_iter().enumerate() {
         // Evenly spaced from the first tick to the end of the window.
         let due = now + 1 + ((i as u64 * window) / n.max(1)) as Tick;

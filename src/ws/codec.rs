@@ -106,7 +106,7 @@ struct Assembly {
 #[derive(Debug, Default)]
 pub struct Decoder {
     /// `Some` only between the first and the final fragment of a message: an idle connection
-    /// owns no buffer (DESIGN §1).
+    /// owns no buffer (the per-connection state stays compact, see `server::conn_state`).
     assembly: Option<Box<Assembly>>,
     /// Payload bytes of the frame at the front of the caller's buffer that were already
     /// UTF-8-checked while the frame was incomplete (fail-fast, §8.1). Reset when a frame is consumed.

@@ -1,6 +1,6 @@
 //! A connection's outbound queue: shared frames (each encoded once for every subscriber), the
-//! written part of the front one, and the overflow policies that keep it bounded (DESIGN §3,
-//! docs/operations.md "Slow subscribers").
+//! written part of the front one, and the overflow policies that keep it bounded
+//! (docs/operations.md, "Slow subscribers").
 
 use std::collections::VecDeque;
 use std::io::IoSlice;

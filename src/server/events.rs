@@ -1,0 +1,198 @@
+//! Log lines about connections (docs/operations.md, "Logs"): handshake failures and reaps at
+//! `debug`, overflow closes and drain progress at `info`, accept errors at `warn`. Lines a flood can produce go through a
+//! per-core [`LogLimiter`] (at most [`LINES_PER_SECOND`] per kind per core, then one
+//! "suppressed K similar lines" summary), so a storm of bad handshakes or a mass reap after a
+//! network cut does not become a storm of log lines.
+//!
+//! Callers are one-line hooks in the engine; nothing here touches connection state. The peer
+//! address is asked of the kernel (`getpeername`) only when a line is actually written.
+
+use std::cell::RefCell;
+use std::os::fd::RawFd;
+use std::time::Instant;
+
+use tracing::Level;
+
+use super::metrics::HandshakeFailure;
+use super::session::reap::ReapReason;
+use crate::log_limit::{Admit, LogLimiter};
+
+/// Lines per second per kind per core before suppression.
+pub const LINES_PER_SECOND: u32 = 10;
+/// Drain progress is logged at most this often per core (ms).
+const DRAIN_PROGRESS_EVERY_MS: u64 = 1000;
+
+/// The kinds of rate-limited lines.
+#[derive(Clone, Copy)]
+enum Kind {
+    Handshake = 0,
+    Reap = 1,
+    Overflow = 2,
+    Accept = 3,
+}
+
+const KIND_NAMES: [&str; 4] = [
+    "handshake failure",
+    "reap",
+    "overflow close",
+    "accept error",
+];
+
+struct State {
+    epoch: Instant,
+    limiters: [LogLimiter; 4],
+    last_drain_line_ms: Option<u64>,
+}
+
+thread_local! {
+    // One per core thread: cores never share it.
+    static STATE: RefCell<State> = RefCell::new(State {
+        epoch: Instant::now(),
+        limiters: [const { LogLimiter::new(LINES_PER_SECOND, 1000) }; 4],
+        last_drain_line_ms: None,
+    });
+}
+
+fn now_ms(st: &State) -> u64 {
+    st.epoch.elapsed().as_millis() as u64
+}
+
+/// Whether a line of `kind` may be written now; writes the pending summary first.
+fn admit(kind: Kind, level: Level, core: usize) -> bool {
+    STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        let now = now_ms(&s);
+        match s.limiters[kind as usize].admit(now) {
+            Admit::Suppress => false,
+            Admit::Log { suppressed_before } => {
+                if suppressed_before > 0 {
+                    summary(level, core, kind, suppressed_before);
+                }
+                true
+            }
+        }
+    })
+}
+
+fn summary(level: Level, core: usize, kind: Kind, n: u64) {
+    let what = KIND_NAMES[kind as usize];
+    match level {
+        Level::WARN => tracing::warn!(
+            core,
+            suppressed = n,
+            "suppressed {n} similar lines ({what})"
+        ),
+        Level::INFO => tracing::info!(
+            core,
+            suppressed = n,
+            "suppressed {n} similar lines ({what})"
+        ),
+        _ => tracing::debug!(
+            core,
+            suppressed = n,
+            "suppressed {n} similar lines ({what})"
+        ),
+    }
+}
+
+fn peer(fd: Option<RawFd>) -> String {
+    // Callers pass the fd of a connection whose socket is still open.
+    fd.and_then(super::io::peer_addr).map_or_else(|| "unknown".to_owned(), |a| a.to_string())
+}
+
+/// A request refused before (or instead of) an upgrade: `debug`, rate-limited.
+pub fn handshake_failed(
+    core: usize,
+    fd: Option<RawFd>,
+    why: HandshakeFailure,
+    status: u16,
+    reason: &str,
+) {
+    if tracing::enabled!(Level::DEBUG) && admit(Kind::Handshake, Level::DEBUG, core) {
+        tracing::debug!(core, peer = %peer(fd), why = why.label(), status, reason, "handshake failed");
+    }
+}
+
+/// An upgraded connection removed, with why: `debug`, rate-limited.
+pub fn reaped(core: usize, fd: RawFd, why: ReapReason) {
+    if tracing::enabled!(Level::DEBUG) && admit(Kind::Reap, Level::DEBUG, core) {
+        tracing::debug!(core, peer = %peer(Some(fd)), why = why.as_str(), "connection reaped");
+    }
+}
+
+/// A subscriber closed with 1013 because its outbound queue overflowed: `info`,
+/// rate-limited.
+pub fn overflow_closed(core: usize, fd: RawFd, queue_max_bytes: usize, queue_max_messages: usize) {
+    if tracing::enabled!(Level::INFO) && admit(Kind::Overflow, Level::INFO, core) {
+        tracing::info!(core, peer = %peer(Some(fd)), queue_max_bytes, queue_max_messages, "slow subscriber closed with 1013 (outbound queue full)");
+    }
+}
+
+/// `accept` failed (e.g. `EMFILE` with a full fd table; the loop retries every 10 ms):
+/// `warn`, rate-limited.
+pub fn accept_failed(core: usize, error: &std::io::Error) {
+    if tracing::enabled!(Level::WARN) && admit(Kind::Accept, Level::WARN, core) {
+        tracing::warn!(core, %error, "accept failed");
+    }
+}
+
+/// Called every clock tick: reports floods that ended (their summary line).
+pub fn flush_suppressed(core: usize) {
+    STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        let now = now_ms(&s);
+        for (kind, level) in [
+            (Kind::Handshake, Level::DEBUG),
+            (Kind::Reap, Level::DEBUG),
+            (Kind::Overflow, Level::INFO),
+            (Kind::Accept, Level::WARN),
+        ] {
+            if let Some(n) = s.limiters[kind as usize].flush(now) {
+                summary(level, core, kind, n);
+            }
+        }
+    })
+}
+
+/// This core begins its drain: `info`.
+pub fn drain_started(core: usize, connections: u64, window_ms: u64) {
+    tracing::info!(
+        core,
+        connections,
+        window_ms,
+        "drain started: closes spread over the window"
+    );
+}
+
+/// The drain goes on: `info`, at most once a second per core.
+pub fn drain_progress(core: usize, to_close: i64, open: i64) {
+    STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        let now = now_ms(&s);
+        if s.last_drain_line_ms
+            .is_some_and(|t| now.saturating_sub(t) < DRAIN_PROGRESS_EVERY_MS)
+        {
+            return;
+        }
+        s.last_drain_line_ms = Some(now);
+        tracing::info!(
+            core,
+            to_close = to_close.max(0),
+            open = open.max(0),
+            "draining"
+        );
+    })
+}
+
+/// This core's drain is over (every peer answered, or the deadline passed): `info`.
+pub fn drain_done(core: usize, still_open: i64) {
+    if still_open > 0 {
+        tracing::info!(
+            core,
+            still_open,
+            "drain deadline reached; the remaining connections are dropped"
+        );
+    } else {
+        tracing::info!(core, "drain done: every connection closed");
+    }
+}
