@@ -31,7 +31,14 @@ fn main() {
         ];
         let r = load(&args);
         let cell = |k: &str| common::cell(&r, k);
-        rows.push(vec![c.to_string(), cell("handshakes_per_s"), cell("p50_ms"), cell("p99_ms"), cell("max_ms"), cell("errors")]);
+        rows.push(vec![
+            c.to_string(),
+            cell("handshakes_per_s"),
+            cell("p50_ms"),
+            cell("p99_ms"),
+            cell("max_ms"),
+            cell("errors"),
+        ]);
         runs.push(json!({"conns": conns, "concurrency": c, "report": r}));
         server.wait_connections(0, std::time::Duration::from_secs(20));
     }

@@ -105,7 +105,9 @@ fn main() {
         &["connections", "server RSS MiB", "RSS-base B/conn", "slab delta MiB"],
         &rows,
     );
-    println!("\n  user RSS per idle subscribed connection: {user:.0} B (least squares), {user_median:.0} B (median slope)");
+    println!(
+        "\n  user RSS per idle subscribed connection: {user:.0} B (least squares), {user_median:.0} B (median slope)"
+    );
     println!("  kernel slab per connection pair (client + server socket): {kernel:.0} B (least squares), {kernel_median:.0} B (median slope)");
     println!("  load-generator errors: {errors}");
     write_json(

@@ -72,7 +72,19 @@ fn main() {
     }
     table(
         &format!("fanout ({cores} cores, {duration} s of publishing over {publish}, {} allocator)", allocator()),
-        &["subs", "size B", "msg/s", "deliveries/s", "p50 ms", "p99 ms", "p999 ms", "max ms", "lost", "reordered", "errors"],
+        &[
+            "subs",
+            "size B",
+            "msg/s",
+            "deliveries/s",
+            "p50 ms",
+            "p99 ms",
+            "p999 ms",
+            "max ms",
+            "lost",
+            "reordered",
+            "errors",
+        ],
         &rows,
     );
     write_json("fanout", &json!({"allocator": allocator(), "cores": cores, "runs": runs}));

@@ -67,7 +67,8 @@ fn main() {
     let mut commands = Vec::new();
     for round in 0..rounds {
         // Alternate the order so a trend in the box's load does not favour one case.
-        let order: Vec<usize> = if round % 2 == 0 { (0..cases.len()).collect() } else { (0..cases.len()).rev().collect() };
+        let order: Vec<usize> =
+            if round % 2 == 0 { (0..cases.len()).collect() } else { (0..cases.len()).rev().collect() };
         for &c in &order {
             let case = &cases[c];
             let server = &servers[case.server];
@@ -120,7 +121,10 @@ fn main() {
     }
 
     let pick = |case: &str, key: &str| -> Vec<f64> {
-        runs.iter().filter(|r| r["case"] == case).map(|r| r["report"].get(key).and_then(Value::as_f64).unwrap_or(f64::NAN)).collect()
+        runs.iter()
+            .filter(|r| r["case"] == case)
+            .map(|r| r["report"].get(key).and_then(Value::as_f64).unwrap_or(f64::NAN))
+            .collect()
     };
     let mut summary = Vec::new();
     let mut summary_rows = Vec::new();

@@ -282,16 +282,8 @@ pub struct ConfigError {
 
 impl ConfigError {
     /// An error about `key` holding `value`.
-    pub fn new(
-        key: impl Into<String>,
-        value: impl fmt::Display,
-        message: impl Into<String>,
-    ) -> Self {
-        ConfigError {
-            key: key.into(),
-            message: message.into(),
-            value: Some(value.to_string()),
-        }
+    pub fn new(key: impl Into<String>, value: impl fmt::Display, message: impl Into<String>) -> Self {
+        ConfigError { key: key.into(), message: message.into(), value: Some(value.to_string()) }
     }
 }
 
@@ -322,11 +314,7 @@ fn default_history() -> usize {
 impl Default for ChannelRule {
     /// Pattern `*`, overflow `disconnect`, history 1000.
     fn default() -> Self {
-        ChannelRule {
-            pattern: "*".to_owned(),
-            overflow: default_overflow(),
-            history: default_history(),
-        }
+        ChannelRule { pattern: "*".to_owned(), overflow: default_overflow(), history: default_history() }
     }
 }
 
@@ -346,37 +334,25 @@ impl Default for Limits {
 
 impl Default for Heartbeat {
     fn default() -> Self {
-        Heartbeat {
-            ping_interval_ms: 25_000,
-            pong_timeout_ms: 10_000,
-        }
+        Heartbeat { ping_interval_ms: 25_000, pong_timeout_ms: 10_000 }
     }
 }
 
 impl Default for Drain {
     fn default() -> Self {
-        Drain {
-            window_ms: 10_000,
-            close_code: 1012,
-        }
+        Drain { window_ms: 10_000, close_code: 1012 }
     }
 }
 
 impl Default for Dedup {
     fn default() -> Self {
-        Dedup {
-            window_ms: 300_000,
-            max_entries: 1_000_000,
-        }
+        Dedup { window_ms: 300_000, max_entries: 1_000_000 }
     }
 }
 
 impl Default for Broker {
     fn default() -> Self {
-        Broker {
-            kind: BrokerKind::Memory,
-            url: "redis://127.0.0.1:6379".to_owned(),
-        }
+        Broker { kind: BrokerKind::Memory, url: "redis://127.0.0.1:6379".to_owned() }
     }
 }
 
@@ -498,10 +474,7 @@ impl Config {
     /// First rule whose glob `pattern` matches `channel` (`*` matches any run of characters,
     /// `?` exactly one); the default rule (`*`, disconnect, history 1000) when none does.
     pub fn channel_rule(&self, channel: &str) -> &ChannelRule {
-        self.channels
-            .iter()
-            .find(|r| glob_match(&r.pattern, channel))
-            .unwrap_or(&FALLBACK_RULE)
+        self.channels.iter().find(|r| glob_match(&r.pattern, channel)).unwrap_or(&FALLBACK_RULE)
     }
 
     /// Effective number of cores: `cores`, or when it is 0 the number of CPUs this process
@@ -511,9 +484,7 @@ impl Config {
         if self.cores > 0 {
             return self.cores;
         }
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
     }
 
     /// Whether a handshake's `Origin` header value passes `allowed_origins`: true when the

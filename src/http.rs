@@ -118,21 +118,8 @@ pub fn reason_phrase(status: u16) -> &'static str {
 /// §15.3.5, §15.4.5), whatever `body` holds. An `extra` header whose name or value contains
 /// CR or LF is skipped, so a header built from request data can never split the response.
 /// For a `HEAD` request use [`response_head`] with the length the `GET` body would have.
-pub fn response(
-    status: u16,
-    content_type: &str,
-    body: &[u8],
-    extra: &[(&str, &str)],
-    keep_alive: bool,
-) -> Vec<u8> {
-    let mut out = head_with_capacity(
-        status,
-        content_type,
-        body.len(),
-        extra,
-        keep_alive,
-        body.len(),
-    );
+pub fn response(status: u16, content_type: &str, body: &[u8], extra: &[(&str, &str)], keep_alive: bool) -> Vec<u8> {
+    let mut out = head_with_capacity(status, content_type, body.len(), extra, keep_alive, body.len());
     if has_body(status) {
         out.extend_from_slice(body);
     }
@@ -154,12 +141,7 @@ pub fn response_head(
 
 /// A JSON error body `{"error":REASON}` (REASON JSON-escaped) with the given status and
 /// `Content-Type: application/json`.
-pub fn error_response(
-    status: u16,
-    reason: &str,
-    extra: &[(&str, &str)],
-    keep_alive: bool,
-) -> Vec<u8> {
+pub fn error_response(status: u16, reason: &str, extra: &[(&str, &str)], keep_alive: bool) -> Vec<u8> {
     let mut body = Vec::with_capacity(reason.len() + 16);
     body.extend_from_slice(b"{\"error\":");
     crate::protocol::push_json_str(&mut body, reason);
@@ -238,10 +220,7 @@ pub fn query_param(query: &str, key: &str) -> Option<String> {
 /// - `Err(413)`: the decoded body would exceed `max_body_bytes`.
 /// - `Err(400)`: bad chunk size, missing CRLF after a chunk, or a chunk line longer than 4 KiB
 ///   or trailers larger than 8 KiB.
-pub fn decode_chunked(
-    buf: &[u8],
-    max_body_bytes: usize,
-) -> Result<Option<(Vec<u8>, usize)>, HttpError> {
+pub fn decode_chunked(buf: &[u8], max_body_bytes: usize) -> Result<Option<(Vec<u8>, usize)>, HttpError> {
     // Walk once without copying so a body arriving in many reads costs no allocation per read.
     let Some((body_len, consumed)) = walk_chunks(buf, max_body_bytes, |_| ())? else {
         return Ok(None);
@@ -312,10 +291,7 @@ fn line_at(buf: &[u8], pos: usize, limit: usize) -> Result<Option<usize>, HttpEr
 fn chunk_size(line: &[u8]) -> Result<usize, HttpError> {
     let bad = HttpError::new(400, "bad chunk size");
     let digits = line.split(|&b| b == b';').next().unwrap_or_default();
-    let end = digits
-        .iter()
-        .rposition(|&b| b != b' ' && b != b'\t')
-        .map_or(0, |i| i + 1);
+    let end = digits.iter().rposition(|&b| b != b' ' && b != b'\t').map_or(0, |i| i + 1);
     let digits = &digits[..end];
     if digits.is_empty() {
         return Err(bad);
@@ -366,11 +342,7 @@ fn head_with_capacity(
         crate::protocol::push_u64(&mut out, content_length as u64);
         out.extend_from_slice(b"\r\n");
     }
-    push_header(
-        &mut out,
-        "Connection",
-        if keep_alive { "keep-alive" } else { "close" },
-    );
+    push_header(&mut out, "Connection", if keep_alive { "keep-alive" } else { "close" });
     for (name, value) in extra {
         push_header(&mut out, name, value);
     }

@@ -199,11 +199,7 @@ fn gib(bytes: u64) -> String {
 /// nofile value to recommend for `target` connections: room for the reserve, rounded up to a
 /// power of two (1048576 for 1M), never below the common 1024.
 pub fn recommended_nofile(target: u64) -> u64 {
-    target
-        .saturating_add(RESERVED_FDS)
-        .checked_next_power_of_two()
-        .unwrap_or(u64::MAX)
-        .max(1024)
+    target.saturating_add(RESERVED_FDS).checked_next_power_of_two().unwrap_or(u64::MAX).max(1024)
 }
 
 fn rows(r: &Readings, opts: &CheckOptions) -> Vec<Row> {
@@ -235,9 +231,7 @@ fn rows(r: &Readings, opts: &CheckOptions) -> Vec<Row> {
     // Recommended at twice the nofile figure, as in sysctl/99-tether.conf, so LimitNOFILE can
     // later be raised without touching sysctl.
     let rec_nr_open = rec_fds.saturating_mul(2);
-    let nr_short = r
-        .nr_open
-        .is_some_and(|n| n < need_fds || (nofile_short && n < rec_fds));
+    let nr_short = r.nr_open.is_some_and(|n| n < need_fds || (nofile_short && n < rec_fds));
     rows.push(Row {
         limit: "fs.nr_open",
         current: show(r.nr_open),
@@ -246,30 +240,20 @@ fn rows(r: &Readings, opts: &CheckOptions) -> Vec<Row> {
             .nr_open
             .map(|n| n.saturating_sub(RESERVED_FDS))
             .map_or(Bound::Info("unknown (not counted)".into()), Bound::Caps),
-        fixes: if nr_short {
-            vec![(Target::Sysctl, format!("fs.nr_open = {rec_nr_open}"))]
-        } else {
-            Vec::new()
-        },
+        fixes: if nr_short { vec![(Target::Sysctl, format!("fs.nr_open = {rec_nr_open}"))] } else { Vec::new() },
     });
 
     // fs.file-max: system-wide, shared with everything else on the box (a local load
     // generator needs as many again), hence twice the per-process figure.
     let rec_file_max = rec_fds.saturating_mul(2);
-    let file_bound = r.file_max.map(|m| {
-        m.saturating_sub(r.file_allocated.unwrap_or(0))
-            .saturating_sub(RESERVED_FDS)
-    });
+    let file_bound = r.file_max.map(|m| m.saturating_sub(r.file_allocated.unwrap_or(0)).saturating_sub(RESERVED_FDS));
     rows.push(Row {
         limit: "fs.file-max",
         current: match r.file_allocated {
             Some(a) => format!("{} ({a} in use)", show(r.file_max)),
             None => show(r.file_max),
         },
-        needed: format!(
-            ">= {}",
-            need_fds.saturating_add(r.file_allocated.unwrap_or(0))
-        ),
+        needed: format!(">= {}", need_fds.saturating_add(r.file_allocated.unwrap_or(0))),
         bound: file_bound.map_or(Bound::Info("unknown (not counted)".into()), Bound::Caps),
         fixes: if file_bound.is_some_and(|b| b < target) {
             vec![(Target::Sysctl, format!("fs.file-max = {rec_file_max}"))]
@@ -279,10 +263,7 @@ fn rows(r: &Readings, opts: &CheckOptions) -> Vec<Row> {
     });
 
     // Memory: what is available now, over the per-connection budget.
-    let per_conn = opts
-        .per_conn_user_bytes
-        .saturating_add(opts.per_conn_kernel_bytes)
-        .max(1);
+    let per_conn = opts.per_conn_user_bytes.saturating_add(opts.per_conn_kernel_bytes).max(1);
     let mem = r.mem_available.or(r.mem_total);
     let mem_need = target.saturating_mul(per_conn);
     let mem_bound = mem.map(|m| m / per_conn);
@@ -335,9 +316,7 @@ fn rows(r: &Readings, opts: &CheckOptions) -> Vec<Row> {
     let ports = r.port_range.map(|(lo, hi)| hi.saturating_sub(lo) + 1);
     rows.push(Row {
         limit: "net.ipv4.ip_local_port_range",
-        current: r
-            .port_range
-            .map_or("unreadable".into(), |(lo, hi)| format!("{lo} {hi}")),
+        current: r.port_range.map_or("unreadable".into(), |(lo, hi)| format!("{lo} {hi}")),
         needed: "-".into(),
         bound: Bound::Info(match ports {
             Some(p) => {
@@ -350,26 +329,15 @@ fn rows(r: &Readings, opts: &CheckOptions) -> Vec<Row> {
             None => "unknown".into(),
         }),
         fixes: if ports.is_some_and(|p| p < rec_hi - rec_lo + 1) {
-            vec![(
-                Target::Sysctl,
-                format!("net.ipv4.ip_local_port_range = {rec_lo} {rec_hi}"),
-            )]
+            vec![(Target::Sysctl, format!("net.ipv4.ip_local_port_range = {rec_lo} {rec_hi}"))]
         } else {
             Vec::new()
         },
     });
 
     for (limit, value, what) in [
-        (
-            "net.core.somaxconn",
-            r.somaxconn,
-            "none (accept queue per listener: bursts)",
-        ),
-        (
-            "net.ipv4.tcp_max_syn_backlog",
-            r.tcp_max_syn_backlog,
-            "none (SYN queue per listener: bursts)",
-        ),
+        ("net.core.somaxconn", r.somaxconn, "none (accept queue per listener: bursts)"),
+        ("net.ipv4.tcp_max_syn_backlog", r.tcp_max_syn_backlog, "none (SYN queue per listener: bursts)"),
     ] {
         rows.push(Row {
             limit,
@@ -421,43 +389,17 @@ pub fn report(readings: &Readings, opts: &CheckOptions, out: &mut dyn Write) -> 
         Bound::Caps(n) => n.to_string(),
         Bound::Info(s) => s.clone(),
     };
-    let w0 = rows
-        .iter()
-        .map(|r| r.limit.len())
-        .chain([5])
-        .max()
-        .unwrap_or(0);
-    let w1 = rows
-        .iter()
-        .map(|r| r.current.len())
-        .chain([7])
-        .max()
-        .unwrap_or(0);
-    let w2 = rows
-        .iter()
-        .map(|r| r.needed.len())
-        .chain([17])
-        .max()
-        .unwrap_or(0);
-    writeln!(
-        out,
-        "{:w0$}  {:w1$}  {:w2$}  bound on connections",
-        "limit", "current", "needed for target"
-    )?;
+    let w0 = rows.iter().map(|r| r.limit.len()).chain([5]).max().unwrap_or(0);
+    let w1 = rows.iter().map(|r| r.current.len()).chain([7]).max().unwrap_or(0);
+    let w2 = rows.iter().map(|r| r.needed.len()).chain([17]).max().unwrap_or(0);
+    writeln!(out, "{:w0$}  {:w1$}  {:w2$}  bound on connections", "limit", "current", "needed for target")?;
     for r in &rows {
         let mark = match (&r.bound, r.fixes.is_empty()) {
             (_, true) => "",
             (Bound::Caps(_), false) => "  <- change",
             (Bound::Info(_), false) => "  <- advised",
         };
-        writeln!(
-            out,
-            "{:w0$}  {:w1$}  {:w2$}  {}{mark}",
-            r.limit,
-            r.current,
-            r.needed,
-            bound_text(&r.bound)
-        )?;
+        writeln!(out, "{:w0$}  {:w1$}  {:w2$}  {}{mark}", r.limit, r.current, r.needed, bound_text(&r.bound))?;
     }
 
     let (capacity, by) = rows
@@ -470,25 +412,10 @@ pub fn report(readings: &Readings, opts: &CheckOptions, out: &mut dyn Write) -> 
         .unwrap_or((u64::MAX, "nothing"));
     let reachable = capacity >= opts.target;
     writeln!(out)?;
-    writeln!(
-        out,
-        "capacity: {capacity} connections per process (bound by {by})"
-    )?;
-    writeln!(
-        out,
-        "target {}: {}",
-        opts.target,
-        if reachable {
-            "reachable"
-        } else {
-            "NOT reachable"
-        }
-    )?;
+    writeln!(out, "capacity: {capacity} connections per process (bound by {by})")?;
+    writeln!(out, "target {}: {}", opts.target, if reachable { "reachable" } else { "NOT reachable" })?;
     if opts.proc_root == std::path::Path::new("/proc") {
-        writeln!(
-            out,
-            "note: nofile is this shell's limit; under systemd the unit's LimitNOFILE applies instead"
-        )?;
+        writeln!(out, "note: nofile is this shell's limit; under systemd the unit's LimitNOFILE applies instead")?;
     }
 
     let mut fixes: Vec<(Target, String)> = rows.into_iter().flat_map(|r| r.fixes).collect();

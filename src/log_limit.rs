@@ -43,18 +43,11 @@ pub struct LogLimiter {
 impl LogLimiter {
     /// A limiter letting `max_per_window` lines through per `window_ms` milliseconds.
     pub const fn new(max_per_window: u32, window_ms: u64) -> LogLimiter {
-        LogLimiter {
-            max_per_window,
-            window_ms,
-            window_start: None,
-            logged: 0,
-            suppressed: 0,
-        }
+        LogLimiter { max_per_window, window_ms, window_start: None, logged: 0, suppressed: 0 }
     }
 
     fn window_over(&self, now_ms: u64) -> bool {
-        self.window_start
-            .is_none_or(|start| now_ms.saturating_sub(start) >= self.window_ms)
+        self.window_start.is_none_or(|start| now_ms.saturating_sub(start) >= self.window_ms)
     }
 
     /// One event at `now_ms`.
@@ -95,9 +88,7 @@ impl LogLimiter {
 mod tests {
     use super::*;
 
-    const LOG: Admit = Admit::Log {
-        suppressed_before: 0,
-    };
+    const LOG: Admit = Admit::Log { suppressed_before: 0 };
 
     #[test]
     fn lets_n_lines_through_per_window_then_suppresses() {
@@ -108,12 +99,7 @@ mod tests {
         }
         assert_eq!(l.pending(), 70);
         // The next window's first line carries the summary.
-        assert_eq!(
-            l.admit(1000),
-            Admit::Log {
-                suppressed_before: 70
-            }
-        );
+        assert_eq!(l.admit(1000), Admit::Log { suppressed_before: 70 });
         assert_eq!(l.pending(), 0);
         assert_eq!(l.admit(1001), LOG);
     }
@@ -147,12 +133,7 @@ mod tests {
         assert_eq!(l.admit(0), LOG);
         assert_eq!(l.admit(1), Admit::Suppress);
         // The next event opens a window and carries the 1; then it floods again.
-        assert_eq!(
-            l.admit(150),
-            Admit::Log {
-                suppressed_before: 1
-            }
-        );
+        assert_eq!(l.admit(150), Admit::Log { suppressed_before: 1 });
         assert_eq!(l.admit(151), Admit::Suppress);
         assert_eq!(l.admit(152), Admit::Suppress);
         assert_eq!(l.flush(300), Some(2));
@@ -162,16 +143,8 @@ mod tests {
     fn zero_lines_per_window_suppresses_everything_but_still_reports() {
         let mut l = LogLimiter::new(0, 100);
         assert_eq!(l.admit(0), Admit::Suppress);
-        assert_eq!(
-            l.admit(200),
-            Admit::Suppress,
-            "the earlier count is carried, not lost"
-        );
+        assert_eq!(l.admit(200), Admit::Suppress, "the earlier count is carried, not lost");
         assert_eq!(l.flush(400), Some(2));
-        assert_eq!(
-            l.admit(0),
-            Admit::Suppress,
-            "a clock that goes back is a still-open window"
-        );
+        assert_eq!(l.admit(0), Admit::Suppress, "a clock that goes back is a still-open window");
     }
 }

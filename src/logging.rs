@@ -21,8 +21,7 @@ pub fn filter_problem(spec: &str) -> Option<String> {
             continue;
         }
         let is_level = LEVELS.iter().any(|l| l.eq_ignore_ascii_case(directive));
-        let is_target =
-            directive == "tether" || directive.starts_with("tether::") || directive.contains("::");
+        let is_target = directive == "tether" || directive.starts_with("tether::") || directive.contains("::");
         if !is_level && !is_target {
             return Some(format!(
                 "TETHER_LOG={spec:?}: {directive:?} is not a level (use error, warn, info, debug, trace or off, or target=level)"
@@ -51,16 +50,9 @@ mod tests {
 
     #[test]
     fn levels_and_target_directives_are_accepted() {
-        for ok in [
-            "debug",
-            "INFO",
-            "warn",
-            "off",
-            "tether=debug",
-            "info,tether::server=trace",
-            "tether",
-            "monoio::driver",
-        ] {
+        for ok in
+            ["debug", "INFO", "warn", "off", "tether=debug", "info,tether::server=trace", "tether", "monoio::driver"]
+        {
             assert_eq!(filter_problem(ok), None, "{ok}");
         }
     }
@@ -71,9 +63,7 @@ mod tests {
             let p = filter_problem(bad).unwrap_or_else(|| panic!("{bad:?} accepted"));
             assert!(p.starts_with("TETHER_LOG="), "{p}");
         }
-        assert!(filter_problem("warning")
-            .unwrap()
-            .contains("\"warning\" is not a level"));
+        assert!(filter_problem("warning").unwrap().contains("\"warning\" is not a level"));
     }
 
     #[test]

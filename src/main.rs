@@ -10,8 +10,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use tether::config::Config;
-use tether::ws::codec::CloseCode;
 use tether::server::{self, ServeOptions, Server};
+use tether::ws::codec::CloseCode;
 
 /// tether: a WebSocket pub/sub server for long-lived connections.
 #[derive(Parser)]
@@ -88,40 +88,13 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Serve {
-            config,
-            listen,
-            cores,
-            echo,
-        } => serve(config, listen, cores, echo),
-        Cmd::Sub {
-            url,
-            channel,
-            from,
-            offset_file,
-            append_to,
-        } => {
-            let args = tether::client::SubArgs {
-                url,
-                channel,
-                from,
-                offset_file,
-                append_to,
-            };
+        Cmd::Serve { config, listen, cores, echo } => serve(config, listen, cores, echo),
+        Cmd::Sub { url, channel, from, offset_file, append_to } => {
+            let args = tether::client::SubArgs { url, channel, from, offset_file, append_to };
             client_main(tether::client::run_sub(args))
         }
-        Cmd::Pub {
-            url,
-            channel,
-            data,
-            id,
-        } => {
-            let args = tether::client::PubArgs {
-                url,
-                channel,
-                data,
-                id,
-            };
+        Cmd::Pub { url, channel, data, id } => {
+            let args = tether::client::PubArgs { url, channel, data, id };
             client_main(tether::client::run_pub(args))
         }
         Cmd::Load { cmd } => ExitCode::from(tether::load::run(cmd) as u8),
@@ -129,13 +102,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn client_main<E: std::fmt::Display>(
-    fut: impl std::future::Future<Output = Result<(), E>>,
-) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+fn client_main<E: std::fmt::Display>(fut: impl std::future::Future<Output = Result<(), E>>) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("tether: cannot start the runtime: {e}");
@@ -151,16 +119,8 @@ fn client_main<E: std::fmt::Display>(
     }
 }
 
-fn serve(
-    config: Option<PathBuf>,
-    listen: Option<SocketAddr>,
-    cores: Option<usize>,
-    echo: bool,
-) -> ExitCode {
-    let source = config.as_ref().map_or_else(
-        || "built-in defaults".to_owned(),
-        |p| p.display().to_string(),
-    );
+fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>, cores: Option<usize>, echo: bool) -> ExitCode {
+    let source = config.as_ref().map_or_else(|| "built-in defaults".to_owned(), |p| p.display().to_string());
     let mut cfg = match config {
         Some(path) => match Config::load(&path) {
             Ok(c) => c,
@@ -182,9 +142,8 @@ fn serve(
         return ExitCode::from(2);
     }
     tracing::info!(source = %source, "config in effect: {}", cfg.summary());
-    let memory = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| tether::limits::meminfo_bytes(&m, "MemTotal"));
+    let memory =
+        std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| tether::limits::meminfo_bytes(&m, "MemTotal"));
     for w in cfg.warnings(memory) {
         tracing::warn!("{w}");
     }
@@ -198,22 +157,17 @@ fn serve(
                 "RLIMIT_NOFILE soft limit raised to the hard limit"
             )
         }
-        Ok(n) => tracing::info!(
-            soft = n.soft,
-            hard = n.hard,
-            "RLIMIT_NOFILE soft limit already at the hard limit"
-        ),
+        Ok(n) => tracing::info!(soft = n.soft, hard = n.hard, "RLIMIT_NOFILE soft limit already at the hard limit"),
         Err(e) => {
             tracing::warn!(error = %e, "cannot raise the RLIMIT_NOFILE soft limit; connections beyond it fail with EMFILE")
         }
     }
-    if let Some(n) = nofile
-        .as_ref()
-        .ok()
-        .filter(|n| n.hard < cfg.max_connections as u64)
-    {
-        tracing::warn!(hard = n.hard, max_connections = cfg.max_connections,
-            "the open-file hard limit is below max_connections; see `tether check-limits` and sysctl/");
+    if let Some(n) = nofile.as_ref().ok().filter(|n| n.hard < cfg.max_connections as u64) {
+        tracing::warn!(
+            hard = n.hard,
+            max_connections = cfg.max_connections,
+            "the open-file hard limit is below max_connections; see `tether check-limits` and sysctl/"
+        );
     }
     if let Err(e) = server::block_signals() {
         eprintln!("tether: cannot block SIGTERM/SIGINT for the drain (pthread_sigmask: {e})");

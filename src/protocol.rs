@@ -93,11 +93,7 @@ pub struct RequestError {
 
 impl RequestError {
     fn new(code: &'static str, reason: impl Into<String>) -> Self {
-        Self {
-            code,
-            reason: reason.into(),
-            id: None,
-        }
+        Self { code, reason: reason.into(), id: None }
     }
 
     /// The `error` reply for this refusal ([`error_json`]).
@@ -154,24 +150,17 @@ fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::
 pub fn parse_client_op(text: &[u8]) -> Result<ClientOp, RequestError> {
     let first = text.iter().find(|b| !b.is_ascii_whitespace());
     if first != Some(&b'{') {
-        return Err(
-            match serde_json::from_slice::<serde::de::IgnoredAny>(text) {
-                Ok(_) => RequestError::new(codes::BAD_REQUEST, "message must be a JSON object"),
-                Err(e) => RequestError::new(codes::BAD_JSON, format!("invalid JSON: {e}")),
-            },
-        );
+        return Err(match serde_json::from_slice::<serde::de::IgnoredAny>(text) {
+            Ok(_) => RequestError::new(codes::BAD_REQUEST, "message must be a JSON object"),
+            Err(e) => RequestError::new(codes::BAD_JSON, format!("invalid JSON: {e}")),
+        });
     }
     let fields: Fields<'_> = serde_json::from_slice(text).map_err(|e| match e.classify() {
-        serde_json::error::Category::Data => {
-            RequestError::new(codes::BAD_REQUEST, format!("bad message: {e}"))
-        }
+        serde_json::error::Category::Data => RequestError::new(codes::BAD_REQUEST, format!("bad message: {e}")),
         _ => RequestError::new(codes::BAD_JSON, format!("invalid JSON: {e}")),
     })?;
     let id = fields.id.and_then(json_str);
-    let echo_id = id
-        .as_ref()
-        .filter(|id| id.len() <= MAX_ID_BYTES)
-        .map(|id| id.to_string());
+    let echo_id = id.as_ref().filter(|id| id.len() <= MAX_ID_BYTES).map(|id| id.to_string());
     parse_fields(&fields, id).map_err(|mut e| {
         e.id = echo_id;
         e
@@ -179,10 +168,8 @@ pub fn parse_client_op(text: &[u8]) -> Result<ClientOp, RequestError> {
 }
 
 fn parse_fields(f: &Fields<'_>, id: Option<Cow<'_, str>>) -> Result<ClientOp, RequestError> {
-    let op_raw =
-        f.op.ok_or_else(|| RequestError::new(codes::BAD_OP, "missing op"))?;
-    let op =
-        json_str(op_raw).ok_or_else(|| RequestError::new(codes::BAD_OP, "op must be a string"))?;
+    let op_raw = f.op.ok_or_else(|| RequestError::new(codes::BAD_OP, "missing op"))?;
+    let op = json_str(op_raw).ok_or_else(|| RequestError::new(codes::BAD_OP, "op must be a string"))?;
     if !matches!(op.as_ref(), "sub" | "unsub" | "pub") {
         let reason = if op.len() <= 32 {
             format!("unknown op \"{op}\"; expected sub, unsub or pub")
@@ -191,10 +178,8 @@ fn parse_fields(f: &Fields<'_>, id: Option<Cow<'_, str>>) -> Result<ClientOp, Re
         };
         return Err(RequestError::new(codes::BAD_OP, reason));
     }
-    let ch =
-        f.ch.ok_or_else(|| RequestError::new(codes::BAD_REQUEST, "missing ch"))?;
-    let ch =
-        json_str(ch).ok_or_else(|| RequestError::new(codes::BAD_REQUEST, "ch must be a string"))?;
+    let ch = f.ch.ok_or_else(|| RequestError::new(codes::BAD_REQUEST, "missing ch"))?;
+    let ch = json_str(ch).ok_or_else(|| RequestError::new(codes::BAD_REQUEST, "ch must be a string"))?;
     if !valid_channel(&ch) {
         return Err(RequestError::new(
             codes::BAD_CHANNEL,
@@ -206,17 +191,16 @@ fn parse_fields(f: &Fields<'_>, id: Option<Cow<'_, str>>) -> Result<ClientOp, Re
         "sub" => {
             let from = match not_null(f.from) {
                 None => None,
-                Some(raw) => Some(serde_json::from_str::<u64>(raw.get()).map_err(|_| {
-                    RequestError::new(codes::BAD_REQUEST, "from must be a non-negative integer")
-                })?),
+                Some(raw) => Some(
+                    serde_json::from_str::<u64>(raw.get())
+                        .map_err(|_| RequestError::new(codes::BAD_REQUEST, "from must be a non-negative integer"))?,
+                ),
             };
             let epoch = match not_null(f.epoch) {
                 None => None,
                 Some(raw) => Some(
                     json_str(raw)
-                        .ok_or_else(|| {
-                            RequestError::new(codes::BAD_REQUEST, "epoch must be a string")
-                        })?
+                        .ok_or_else(|| RequestError::new(codes::BAD_REQUEST, "epoch must be a string"))?
                         .into_owned(),
                 ),
             };
@@ -226,25 +210,14 @@ fn parse_fields(f: &Fields<'_>, id: Option<Cow<'_, str>>) -> Result<ClientOp, Re
         _ => {
             let id = match (f.id, id) {
                 (None, _) => return Err(RequestError::new(codes::BAD_REQUEST, "missing id")),
-                (Some(_), None) => {
-                    return Err(RequestError::new(codes::BAD_REQUEST, "id must be a string"))
-                }
+                (Some(_), None) => return Err(RequestError::new(codes::BAD_REQUEST, "id must be a string")),
                 (Some(_), Some(id)) if !valid_message_id(&id) => {
-                    return Err(RequestError::new(
-                        codes::BAD_REQUEST,
-                        "id must be 1-128 bytes",
-                    ))
+                    return Err(RequestError::new(codes::BAD_REQUEST, "id must be 1-128 bytes"))
                 }
                 (Some(_), Some(id)) => id.into_owned(),
             };
-            let data = f
-                .data
-                .ok_or_else(|| RequestError::new(codes::BAD_REQUEST, "missing data"))?;
-            Ok(ClientOp::Pub {
-                ch,
-                id,
-                data: owned_compact(data)?,
-            })
+            let data = f.data.ok_or_else(|| RequestError::new(codes::BAD_REQUEST, "missing data"))?;
+            Ok(ClientOp::Pub { ch, id, data: owned_compact(data)? })
         }
     }
 }
@@ -266,9 +239,7 @@ pub fn valid_message_id(id: &str) -> bool {
 /// Channel names: 1–128 bytes of `[A-Za-z0-9._:-]` (docs/protocol.md).
 pub fn valid_channel(name: &str) -> bool {
     (1..=MAX_CHANNEL_BYTES).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
 }
 
 /// Removes the insignificant whitespace (RFC 8259 §2) of valid JSON text, leaving strings and
@@ -335,11 +306,7 @@ pub fn subscribed_json(ch: &str, seq: u64, epoch: &str, recovered: Option<bool>)
     out.extend_from_slice(b",\"epoch\":");
     push_json_str(&mut out, epoch);
     if let Some(r) = recovered {
-        out.extend_from_slice(if r {
-            b",\"recovered\":true"
-        } else {
-            b",\"recovered\":false"
-        });
+        out.extend_from_slice(if r { b",\"recovered\":true" } else { b",\"recovered\":false" });
     }
     out.push(b'}');
     out
@@ -466,11 +433,7 @@ fn push_msg(out: &mut Vec<u8>, ch: &str, seq: u64, data: &str) {
 /// Upper bound of [`push_msg`]'s output: fixed text, 20 digits, and the channel (escaped at
 /// worst 6 bytes per byte when invalid).
 fn msg_json_capacity(ch: &str, data: &str) -> usize {
-    let ch_len = if valid_channel(ch) {
-        ch.len() + 2
-    } else {
-        ch.len() * 6 + 2
-    };
+    let ch_len = if valid_channel(ch) { ch.len() + 2 } else { ch.len() * 6 + 2 };
     36 + ch_len + 20 + data.len()
 }
 
@@ -490,8 +453,9 @@ fn not_null(raw: Option<&RawValue>) -> Option<&RawValue> {
 fn owned_compact(raw: &RawValue) -> Result<Box<RawValue>, RequestError> {
     match compact_json(raw.get()) {
         Cow::Borrowed(_) => Ok(raw.to_owned()),
-        Cow::Owned(s) => RawValue::from_string(s)
-            .map_err(|e| RequestError::new(codes::BAD_JSON, format!("invalid JSON: {e}"))),
+        Cow::Owned(s) => {
+            RawValue::from_string(s).map_err(|e| RequestError::new(codes::BAD_JSON, format!("invalid JSON: {e}")))
+        }
     }
 }
 

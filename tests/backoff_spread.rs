@@ -33,7 +33,11 @@ async fn drained_clients_reconnect_spread_out() {
     let _serial = serial().await;
     let srv = Server::start(CONFIG, &["--cores", "2"]);
     let addr = srv.addr;
-    let log = Arc::new(Mutex::new(Log { connects: vec![Vec::new(); CLIENTS], closes: vec![None; CLIENTS], ..Log::default() }));
+    let log = Arc::new(Mutex::new(Log {
+        connects: vec![Vec::new(); CLIENTS],
+        closes: vec![None; CLIENTS],
+        ..Log::default()
+    }));
     let mut tasks = Vec::new();
     for i in 0..CLIENTS {
         let mut cfg = ClientConfig::new(srv.ws_url());
@@ -115,7 +119,13 @@ async fn wait_for(log: &Mutex<Log>, limit: Duration, done: impl Fn(&Log) -> bool
             if done(&l) {
                 return;
             }
-            assert!(Instant::now() < end, "after {limit:?}: {} subscribed, {} resets, {} disconnects", l.subscribed, l.resets, l.disconnects);
+            assert!(
+                Instant::now() < end,
+                "after {limit:?}: {} subscribed, {} resets, {} disconnects",
+                l.subscribed,
+                l.resets,
+                l.disconnects
+            );
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

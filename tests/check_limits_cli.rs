@@ -34,7 +34,10 @@ fn fake_proc(name: &str, nofile: u64, file_max: u64, mem_available_kb: u64) -> F
     put("sys/net/ipv4/ip_local_port_range", "1024\t65535\n".into());
     put("sys/net/core/somaxconn", "65535\n".into());
     put("sys/net/ipv4/tcp_max_syn_backlog", "65535\n".into());
-    put("meminfo", format!("MemTotal:       {} kB\nMemAvailable:   {mem_available_kb} kB\n", mem_available_kb + 1_000_000));
+    put(
+        "meminfo",
+        format!("MemTotal:       {} kB\nMemAvailable:   {mem_available_kb} kB\n", mem_available_kb + 1_000_000),
+    );
     put("cpuinfo", "processor\t: 0\n\nprocessor\t: 1\n".into());
     FakeProc(root)
 }

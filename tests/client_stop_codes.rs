@@ -18,7 +18,10 @@ async fn message_too_big_stops_the_client_with_1009() {
     cfg.seed = Some(3);
     let mut client = Client::connect(cfg).expect("client");
     let ack = client.publisher().send("stop.codes", None, &"x".repeat(4096)).await.expect("queued");
-    let err = tokio::time::timeout(STEP, ack).await.expect("publish outcome in time").expect_err("an oversized publish cannot be acked");
+    let err = tokio::time::timeout(STEP, ack)
+        .await
+        .expect("publish outcome in time")
+        .expect_err("an oversized publish cannot be acked");
     assert!(matches!(err, ClientError::Closed { code: 1009, .. }), "{err:?}");
     let end = loop {
         match tokio::time::timeout(STEP, client.next_event()).await.expect("client ended in time") {

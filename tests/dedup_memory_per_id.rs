@@ -47,19 +47,12 @@ const IDS: usize = 1_000_000;
 fn one_million_ids_cost_what_the_docs_say() {
     // Ids of a typical shape (a UUID) on a few channels; the table stores a 128-bit hash of
     // (channel, id), so their length does not matter.
-    let ids: Vec<String> = (0..IDS)
-        .map(|i| format!("0b6c1e1a-7f3d-4c2e-9a55-{i:012}"))
-        .collect();
+    let ids: Vec<String> = (0..IDS).map(|i| format!("0b6c1e1a-7f3d-4c2e-9a55-{i:012}")).collect();
     let before = LIVE.load(Relaxed);
     PEAK.store(before, Relaxed);
     let mut dedup = Dedup::new(300_000, IDS + 1);
     for (i, id) in ids.iter().enumerate() {
-        dedup.insert(
-            ["news", "prices.btc", "chat:42"][i % 3],
-            id,
-            i as u64,
-            i as u64 / 1000,
-        );
+        dedup.insert(["news", "prices.btc", "chat:42"][i % 3], id, i as u64, i as u64 / 1000);
     }
     assert_eq!(dedup.len(), IDS);
     let held = LIVE.load(Relaxed) - before;
@@ -71,13 +64,7 @@ fn one_million_ids_cost_what_the_docs_say() {
     );
     // The stated figure is the steady-state cost, rounded up; it must not understate it, nor
     // overstate it by more than 10%.
-    assert!(
-        per_id <= DEDUP_BYTES_PER_ID as f64,
-        "measured {per_id:.1} B per id, docs say {DEDUP_BYTES_PER_ID}"
-    );
-    assert!(
-        per_id * 1.1 >= DEDUP_BYTES_PER_ID as f64,
-        "measured {per_id:.1} B per id, docs say {DEDUP_BYTES_PER_ID}"
-    );
+    assert!(per_id <= DEDUP_BYTES_PER_ID as f64, "measured {per_id:.1} B per id, docs say {DEDUP_BYTES_PER_ID}");
+    assert!(per_id * 1.1 >= DEDUP_BYTES_PER_ID as f64, "measured {per_id:.1} B per id, docs say {DEDUP_BYTES_PER_ID}");
     drop(dedup);
 }

@@ -45,22 +45,51 @@ async fn handshake_cases() {
     assert!(header(&head, "connection").is_some_and(|v| v.to_ascii_lowercase().contains("upgrade")), "{head}");
 
     // Tokens are case-insensitive and Connection may carry a list.
-    let r = req(&["GET /ws HTTP/1.1", &host, "Upgrade: WebSocket", "Connection: keep-alive, Upgrade", &key, "Sec-WebSocket-Version: 13"]);
+    let r = req(&[
+        "GET /ws HTTP/1.1",
+        &host,
+        "Upgrade: WebSocket",
+        "Connection: keep-alive, Upgrade",
+        &key,
+        "Sec-WebSocket-Version: 13",
+    ]);
     assert_eq!(ask(&srv, &r).await.0, 101, "token list / case");
 
     // Missing Host.
     assert_eq!(ask(&srv, &as_req(good("Host:"))).await.0, 400, "missing Host");
     // Bad keys: not base64, or base64 of other than 16 bytes.
     for bad in ["Sec-WebSocket-Key: not base64!!", "Sec-WebSocket-Key: dGhlIHNhbXBsZQ=="] {
-        let r = req(&["GET /ws HTTP/1.1", &host, "Upgrade: websocket", "Connection: Upgrade", bad, "Sec-WebSocket-Version: 13"]);
+        let r = req(&[
+            "GET /ws HTTP/1.1",
+            &host,
+            "Upgrade: websocket",
+            "Connection: Upgrade",
+            bad,
+            "Sec-WebSocket-Version: 13",
+        ]);
         assert_eq!(ask(&srv, &r).await.0, 400, "{bad}");
     }
     assert_eq!(ask(&srv, &as_req(good("Sec-WebSocket-Key"))).await.0, 400, "missing key");
     // Not GET.
-    let r = req(&["POST /ws HTTP/1.1", &host, "Upgrade: websocket", "Connection: Upgrade", &key, "Sec-WebSocket-Version: 13", "Content-Length: 0"]);
+    let r = req(&[
+        "POST /ws HTTP/1.1",
+        &host,
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        &key,
+        "Sec-WebSocket-Version: 13",
+        "Content-Length: 0",
+    ]);
     assert_eq!(ask(&srv, &r).await.0, 400, "POST upgrade");
     // HTTP/1.0.
-    let r = req(&["GET /ws HTTP/1.0", &host, "Upgrade: websocket", "Connection: Upgrade", &key, "Sec-WebSocket-Version: 13"]);
+    let r = req(&[
+        "GET /ws HTTP/1.0",
+        &host,
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        &key,
+        "Sec-WebSocket-Version: 13",
+    ]);
     assert_eq!(ask(&srv, &r).await.0, 400, "HTTP/1.0");
     // Missing Upgrade, missing Connection, wrong Upgrade token.
     assert_eq!(ask(&srv, &as_req(good("Upgrade:"))).await.0, 400, "missing Upgrade");
@@ -69,14 +98,29 @@ async fn handshake_cases() {
     assert_eq!(ask(&srv, &r).await.0, 400, "Upgrade: h2c");
 
     // Version 8: 426 naming the supported version.
-    let r = req(&["GET /ws HTTP/1.1", &host, "Upgrade: websocket", "Connection: Upgrade", &key, "Sec-WebSocket-Version: 8"]);
+    let r = req(&[
+        "GET /ws HTTP/1.1",
+        &host,
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        &key,
+        "Sec-WebSocket-Version: 8",
+    ]);
     let (status, head) = ask(&srv, &r).await;
     assert_eq!(status, 426, "{head}");
     assert_eq!(header(&head, "sec-websocket-version"), Some("13"), "{head}");
 
     // A head larger than max_header_bytes (2048): 431.
     let filler = format!("X-Filler: {}", "a".repeat(4000));
-    let r = req(&["GET /ws HTTP/1.1", &host, "Upgrade: websocket", "Connection: Upgrade", &key, "Sec-WebSocket-Version: 13", &filler]);
+    let r = req(&[
+        "GET /ws HTTP/1.1",
+        &host,
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        &key,
+        "Sec-WebSocket-Version: 13",
+        &filler,
+    ]);
     assert_eq!(ask(&srv, &r).await.0, 431, "oversize head");
 
     let m = srv.metrics().await;

@@ -83,7 +83,10 @@ async fn subscribe_and_idle(
                 let v: Value = serde_json::from_str(&t).unwrap();
                 assert_eq!(v["op"], "subscribed", "{v}");
             }
-            Ok(other) => panic!("connection ended at {:?}, before the 6 s mark; pings arrived at {pings:?}: {other:?}", t0.elapsed()),
+            Ok(other) => panic!(
+                "connection ended at {:?}, before the 6 s mark; pings arrived at {pings:?}: {other:?}",
+                t0.elapsed()
+            ),
         }
     }
 }
@@ -93,7 +96,8 @@ async fn pings_keep_a_connection_through_an_idle_cutting_proxy() {
     let srv = Server::start("[heartbeat]\nping_interval_ms = 1000\n", &["--cores", "2"]);
     let (proxy, cuts) = idle_cutting_proxy(srv.addr).await;
     let t0 = Instant::now();
-    let (mut ws, pings) = subscribe_and_idle(format!("ws://{proxy}/ws"), "proxy.ch", t0, t0 + Duration::from_secs(6)).await;
+    let (mut ws, pings) =
+        subscribe_and_idle(format!("ws://{proxy}/ws"), "proxy.ch", t0, t0 + Duration::from_secs(6)).await;
     assert_eq!(cuts.load(Ordering::SeqCst), 0, "the proxy cut the connection");
     assert!(pings.len() >= 4, "pings at {pings:?} in 6 s at ping_interval_ms = 1000");
 
@@ -118,7 +122,9 @@ async fn the_proxy_cuts_a_quiet_connection() {
     let (proxy, cuts) = idle_cutting_proxy(srv.addr).await;
     let (mut ws, _) = connect_async(format!("ws://{proxy}/ws")).await.expect("connect");
     let t0 = Instant::now();
-    while let Some(Ok(_)) = tokio::time::timeout(Duration::from_secs(6), ws.next()).await.expect("the proxy never cut") {}
+    while let Some(Ok(_)) = tokio::time::timeout(Duration::from_secs(6), ws.next()).await.expect("the proxy never cut")
+    {
+    }
     assert!(t0.elapsed() >= Duration::from_secs(2), "cut after {:?}", t0.elapsed());
     assert_eq!(cuts.load(Ordering::SeqCst), 1);
 }
@@ -147,7 +153,9 @@ async fn silent_peer_is_reaped_and_leaves_no_trace() {
             chatty.send(OP_PING, true, b"alive").await;
             tokio::time::sleep(Duration::from_millis(500)).await;
             // Drain what arrived (server pings, our pongs) without answering anything.
-            while let Ok(Ok(f)) = tokio::time::timeout(Duration::from_millis(1), chatty.next(Duration::from_secs(1))).await {
+            while let Ok(Ok(f)) =
+                tokio::time::timeout(Duration::from_millis(1), chatty.next(Duration::from_secs(1))).await
+            {
                 assert_ne!(f.opcode, OP_CLOSE, "a peer sending frames was closed: {f:?}");
             }
         }
@@ -164,7 +172,10 @@ async fn silent_peer_is_reaped_and_leaves_no_trace() {
     let reaped_after = t0.elapsed();
     let pings = frames.iter().filter(|f| f.opcode == OP_PING).count();
     assert!(pings >= 1, "the silent peer saw no ping: {frames:?}");
-    assert!(reaped_after >= Duration::from_millis(1800), "reaped after {reaped_after:?}, before any pong deadline could pass");
+    assert!(
+        reaped_after >= Duration::from_millis(1800),
+        "reaped after {reaped_after:?}, before any pong deadline could pass"
+    );
     eprintln!("silent peer reaped after {reaped_after:?} ({ended:?}, {pings} pings)");
 
     // The gauge is exact at once: the healthy and the chatty peers remain.
@@ -186,7 +197,10 @@ async fn silent_peer_is_reaped_and_leaves_no_trace() {
     let after = srv.metric("tether_messages_delivered_total", &[]).await;
     assert_eq!(after - delivered, 1.0, "only the healthy subscriber's message is delivered");
 
-    let chatty = tokio::time::timeout(Duration::from_secs(10), chatty_task).await.expect("chatty timed out").expect("chatty panicked");
+    let chatty = tokio::time::timeout(Duration::from_secs(10), chatty_task)
+        .await
+        .expect("chatty timed out")
+        .expect("chatty panicked");
     drop(chatty);
     healthy_task.abort();
     srv.wait_gauge(0.0, STEP).await;

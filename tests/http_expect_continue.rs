@@ -22,35 +22,18 @@ fn small_body_gets_100_continue_right_after_the_head_then_the_final_status() {
     let body = br#"{"a":1}"#;
     let mut c = RawHttp::connect(srv.addr);
     let t0 = Instant::now();
-    c.send(publish_head(
-        srv.addr,
-        "1.1",
-        body.len(),
-        "Expect: 100-continue\r\n",
-    ));
+    c.send(publish_head(srv.addr, "1.1", body.len(), "Expect: 100-continue\r\n"));
     let interim = c.response();
     let waited = t0.elapsed();
-    assert_eq!(
-        (interim.status, interim.head.as_str()),
-        (100, "HTTP/1.1 100 Continue"),
-        "{interim:?}"
-    );
-    assert!(
-        waited < Duration::from_millis(500),
-        "100 Continue took {waited:?}"
-    );
+    assert_eq!((interim.status, interim.head.as_str()), (100, "HTTP/1.1 100 Continue"), "{interim:?}");
+    assert!(waited < Duration::from_millis(500), "100 Continue took {waited:?}");
     c.send(body);
     let fin = c.response();
     assert_eq!(fin.status, 200, "{fin:?}");
     assert_eq!(seq_of_reply(&fin.body), 1);
 
     // Keep-alive: the next request with an expectation gets its own 100 Continue.
-    c.send(publish_head(
-        srv.addr,
-        "1.1",
-        body.len(),
-        "Expect: 100-Continue\r\n",
-    ));
+    c.send(publish_head(srv.addr, "1.1", body.len(), "Expect: 100-Continue\r\n"));
     assert_eq!(c.response().status, 100);
     c.send(body);
     assert_eq!(seq_of_reply(&c.response().body), 2);
@@ -74,12 +57,7 @@ fn chunked_body_gets_100_continue() {
 fn body_declared_too_large_gets_413_instead_of_100_and_the_connection_closes() {
     let srv = Server::start(CONFIG, &["--cores", "1"]);
     let mut c = RawHttp::connect(srv.addr);
-    c.send(publish_head(
-        srv.addr,
-        "1.1",
-        4097,
-        "Expect: 100-continue\r\n",
-    ));
+    c.send(publish_head(srv.addr, "1.1", 4097, "Expect: 100-continue\r\n"));
     let fin = c.response();
     assert_eq!(fin.status, 413, "{fin:?}");
     assert_eq!(fin.header("connection"), "close");
@@ -117,8 +95,5 @@ fn content_sent_with_the_head_needs_no_interim_response() {
     req.extend_from_slice(br#"{"a":1}"#);
     c.send(req);
     let fin = c.response();
-    assert_eq!(
-        fin.status, 200,
-        "the first response is the final one: {fin:?}"
-    );
+    assert_eq!(fin.status, 200, "the first response is the final one: {fin:?}");
 }

@@ -37,10 +37,7 @@ fn every_final_response_carries_a_date() {
     for req in cases {
         let r = ask(a, &req);
         let date = r.header("date");
-        assert!(
-            date.len() == 29 && date.ends_with(" GMT") && date.as_bytes()[3] == b',',
-            "{req:?} -> Date {date:?}"
-        );
+        assert!(date.len() == 29 && date.ends_with(" GMT") && date.as_bytes()[3] == b',', "{req:?} -> Date {date:?}");
     }
 }
 
@@ -55,11 +52,7 @@ fn head_is_supported_wherever_get_is_and_carries_no_content() {
         c.send(get(srv.addr, "HEAD", path));
         let h = c.response_to(true);
         assert_eq!((h.status, g.status), (200, 200), "{path}");
-        assert_eq!(
-            h.header("content-length"),
-            g.header("content-length"),
-            "{path}"
-        );
+        assert_eq!(h.header("content-length"), g.header("content-length"), "{path}");
         assert_eq!(h.header("content-type"), g.header("content-type"), "{path}");
         // No content follows: the next response on the connection starts right away.
         c.send(get(srv.addr, "GET", "/healthz"));
@@ -72,16 +65,9 @@ fn head_is_supported_wherever_get_is_and_carries_no_content() {
         c.send(get(srv.addr, "HEAD", path));
         let h = c.response_to(true);
         assert_eq!(h.status, 200, "HEAD {path}: {h:?}");
-        assert!(
-            h.header("content-length").parse::<usize>().unwrap() > 0,
-            "{path}"
-        );
+        assert!(h.header("content-length").parse::<usize>().unwrap() > 0, "{path}");
         c.send(get(srv.addr, "GET", "/healthz"));
-        assert_eq!(
-            c.response().body_text(),
-            r#"{"status":"ok"}"#,
-            "after HEAD {path}"
-        );
+        assert_eq!(c.response().body_text(), r#"{"status":"ok"}"#, "after HEAD {path}");
     }
     // A refused HEAD has no content either.
     let mut c = RawHttp::connect(srv.addr);
@@ -97,13 +83,7 @@ fn head_is_supported_wherever_get_is_and_carries_no_content() {
 fn method_not_allowed_lists_the_allowed_methods() {
     let srv = Server::start(CONFIG, &["--cores", "1"]);
     for path in GET_ENDPOINTS {
-        let r = ask(
-            srv.addr,
-            &format!(
-                "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\n\r\n",
-                srv.addr
-            ),
-        );
+        let r = ask(srv.addr, &format!("POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\n\r\n", srv.addr));
         assert_eq!(r.status, 405, "POST {path}");
         assert_eq!(r.header("allow"), "GET, HEAD", "POST {path}");
     }
@@ -140,26 +120,14 @@ fn host_is_required_once_and_valid_in_http_1_1() {
     let a = srv.addr;
     for (req, want) in [
         ("GET /healthz HTTP/1.1\r\n\r\n".to_owned(), 400),
-        (
-            format!("GET /healthz HTTP/1.1\r\nHost: {a}\r\nHost: {a}\r\n\r\n"),
-            400,
-        ),
+        (format!("GET /healthz HTTP/1.1\r\nHost: {a}\r\nHost: {a}\r\n\r\n"), 400),
         ("GET /healthz HTTP/1.1\r\nHost: a b\r\n\r\n".to_owned(), 400),
-        (
-            "GET /healthz HTTP/1.1\r\nHost: user@h\r\n\r\n".to_owned(),
-            400,
-        ),
+        ("GET /healthz HTTP/1.1\r\nHost: user@h\r\n\r\n".to_owned(), 400),
         ("GET /healthz HTTP/1.1\r\nHost: h:x\r\n\r\n".to_owned(), 400),
-        (
-            "POST /publish/x HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}".to_owned(),
-            400,
-        ),
+        ("POST /publish/x HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}".to_owned(), 400),
         ("GET /healthz HTTP/1.0\r\n\r\n".to_owned(), 200),
         ("GET /healthz HTTP/1.1\r\nHost: \r\n\r\n".to_owned(), 200),
-        (
-            "GET /healthz HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n".to_owned(),
-            200,
-        ),
+        ("GET /healthz HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n".to_owned(), 200),
     ] {
         let r = ask(a, &req);
         assert_eq!(r.status, want, "{req:?}: {r:?}");
@@ -174,17 +142,8 @@ fn host_is_required_once_and_valid_in_http_1_1() {
 #[test]
 fn absolute_form_target_is_served() {
     let srv = Server::start(CONFIG, &["--cores", "1"]);
-    let r = ask(
-        srv.addr,
-        &format!(
-            "GET http://{}/healthz HTTP/1.1\r\nHost: other.example\r\n\r\n",
-            srv.addr
-        ),
-    );
-    assert_eq!(
-        (r.status, r.body_text().as_str()),
-        (200, r#"{"status":"ok"}"#)
-    );
+    let r = ask(srv.addr, &format!("GET http://{}/healthz HTTP/1.1\r\nHost: other.example\r\n\r\n", srv.addr));
+    assert_eq!((r.status, r.body_text().as_str()), (200, r#"{"status":"ok"}"#));
 }
 
 /// RFC 9112 §5.1 (whitespace before the colon: MUST 400), §5.2 (obs-fold: MUST reject or
@@ -220,58 +179,16 @@ fn ambiguous_or_unsupported_framing_is_refused_and_the_connection_closed() {
     let a = srv.addr;
     let post = |fields: &str| format!("POST /publish/f HTTP/{fields}\r\n\r\n");
     for (req, want) in [
-        (
-            post(&format!(
-                "1.1\r\nHost: {a}\r\nTransfer-Encoding: chunked\r\nContent-Length: 5"
-            )),
-            400,
-        ),
-        (
-            post(&format!("1.0\r\nHost: {a}\r\nTransfer-Encoding: chunked")),
-            400,
-        ),
-        (
-            post(&format!(
-                "1.1\r\nHost: {a}\r\nTransfer-Encoding: chunked, identity"
-            )),
-            400,
-        ),
-        (
-            post(&format!(
-                "1.1\r\nHost: {a}\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked"
-            )),
-            400,
-        ),
-        (
-            post(&format!(
-                "1.1\r\nHost: {a}\r\nTransfer-Encoding: gzip, chunked"
-            )),
-            501,
-        ),
-        (
-            post(&format!("1.1\r\nHost: {a}\r\nContent-Length: -1")),
-            400,
-        ),
-        (
-            post(&format!("1.1\r\nHost: {a}\r\nContent-Length: 1, 2")),
-            400,
-        ),
-        (
-            post(&format!(
-                "1.1\r\nHost: {a}\r\nContent-Length: 2\r\nContent-Length: 3"
-            )),
-            400,
-        ),
-        (
-            post(&format!("1.1\r\nHost: {a}\r\nContent-Length: 0x10")),
-            400,
-        ),
-        (
-            post(&format!(
-                "1.1\r\nHost: {a}\r\nContent-Length: 99999999999999999999999"
-            )),
-            400,
-        ),
+        (post(&format!("1.1\r\nHost: {a}\r\nTransfer-Encoding: chunked\r\nContent-Length: 5")), 400),
+        (post(&format!("1.0\r\nHost: {a}\r\nTransfer-Encoding: chunked")), 400),
+        (post(&format!("1.1\r\nHost: {a}\r\nTransfer-Encoding: chunked, identity")), 400),
+        (post(&format!("1.1\r\nHost: {a}\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked")), 400),
+        (post(&format!("1.1\r\nHost: {a}\r\nTransfer-Encoding: gzip, chunked")), 501),
+        (post(&format!("1.1\r\nHost: {a}\r\nContent-Length: -1")), 400),
+        (post(&format!("1.1\r\nHost: {a}\r\nContent-Length: 1, 2")), 400),
+        (post(&format!("1.1\r\nHost: {a}\r\nContent-Length: 2\r\nContent-Length: 3")), 400),
+        (post(&format!("1.1\r\nHost: {a}\r\nContent-Length: 0x10")), 400),
+        (post(&format!("1.1\r\nHost: {a}\r\nContent-Length: 99999999999999999999999")), 400),
     ] {
         let mut c = RawHttp::connect(a);
         c.send(&req);
@@ -281,11 +198,7 @@ fn ambiguous_or_unsupported_framing_is_refused_and_the_connection_closed() {
         assert_eq!(r.status, want, "{req:?}: {r:?}");
         assert_eq!(r.header("connection"), "close", "{req:?}");
         let rest = c.until_closed(STEP);
-        assert!(
-            rest.is_empty(),
-            "{req:?}: a second response followed: {:?}",
-            String::from_utf8_lossy(&rest)
-        );
+        assert!(rest.is_empty(), "{req:?}: a second response followed: {:?}", String::from_utf8_lossy(&rest));
     }
 }
 
@@ -311,28 +224,12 @@ fn chunked_content_is_decoded_with_extensions_and_trailers() {
 fn incomplete_content_is_never_served_and_the_connection_closes() {
     let srv = Server::start(CONFIG, &["--cores", "1"]);
     let mut c = RawHttp::connect(srv.addr);
-    c.send(format!(
-        "POST /publish/short HTTP/1.1\r\nHost: {}\r\nContent-Length: 10\r\n\r\n{{}}",
-        srv.addr
-    ));
+    c.send(format!("POST /publish/short HTTP/1.1\r\nHost: {}\r\nContent-Length: 10\r\n\r\n{{}}", srv.addr));
     let got = c.until_closed(Duration::from_secs(5));
-    assert!(
-        !got.starts_with(b"HTTP/1.1 200"),
-        "an incomplete request was served: {:?}",
-        String::from_utf8_lossy(&got)
-    );
-    let r = ask(
-        srv.addr,
-        &format!(
-            "POST /publish/short HTTP/1.1\r\nHost: {}\r\nContent-Length: 2\r\n\r\n{{}}",
-            srv.addr
-        ),
-    );
-    assert_eq!(
-        seq_of_reply(&r.body),
-        1,
-        "nothing was published from the incomplete request"
-    );
+    assert!(!got.starts_with(b"HTTP/1.1 200"), "an incomplete request was served: {:?}", String::from_utf8_lossy(&got));
+    let r =
+        ask(srv.addr, &format!("POST /publish/short HTTP/1.1\r\nHost: {}\r\nContent-Length: 2\r\n\r\n{{}}", srv.addr));
+    assert_eq!(seq_of_reply(&r.body), 1, "nothing was published from the incomplete request");
 }
 
 /// RFC 9112 §9.3 and §9.6: HTTP/1.1 persists by default; `Connection: close` makes the server
@@ -358,33 +255,16 @@ fn persistence_follows_the_version_and_the_close_option() {
     let r = c.response();
     assert_eq!((r.status, r.header("connection")), (200, "close"));
     let rest = c.until_closed(STEP);
-    assert!(
-        rest.is_empty(),
-        "answered after close: {:?}",
-        String::from_utf8_lossy(&rest)
-    );
-    let seq = ask(
-        a,
-        &format!(
-            "POST /publish/after-close HTTP/1.1\r\nHost: {a}\r\nContent-Length: 2\r\n\r\n{{}}"
-        ),
-    );
-    assert_eq!(
-        seq_of_reply(&seq.body),
-        1,
-        "the request after `close` was processed"
-    );
+    assert!(rest.is_empty(), "answered after close: {:?}", String::from_utf8_lossy(&rest));
+    let seq = ask(a, &format!("POST /publish/after-close HTTP/1.1\r\nHost: {a}\r\nContent-Length: 2\r\n\r\n{{}}"));
+    assert_eq!(seq_of_reply(&seq.body), 1, "the request after `close` was processed");
 
     // HTTP/1.0 without keep-alive: one response, then the server closes; never chunked.
     let mut c = RawHttp::connect(a);
     c.send("GET /metrics HTTP/1.0\r\n\r\n");
     let r = c.response();
     assert_eq!((r.status, r.header("connection")), (200, "close"));
-    assert!(
-        !r.has("transfer-encoding") && r.has("content-length"),
-        "{}",
-        r.head
-    );
+    assert!(!r.has("transfer-encoding") && r.has("content-length"), "{}", r.head);
     c.until_closed(STEP);
 
     // HTTP/1.0 asking for keep-alive: it persists.
@@ -403,9 +283,7 @@ fn pipelined_requests_are_answered_in_order() {
     let mut c = RawHttp::connect(a);
     let mut batch = String::new();
     for i in 0..6 {
-        batch.push_str(&format!(
-            "POST /publish/pipe{i} HTTP/1.1\r\nHost: {a}\r\nContent-Length: 1\r\n\r\n{i}"
-        ));
+        batch.push_str(&format!("POST /publish/pipe{i} HTTP/1.1\r\nHost: {a}\r\nContent-Length: 1\r\n\r\n{i}"));
         batch.push_str(&get(a, "GET", "/nope"));
     }
     c.send(batch);

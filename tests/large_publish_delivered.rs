@@ -57,18 +57,10 @@ async fn max_size_publish_reaches_two_reading_subscribers_without_a_close() {
     // The default config; only the core count is pinned (two cores, so delivery crosses cores).
     let srv = Server::start("", &["--cores", "2"]);
 
-    let (mut tt, _) = connect_async(srv.ws_url())
-        .await
-        .expect("tokio-tungstenite connect");
-    tt.send(Message::text(json!({"op": "sub", "ch": CH}).to_string()))
-        .await
-        .unwrap();
+    let (mut tt, _) = connect_async(srv.ws_url()).await.expect("tokio-tungstenite connect");
+    tt.send(Message::text(json!({"op": "sub", "ch": CH}).to_string())).await.unwrap();
     let sub = loop {
-        let m = tokio::time::timeout(STEP, tt.next())
-            .await
-            .expect("subscribed in time")
-            .unwrap()
-            .unwrap();
+        let m = tokio::time::timeout(STEP, tt.next()).await.expect("subscribed in time").unwrap().unwrap();
         if let Message::Text(t) = m {
             break serde_json::from_str::<Value>(&t).unwrap();
         }
@@ -80,14 +72,8 @@ async fn max_size_publish_reaches_two_reading_subscribers_without_a_close() {
     // The largest body the server accepts, and the example of the issue.
     for (k, len) in [(1u64, MAX_PUBLISH), (2, 1_048_522)] {
         let body = json_string(len);
-        let (status, _, resp) =
-            http_request(srv.addr, "POST", &format!("/publish/{CH}"), &[], &body).await;
-        assert_eq!(
-            status,
-            200,
-            "publish of {len} bytes: {}",
-            String::from_utf8_lossy(&resp)
-        );
+        let (status, _, resp) = http_request(srv.addr, "POST", &format!("/publish/{CH}"), &[], &body).await;
+        assert_eq!(status, 200, "publish of {len} bytes: {}", String::from_utf8_lossy(&resp));
         assert_eq!(seq_of_reply(&resp), k);
 
         let v = next_msg(&mut tt).await;
@@ -97,11 +83,7 @@ async fn max_size_publish_reaches_two_reading_subscribers_without_a_close() {
             "tokio-tungstenite"
         );
         let f = raw.frame_skip_pings(STEP).await;
-        assert_eq!(
-            f.opcode, OP_TEXT,
-            "raw client got opcode {} instead of the msg",
-            f.opcode
-        );
+        assert_eq!(f.opcode, OP_TEXT, "raw client got opcode {} instead of the msg", f.opcode);
         assert_eq!(msg_seq(&f.payload), k, "raw client");
         let data_end = f.payload.len() - 1; // the msg object's closing brace
         assert!(
@@ -115,15 +97,7 @@ async fn max_size_publish_reaches_two_reading_subscribers_without_a_close() {
     assert_eq!(next_msg(&mut tt).await["seq"], 3);
     assert_eq!(msg_seq(&raw.frame_skip_pings(STEP).await.payload), 3);
     let m = srv.metrics().await;
-    assert_eq!(
-        m.sum("tether_overflow_total", &[]),
-        0.0,
-        "an overflow happened"
-    );
-    assert_eq!(
-        m.sum("tether_closes_total", &["code=\"1013\""]),
-        0.0,
-        "a subscriber was closed with 1013"
-    );
+    assert_eq!(m.sum("tether_overflow_total", &[]), 0.0, "an overflow happened");
+    assert_eq!(m.sum("tether_closes_total", &["code=\"1013\""]), 0.0, "a subscriber was closed with 1013");
     srv.wait_gauge(2.0, Duration::from_secs(2)).await;
 }

@@ -19,39 +19,26 @@ fn wait_log(srv: &Server, what: &str, limit: Duration, pred: impl Fn(&str) -> bo
             return log;
         }
         if Instant::now() >= end {
-            panic!(
-                "no {what} in the log within {limit:?}:\n{}",
-                srv.log_tail(60)
-            );
+            panic!("no {what} in the log within {limit:?}:\n{}", srv.log_tail(60));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
 fn debug_server(config: &str) -> Server {
-    Server::start_with_env(
-        config,
-        "127.0.0.1:0".parse().unwrap(),
-        &["--cores", "1"],
-        &[("TETHER_LOG", "debug")],
-    )
+    Server::start_with_env(config, "127.0.0.1:0".parse().unwrap(), &["--cores", "1"], &[("TETHER_LOG", "debug")])
 }
 
 #[tokio::test]
 async fn debug_names_handshake_failures_and_reaps_with_their_peer() {
     let srv = debug_server("[heartbeat]\nping_interval_ms = 200\npong_timeout_ms = 100\n");
     let log = srv.log_tail(100);
-    assert!(
-        log.contains("INFO") && log.contains("config in effect: listen=127.0.0.1:0"),
-        "{log}"
-    );
+    assert!(log.contains("INFO") && log.contains("config in effect: listen=127.0.0.1:0"), "{log}");
 
     // A request without Host.
     let mut bad = connect(srv.addr).await;
     let peer = bad.local_addr().unwrap();
-    bad.write_all(b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\n\r\n")
-        .await
-        .unwrap();
+    bad.write_all(b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\n\r\n").await.unwrap();
     wait_log(&srv, "handshake failure line", STEP, |l| {
         l.lines().any(|l| {
             l.contains("DEBUG")
@@ -67,9 +54,7 @@ async fn debug_names_handshake_failures_and_reaps_with_their_peer() {
     let peer = silent.s.local_addr().unwrap();
     wait_log(&srv, "pong timeout reap", STEP, |l| {
         l.lines().any(|l| {
-            l.contains("connection reaped")
-                && l.contains(&format!("peer={peer}"))
-                && l.contains("why=\"pong_timeout\"")
+            l.contains("connection reaped") && l.contains(&format!("peer={peer}")) && l.contains("why=\"pong_timeout\"")
         })
     });
 
@@ -79,9 +64,7 @@ async fn debug_names_handshake_failures_and_reaps_with_their_peer() {
     drop(gone);
     wait_log(&srv, "eof reap", STEP, |l| {
         l.lines().any(|l| {
-            l.contains("connection reaped")
-                && l.contains(&format!("peer={peer}"))
-                && l.contains("why=\"eof\"")
+            l.contains("connection reaped") && l.contains(&format!("peer={peer}")) && l.contains("why=\"eof\"")
         })
     });
     drop(silent);
@@ -94,23 +77,14 @@ async fn drain_progress_is_logged_at_info() {
     let _b = RawWs::connect(srv.addr, "/ws").await;
     srv.wait_gauge(2.0, STEP).await;
     srv.signal(libc::SIGTERM);
-    let st = srv
-        .wait_exit(Duration::from_secs(10))
-        .expect("exit after the drain");
+    let st = srv.wait_exit(Duration::from_secs(10)).expect("exit after the drain");
     assert!(st.success(), "{st:?}");
     let log = srv.log_tail(200);
-    for what in [
-        "drain started: closes spread over the window core=0 connections=2 window_ms=400",
-        "draining core=0",
-    ] {
-        assert!(
-            log.lines().any(|l| l.contains("INFO") && l.contains(what)),
-            "no {what:?} in\n{log}"
-        );
+    for what in ["drain started: closes spread over the window core=0 connections=2 window_ms=400", "draining core=0"] {
+        assert!(log.lines().any(|l| l.contains("INFO") && l.contains(what)), "no {what:?} in\n{log}");
     }
     assert!(
-        log.contains("drain done: every connection closed")
-            || log.contains("drain deadline reached"),
+        log.contains("drain done: every connection closed") || log.contains("drain deadline reached"),
         "no end of drain in\n{log}"
     );
 }
@@ -121,8 +95,7 @@ async fn overflow_close_is_logged_at_info_with_the_peer() {
         "[limits]\nqueue_max_bytes = 65536\nmax_publish_bytes = 16384\nmax_message_bytes = 16384\n",
         &["--cores", "1"],
     );
-    let mut non_reader =
-        RawWs::upgrade(connect_small_rcvbuf(srv.addr, 4096).await, srv.addr, "/ws").await;
+    let mut non_reader = RawWs::upgrade(connect_small_rcvbuf(srv.addr, 4096).await, srv.addr, "/ws").await;
     let peer = non_reader.s.local_addr().unwrap();
     non_reader.subscribe("slow").await;
     let body = format!("\"{}\"", "x".repeat(16_000));
@@ -134,9 +107,7 @@ async fn overflow_close_is_logged_at_info_with_the_peer() {
     }
     wait_log(&srv, "overflow close line", STEP, |l| {
         l.lines().any(|l| {
-            l.contains("INFO")
-                && l.contains("slow subscriber closed with 1013")
-                && l.contains(&format!("peer={peer}"))
+            l.contains("INFO") && l.contains("slow subscriber closed with 1013") && l.contains(&format!("peer={peer}"))
         })
     });
 }
@@ -155,79 +126,40 @@ async fn a_flood_of_bad_handshakes_is_rate_limited_and_summarised() {
     let flood = t0.elapsed();
     // Every failure is either logged or counted in a summary line, eventually.
     let count = |log: &str| -> (usize, usize) {
-        let logged = log
-            .lines()
-            .filter(|l| l.contains("handshake failed"))
-            .count();
+        let logged = log.lines().filter(|l| l.contains("handshake failed")).count();
         let suppressed = log
             .lines()
             .filter(|l| l.contains("similar lines (handshake failure)"))
-            .filter_map(|l| {
-                l.split("suppressed ")
-                    .nth(1)?
-                    .split(' ')
-                    .next()?
-                    .parse::<usize>()
-                    .ok()
-            })
+            .filter_map(|l| l.split("suppressed ").nth(1)?.split(' ').next()?.parse::<usize>().ok())
             .sum();
         (logged, suppressed)
     };
-    let log = wait_log(
-        &srv,
-        "summary of the suppressed lines",
-        Duration::from_secs(10),
-        |l| {
-            let (logged, suppressed) = count(l);
-            logged + suppressed >= BAD
-        },
-    );
+    let log = wait_log(&srv, "summary of the suppressed lines", Duration::from_secs(10), |l| {
+        let (logged, suppressed) = count(l);
+        logged + suppressed >= BAD
+    });
     let (logged, suppressed) = count(&log);
-    assert_eq!(
-        logged + suppressed,
-        BAD,
-        "logged {logged} + suppressed {suppressed}"
-    );
+    assert_eq!(logged + suppressed, BAD, "logged {logged} + suppressed {suppressed}");
     // At most 10 lines per second (per core; one core here).
     let windows = flood.as_secs() as usize + 2;
-    assert!(
-        logged <= 10 * windows,
-        "{logged} lines in {flood:?}: not rate-limited"
-    );
-    assert!(
-        suppressed > 0,
-        "{BAD} failures in {flood:?} and nothing suppressed"
-    );
+    assert!(logged <= 10 * windows, "{logged} lines in {flood:?}: not rate-limited");
+    assert!(suppressed > 0, "{BAD} failures in {flood:?} and nothing suppressed");
 }
 
 #[tokio::test]
 async fn invalid_tether_log_is_reported_and_info_is_used() {
-    let srv = Server::start_with_env(
-        "",
-        "127.0.0.1:0".parse().unwrap(),
-        &["--cores", "1"],
-        &[("TETHER_LOG", "verbose")],
-    );
+    let srv =
+        Server::start_with_env("", "127.0.0.1:0".parse().unwrap(), &["--cores", "1"], &[("TETHER_LOG", "verbose")]);
     let log = srv.log_tail(100);
     assert!(
-        log.contains("TETHER_LOG=\"verbose\"")
-            && log.contains("is not a level")
-            && log.contains("logging at info"),
+        log.contains("TETHER_LOG=\"verbose\"") && log.contains("is not a level") && log.contains("logging at info"),
         "{log}"
     );
-    assert!(
-        log.contains("INFO") && log.contains("core started"),
-        "info lines are written: {log}"
-    );
+    assert!(log.contains("INFO") && log.contains("core started"), "info lines are written: {log}");
     // Debug lines are not.
     let mut s = connect(srv.addr).await;
     s.write_all(b"GET /ws HTTP/1.1\r\n\r\n").await.unwrap();
     assert_eq!(read_head(&mut s).await.0, 400);
-    srv.wait_metric("tether_handshake_failures_total", &[], STEP, |v| v >= 1.0)
-        .await;
-    assert!(
-        !srv.log_tail(100).contains("DEBUG"),
-        "{}",
-        srv.log_tail(100)
-    );
+    srv.wait_metric("tether_handshake_failures_total", &[], STEP, |v| v >= 1.0).await;
+    assert!(!srv.log_tail(100).contains("DEBUG"), "{}", srv.log_tail(100));
 }

@@ -53,31 +53,17 @@ async fn second_server_on_a_busy_port_refuses_to_start() {
     for listen in addrs {
         let out = second_serve(&listen);
         let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "second server on {listen} exited {:?}; stderr {stderr}", out.status);
         assert!(
-            !out.status.success(),
-            "second server on {listen} exited {:?}; stderr {stderr}",
-            out.status
-        );
-        assert!(
-            stderr.contains(&format!(
-                "address {listen} is already in use by another process"
-            )),
+            stderr.contains(&format!("address {listen} is already in use by another process")),
             "stderr of the second server on {listen}: {stderr}"
         );
-        assert!(
-            out.stdout.is_empty(),
-            "the second server said it listens: {:?}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        assert!(out.stdout.is_empty(), "the second server said it listens: {:?}", String::from_utf8_lossy(&out.stdout));
     }
 
     // The first server alone still numbers the channel, across many connections.
     for k in 2..=12 {
-        assert_eq!(
-            srv.publish("one", "1").await,
-            k,
-            "seq after the refused second servers"
-        );
+        assert_eq!(srv.publish("one", "1").await, k, "seq after the refused second servers");
     }
 }
 
@@ -88,8 +74,5 @@ fn every_bind_error_names_the_address() {
     let out = second_serve(&listen.to_string());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
-    assert!(
-        stderr.contains(&format!("cannot listen on {listen}")),
-        "stderr: {stderr}"
-    );
+    assert!(stderr.contains(&format!("cannot listen on {listen}")), "stderr: {stderr}");
 }

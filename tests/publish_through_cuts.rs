@@ -66,14 +66,21 @@ async fn publisher_cut_twice_gets_every_ack_and_subscribers_see_each_once() {
     }
     let mut acks = Vec::with_capacity(N as usize);
     for (id, h) in handles {
-        let ack = tokio::time::timeout(Duration::from_secs(30), h).await.unwrap_or_else(|_| panic!("no ack for {id}")).unwrap_or_else(|e| panic!("publish {id} failed: {e}"));
+        let ack = tokio::time::timeout(Duration::from_secs(30), h)
+            .await
+            .unwrap_or_else(|_| panic!("no ack for {id}"))
+            .unwrap_or_else(|e| panic!("publish {id} failed: {e}"));
         assert_eq!(ack.id, id);
         assert_eq!(ack.ch, ch);
         acks.push((id, ack.seq));
     }
     let published = srv.metric("tether_messages_published_total", &[]).await;
     let dups = srv.metric("tether_publish_duplicates_total", &[]).await;
-    eprintln!("{N} publishes acked in {:?} over {} connections; server stored {published}, deduped {dups} resends", t0.elapsed(), relay.accepts());
+    eprintln!(
+        "{N} publishes acked in {:?} over {} connections; server stored {published}, deduped {dups} resends",
+        t0.elapsed(),
+        relay.accepts()
+    );
     assert_eq!(published, N as f64, "the server stored {published} messages for {N} ids");
     assert!(relay.accepts() >= 3, "the publisher reconnected only {} times", relay.accepts() - 1);
     // Resent in the original order: acked seqs follow the publish order.
@@ -81,7 +88,8 @@ async fn publisher_cut_twice_gets_every_ack_and_subscribers_see_each_once() {
     assert_eq!(acks.first().map(|a| a.1), Some(1));
     assert_eq!(acks.last().map(|a| a.1), Some(N), "a publish was stored twice");
 
-    let got = tokio::time::timeout(Duration::from_secs(60), reader).await.expect("subscriber timed out").expect("subscriber");
+    let got =
+        tokio::time::timeout(Duration::from_secs(60), reader).await.expect("subscriber timed out").expect("subscriber");
     let seqs: Vec<u64> = got.iter().map(|g| g.0).collect();
     assert_eq!(got.len() as u64, N, "subscriber saw {} messages, want {N}", got.len());
     assert!(seqs.iter().copied().eq(1..=N), "subscriber seqs are not 1..={N}");

@@ -24,7 +24,11 @@ const CH: &str = "fanout.news";
 /// Next text frame as JSON (pings are answered by tungstenite itself).
 async fn next_json(ws: &mut Ws) -> Value {
     loop {
-        let m = tokio::time::timeout(STEP, ws.next()).await.expect("no frame within the step").expect("stream ended").expect("ws error");
+        let m = tokio::time::timeout(STEP, ws.next())
+            .await
+            .expect("no frame within the step")
+            .expect("stream ended")
+            .expect("ws error");
         match m {
             Message::Text(t) => return serde_json::from_str(&t).unwrap_or_else(|e| panic!("{t}: {e}")),
             Message::Ping(_) | Message::Pong(_) => {}
@@ -34,7 +38,8 @@ async fn next_json(ws: &mut Ws) -> Value {
 }
 
 async fn subscriber(url: String) -> Ws {
-    let (mut ws, _) = tokio::time::timeout(STEP, connect_async(url)).await.expect("connect timed out").expect("connect");
+    let (mut ws, _) =
+        tokio::time::timeout(STEP, connect_async(url)).await.expect("connect timed out").expect("connect");
     ws.send(Message::text(json!({"op": "sub", "ch": CH}).to_string())).await.unwrap();
     let v = next_json(&mut ws).await;
     assert_eq!(v["op"], "subscribed", "{v}");
@@ -72,7 +77,8 @@ async fn every_subscriber_gets_every_seq_once_in_order() {
         let mut c = Client::connect(cfg).expect("tether client");
         c.subscribe(CH, None).expect("subscribe");
         loop {
-            match tokio::time::timeout(STEP, c.next_event()).await.expect("no Subscribed event").expect("client error") {
+            match tokio::time::timeout(STEP, c.next_event()).await.expect("no Subscribed event").expect("client error")
+            {
                 Event::Subscribed { ch, seq, .. } => {
                     assert_eq!((ch.as_str(), seq), (CH, 0));
                     break;
@@ -90,7 +96,10 @@ async fn every_subscriber_gets_every_seq_once_in_order() {
             tokio::spawn(async move {
                 let mut got: Vec<(u64, Value)> = Vec::new();
                 loop {
-                    let ev = tokio::time::timeout(STEP, c.next_event()).await.expect("tether client starved").expect("client error");
+                    let ev = tokio::time::timeout(STEP, c.next_event())
+                        .await
+                        .expect("tether client starved")
+                        .expect("client error");
                     let Event::Message { ch, seq, data, .. } = ev else { panic!("tether client: unexpected {ev:?}") };
                     assert_eq!(ch, CH);
                     let data: Value = serde_json::from_str(data.get()).unwrap();
@@ -174,13 +183,19 @@ async fn every_subscriber_gets_every_seq_once_in_order() {
     for k in 1..=5u64 {
         let data = json!({"via": "tether-client", "k": k});
         let id = format!("t-{k}");
-        let ack = tokio::time::timeout(STEP, own_pub.publisher().publish_with_id(CH, &id, &data)).await.expect("ack timed out").expect("publish");
+        let ack = tokio::time::timeout(STEP, own_pub.publisher().publish_with_id(CH, &id, &data))
+            .await
+            .expect("ack timed out")
+            .expect("publish");
         assert_eq!((ack.id.as_str(), ack.ch.as_str()), (id.as_str(), CH));
         assert_eq!(ack.seq, idem_seq + 20 + k);
         expected.insert(ack.seq, data);
         own_acks.insert(id, ack.seq);
     }
-    let ack = tokio::time::timeout(STEP, own_pub.publisher().publish_with_id(CH, "t-3", &json!({"dup": true}))).await.expect("ack timed out").expect("publish");
+    let ack = tokio::time::timeout(STEP, own_pub.publisher().publish_with_id(CH, "t-3", &json!({"dup": true})))
+        .await
+        .expect("ack timed out")
+        .expect("publish");
     assert_eq!(ack.seq, own_acks["t-3"], "a retried id gets the original seq");
     own_pub.close().await;
 
@@ -192,12 +207,18 @@ async fn every_subscriber_gets_every_seq_once_in_order() {
 
     let want: Vec<(u64, Value)> = expected.into_iter().collect();
     for (i, r) in readers.into_iter().enumerate() {
-        let got = tokio::time::timeout(Duration::from_secs(30), r).await.expect("subscriber timed out").expect("reader panicked");
+        let got = tokio::time::timeout(Duration::from_secs(30), r)
+            .await
+            .expect("subscriber timed out")
+            .expect("reader panicked");
         assert_eq!(got.len(), want.len(), "subscriber {i}: seqs {:?}", got.iter().map(|g| g.0).collect::<Vec<_>>());
         assert_eq!(got, want, "subscriber {i} got a different sequence");
     }
     for (i, r) in own_readers.into_iter().enumerate() {
-        let got = tokio::time::timeout(Duration::from_secs(30), r).await.expect("tether client timed out").expect("client reader panicked");
+        let got = tokio::time::timeout(Duration::from_secs(30), r)
+            .await
+            .expect("tether client timed out")
+            .expect("client reader panicked");
         assert_eq!(got, want, "tether client {i} got a different sequence");
     }
     let m = srv.metrics().await;
@@ -206,4 +227,3 @@ async fn every_subscriber_gets_every_seq_once_in_order() {
     assert_eq!(m.sum("tether_messages_published_total", &[]), last as f64, "published (dedup hits excluded)");
     assert!(m.sum("tether_publish_duplicates_total", &[]) >= 5.0, "dedup hits counted");
 }
-

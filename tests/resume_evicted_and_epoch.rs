@@ -20,7 +20,10 @@ type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<t
 const CONFIG: &str = "[drain]\nwindow_ms = 200\n\n[[channels]]\npattern = \"*\"\nhistory = 100\n";
 
 async fn ws(addr: SocketAddr) -> Ws {
-    let (ws, _) = tokio::time::timeout(STEP, tokio_tungstenite::connect_async(format!("ws://{addr}/ws"))).await.expect("connect timed out").expect("connect");
+    let (ws, _) = tokio::time::timeout(STEP, tokio_tungstenite::connect_async(format!("ws://{addr}/ws")))
+        .await
+        .expect("connect timed out")
+        .expect("connect");
     ws
 }
 
@@ -104,7 +107,11 @@ async fn evicted_resume_gets_reset_and_restart_gets_epoch_reset() {
     let (mut just_gone, first) = resume(addr, ch, 909, &epoch).await;
     assert_reset(&first, ch, "evicted", 1010, &epoch, 911);
     let (mut just_kept, first) = resume(addr, ch, 910, &epoch).await;
-    assert_eq!((first["op"].as_str(), first["recovered"].as_bool(), first["seq"].as_u64()), (Some("subscribed"), Some(true), Some(1010)), "{first}");
+    assert_eq!(
+        (first["op"].as_str(), first["recovered"].as_bool(), first["seq"].as_u64()),
+        (Some("subscribed"), Some(true), Some(1010)),
+        "{first}"
+    );
     for seq in 911..=1010 {
         expect_msg(&mut just_kept, ch, seq).await;
     }
@@ -119,7 +126,10 @@ async fn evicted_resume_gets_reset_and_restart_gets_epoch_reset() {
     let reset = next_non_status(&mut client).await;
     match &reset {
         Event::Reset { ch: c, seq, epoch: e, reason, oldest } => {
-            assert_eq!((c.as_str(), *seq, e.as_str(), reason.as_str(), *oldest), (ch, 1010, epoch.as_str(), "evicted", 911));
+            assert_eq!(
+                (c.as_str(), *seq, e.as_str(), reason.as_str(), *oldest),
+                (ch, 1010, epoch.as_str(), "evicted", 911)
+            );
         }
         other => panic!("expected Event::Reset, got {other:?}"),
     }
@@ -193,7 +203,8 @@ async fn evicted_resume_gets_reset_and_restart_gets_epoch_reset() {
 /// The next client event that is not `Connected`/`Disconnected`/`Subscribed`.
 async fn next_non_status(c: &mut Client) -> Event {
     loop {
-        let ev = tokio::time::timeout(STEP, c.next_event()).await.expect("no client event in time").expect("client event");
+        let ev =
+            tokio::time::timeout(STEP, c.next_event()).await.expect("no client event in time").expect("client event");
         match ev {
             Event::Connected | Event::Disconnected { .. } | Event::Subscribed { .. } => {}
             ev => return ev,

@@ -45,7 +45,8 @@ async fn replay_of_full_history_joins_the_live_stream_without_gap_or_duplicate()
     const LIVE: u64 = 3_000;
     let ch = "resume.replay";
     // Room for the live publishes too, so none of the 100,000 is evicted while they race in.
-    let srv = Server::start(&format!("[[channels]]\npattern = \"*\"\nhistory = {}\n", HISTORY + LIVE), &["--cores", "2"]);
+    let srv =
+        Server::start(&format!("[[channels]]\npattern = \"*\"\nhistory = {}\n", HISTORY + LIVE), &["--cores", "2"]);
     let t = Instant::now();
     fill(srv.addr, ch, HISTORY).await;
     eprintln!("filled {HISTORY} messages in {:?}", t.elapsed());
@@ -103,11 +104,17 @@ async fn replay_of_full_history_joins_the_live_stream_without_gap_or_duplicate()
         buf.drain(..pos);
         pos = 0;
         let left = end.saturating_duration_since(Instant::now());
-        let n = tokio::time::timeout(left, sub.s.read(&mut chunk)).await.unwrap_or_else(|_| panic!("stuck at seq {next}")).expect("read");
+        let n = tokio::time::timeout(left, sub.s.read(&mut chunk))
+            .await
+            .unwrap_or_else(|_| panic!("stuck at seq {next}"))
+            .expect("read");
         assert!(n > 0, "server closed the stream at seq {next}");
         buf.extend_from_slice(&chunk[..n]);
     }
-    tokio::time::timeout(Duration::from_secs(30), live).await.expect("live publisher timed out").expect("live publisher");
+    tokio::time::timeout(Duration::from_secs(30), live)
+        .await
+        .expect("live publisher timed out")
+        .expect("live publisher");
     let (replay, live_meanwhile) = replayed_at.expect("replayed");
     eprintln!(
         "replayed {HISTORY} messages from history in {replay:?} ({:.0} msg/s); \

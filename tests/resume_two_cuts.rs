@@ -116,7 +116,10 @@ async fn client_resumes_after_each_cut_without_gap_or_duplicate() {
     let end = Instant::now() + Duration::from_secs(60);
     while next <= total {
         let left = end.saturating_duration_since(Instant::now());
-        let ev = tokio::time::timeout(left, client.next_event()).await.unwrap_or_else(|_| panic!("stuck at seq {next}")).expect("event");
+        let ev = tokio::time::timeout(left, client.next_event())
+            .await
+            .unwrap_or_else(|_| panic!("stuck at seq {next}"))
+            .expect("event");
         match ev {
             Event::Message { ch: c, seq, .. } => {
                 assert_eq!(c, ch);

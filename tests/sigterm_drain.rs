@@ -15,7 +15,9 @@ use tokio_tungstenite::tungstenite::Message;
 
 /// Reads until the server's close frame and returns its code, then keeps polling until the
 /// stream ends so tungstenite writes its close reply (it is only queued on receipt).
-async fn tungstenite_close_code(ws: &mut tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>) -> u16 {
+async fn tungstenite_close_code(
+    ws: &mut tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+) -> u16 {
     let code = loop {
         match tokio::time::timeout(STEP, ws.next()).await.expect("no close within the step") {
             Some(Ok(Message::Close(Some(f)))) => break u16::from(f.code),
@@ -49,9 +51,15 @@ async fn signal_closes_with(sig: i32, want: u16) {
     raw.send(OP_CLOSE, true, &code.to_be_bytes()).await;
 
     let mut srv = srv;
-    let status = srv.wait_exit(Duration::from_secs(8)).unwrap_or_else(|| panic!("still running {:?} after the signal", t0.elapsed()));
+    let status = srv
+        .wait_exit(Duration::from_secs(8))
+        .unwrap_or_else(|| panic!("still running {:?} after the signal", t0.elapsed()));
     assert!(status.success(), "exit status {status:?}");
-    assert!(t0.elapsed() < Duration::from_secs(5), "docs/operations.md: window 1000 ms exits within 5 s; took {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "docs/operations.md: window 1000 ms exits within 5 s; took {:?}",
+        t0.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -121,11 +129,14 @@ async fn drain_spreads_2000_closes_over_the_window() {
 
     let mut closes = Vec::with_capacity(N);
     for t in tasks {
-        let (code, at) = tokio::time::timeout(Duration::from_secs(20), t).await.expect("client timed out").expect("client panicked");
+        let (code, at) =
+            tokio::time::timeout(Duration::from_secs(20), t).await.expect("client timed out").expect("client panicked");
         assert_eq!(code, 1012, "drain close code");
         closes.push(at.duration_since(t0));
     }
-    let status = srv.wait_exit(Duration::from_secs(15)).unwrap_or_else(|| panic!("still running {:?} after SIGTERM", t0.elapsed()));
+    let status = srv
+        .wait_exit(Duration::from_secs(15))
+        .unwrap_or_else(|| panic!("still running {:?} after SIGTERM", t0.elapsed()));
     assert!(status.success(), "exit status {status:?}");
 
     closes.sort();

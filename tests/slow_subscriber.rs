@@ -43,7 +43,11 @@ fn rss_sampler(pid: i32, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> 
         let mut max = 0;
         while !stop.load(Ordering::SeqCst) {
             let status = std::fs::read_to_string(&path).unwrap_or_default();
-            if let Some(kib) = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()) {
+            if let Some(kib) = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            {
                 max = u64::max(max, kib);
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -78,7 +82,11 @@ async fn publish_64mib_past_a_non_reader(policy: &str) -> Run {
     let reader_task = tokio::spawn(async move {
         let mut next = 1u64;
         while next <= MESSAGES {
-            let m = tokio::time::timeout(STEP, reader.next()).await.expect("reader starved").expect("reader ended").expect("reader ws error");
+            let m = tokio::time::timeout(STEP, reader.next())
+                .await
+                .expect("reader starved")
+                .expect("reader ended")
+                .expect("reader ws error");
             let Message::Text(t) = m else { continue };
             let v: Value = serde_json::from_str(&t).unwrap();
             if v["op"] == "subscribed" {
@@ -107,12 +115,22 @@ async fn publish_64mib_past_a_non_reader(policy: &str) -> Run {
         }
         assert_eq!(http.publish(CH, &body(k)).await, k);
     }
-    let reader = tokio::time::timeout(Duration::from_secs(30), reader_task).await.expect("reader timed out").expect("reader panicked");
+    let reader = tokio::time::timeout(Duration::from_secs(30), reader_task)
+        .await
+        .expect("reader timed out")
+        .expect("reader panicked");
     let took = t0.elapsed();
     stop.store(true, Ordering::SeqCst);
     let peak = sampler.join().unwrap();
-    eprintln!("{policy}: 64 MiB published in {took:?}; RSS baseline {baseline} KiB, peak {peak} KiB (+{} KiB)", peak.saturating_sub(baseline));
-    assert!(peak.saturating_sub(baseline) < RSS_BUDGET_KIB, "{policy}: server RSS grew by {} KiB (budget {RSS_BUDGET_KIB})", peak - baseline);
+    eprintln!(
+        "{policy}: 64 MiB published in {took:?}; RSS baseline {baseline} KiB, peak {peak} KiB (+{} KiB)",
+        peak.saturating_sub(baseline)
+    );
+    assert!(
+        peak.saturating_sub(baseline) < RSS_BUDGET_KIB,
+        "{policy}: server RSS grew by {} KiB (budget {RSS_BUDGET_KIB})",
+        peak - baseline
+    );
     drop(reader);
     Run { srv, non_reader }
 }
@@ -122,7 +140,13 @@ async fn read_msgs_until(ws: &mut RawWs, last: u64) -> Vec<u64> {
     let mut seqs = Vec::new();
     loop {
         let f = ws.frame_skip_pings(STEP).await;
-        assert_eq!(f.opcode, OP_TEXT, "expected a msg, got opcode {} ({:?})", f.opcode, &f.payload[..f.payload.len().min(120)]);
+        assert_eq!(
+            f.opcode,
+            OP_TEXT,
+            "expected a msg, got opcode {} ({:?})",
+            f.opcode,
+            &f.payload[..f.payload.len().min(120)]
+        );
         let seq = msg_seq(&f.payload);
         if let Some(&prev) = seqs.last() {
             assert!(seq > prev, "seq went from {prev} to {seq}");
@@ -154,7 +178,10 @@ async fn disconnect_policy_closes_the_non_reader_with_1013() {
     let reason: Value = serde_json::from_slice(&close.payload[2..])
         .unwrap_or_else(|e| panic!("1013 reason {:?} is not JSON: {e}", String::from_utf8_lossy(&close.payload[2..])));
     assert!(reason["retry_after_ms"].is_u64(), "1013 reason carries a retry hint: {reason}");
-    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "before the close, messages are in order without gaps: {seqs:?}");
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "before the close, messages are in order without gaps: {seqs:?}"
+    );
     assert!((seqs.len() as u64) < MESSAGES, "the non-reader was not cut: {} messages", seqs.len());
     eprintln!("disconnect: non-reader read {} messages then 1013 {reason}", seqs.len());
     non_reader.send(OP_CLOSE, true, &1013u16.to_be_bytes()).await;

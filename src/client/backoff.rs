@@ -21,11 +21,7 @@ pub struct BackoffConfig {
 
 impl Default for BackoffConfig {
     fn default() -> Self {
-        Self {
-            base: Duration::from_millis(500),
-            cap: Duration::from_secs(30),
-            stable_after: Duration::from_secs(10),
-        }
+        Self { base: Duration::from_millis(500), cap: Duration::from_secs(30), stable_after: Duration::from_secs(10) }
     }
 }
 
@@ -45,9 +41,8 @@ impl Backoff {
     /// random source is unavailable: jitter only needs to differ between clients).
     pub fn new(cfg: BackoffConfig) -> Self {
         let rng = StdRng::try_from_os_rng().unwrap_or_else(|_| {
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64);
+            let nanos =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
             StdRng::seed_from_u64(nanos ^ u64::from(std::process::id()).rotate_left(32))
         });
         Self::with_rng(cfg, rng)
@@ -59,13 +54,7 @@ impl Backoff {
     }
 
     fn with_rng(cfg: BackoffConfig, rng: StdRng) -> Self {
-        Self {
-            base: cfg.base,
-            cap: cfg.cap,
-            stable_after: cfg.stable_after,
-            attempt: 0,
-            rng,
-        }
+        Self { base: cfg.base, cap: cfg.cap, stable_after: cfg.stable_after, attempt: 0, rng }
     }
 
     /// Failed attempts since the last reset.
@@ -118,11 +107,7 @@ mod tests {
         for _ in 0..100 {
             b.next_delay(None);
         }
-        assert_eq!(
-            b.ceiling(),
-            Duration::from_secs(30),
-            "no overflow past 2^32"
-        );
+        assert_eq!(b.ceiling(), Duration::from_secs(30), "no overflow past 2^32");
     }
 
     #[test]
@@ -162,11 +147,7 @@ mod tests {
     fn floor_raises_the_delay() {
         let mut b = Backoff::with_seed(cfg(), 3);
         let d = b.next_delay(Some(Duration::from_secs(45)));
-        assert_eq!(
-            d,
-            Duration::from_secs(45),
-            "a floor above the cap is honoured"
-        );
+        assert_eq!(d, Duration::from_secs(45), "a floor above the cap is honoured");
         for _ in 0..100 {
             let d = b.next_delay(Some(Duration::from_millis(400)));
             assert!(d >= Duration::from_millis(400));
@@ -188,10 +169,7 @@ mod tests {
 
     #[test]
     fn zero_base_gives_zero_delay() {
-        let zero = BackoffConfig {
-            base: Duration::ZERO,
-            ..cfg()
-        };
+        let zero = BackoffConfig { base: Duration::ZERO, ..cfg() };
         let mut b = Backoff::with_seed(zero, 9);
         assert_eq!(b.next_delay(None), Duration::ZERO);
     }

@@ -78,22 +78,15 @@ pub async fn run_pub(args: PubArgs) -> Result<(), ClientError> {
 }
 
 pub(super) async fn publish_once(args: &PubArgs) -> Result<Ack, ClientError> {
-    let data: Box<RawValue> = serde_json::from_str(&args.data)
-        .map_err(|e| ClientError::InvalidData(format!("DATA is not JSON: {e}")))?;
+    let data: Box<RawValue> =
+        serde_json::from_str(&args.data).map_err(|e| ClientError::InvalidData(format!("DATA is not JSON: {e}")))?;
     check_channel(&args.channel)?;
     publish_with(ClientConfig::new(&args.url), args, &data).await
 }
 
-pub(super) async fn publish_with(
-    cfg: ClientConfig,
-    args: &PubArgs,
-    data: &RawValue,
-) -> Result<Ack, ClientError> {
+pub(super) async fn publish_with(cfg: ClientConfig, args: &PubArgs, data: &RawValue) -> Result<Ack, ClientError> {
     let client = Client::connect(cfg)?;
-    let sent = client
-        .publisher()
-        .send(&args.channel, args.id.clone(), data)
-        .await;
+    let sent = client.publisher().send(&args.channel, args.id.clone(), data).await;
     let ack = match sent {
         Ok(handle) => handle.await,
         Err(e) => Err(e),
@@ -128,10 +121,7 @@ async fn write_line<W: AsyncWrite + Unpin>(out: &mut W, text: &str) -> Result<()
 }
 
 /// `run_sub` with the stop condition and the client configuration supplied by the caller.
-pub(super) async fn run_sub_until(
-    args: SubArgs,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), ClientError> {
+pub(super) async fn run_sub_until(args: SubArgs, shutdown: impl Future<Output = ()>) -> Result<(), ClientError> {
     let mut cfg = ClientConfig::new(&args.url);
     cfg.offset_file = args.offset_file.clone();
     run_sub_with(cfg, args, shutdown).await
@@ -150,11 +140,7 @@ pub(super) async fn run_sub_with(
             file_last = tokio::task::spawn_blocking(move || recover_append_file(&scan))
                 .await
                 .map_err(|e| ClientError::Io(e.to_string()))??;
-            let file = tokio::fs::OpenOptions::new()
-                .append(true)
-                .create(true)
-                .open(path)
-                .await?;
+            let file = tokio::fs::OpenOptions::new().append(true).create(true).open(path).await?;
             Box::new(file)
         }
         None => Box::new(tokio::io::stdout()),
@@ -192,9 +178,7 @@ pub(super) async fn run_sub_with(
                 if let Some(line) = stderr_line(&ev) {
                     eprintln!("{line}");
                 }
-                let Event::Error { code, reason, .. } = ev else {
-                    unreachable!("matched above")
-                };
+                let Event::Error { code, reason, .. } = ev else { unreachable!("matched above") };
                 break Err(ClientError::Refused { code, reason });
             }
             Ok(Event::Connected | Event::Subscribed { .. }) => {}
@@ -235,36 +219,18 @@ pub(super) fn stderr_line(ev: &Event) -> Option<String> {
         id: Option<&'a str>,
     }
     let text = match ev {
-        Event::Reset {
-            ch,
-            seq,
-            epoch,
-            reason,
-            oldest,
-        } => serde_json::to_string(&Reset {
-            op: "reset",
-            ch,
-            seq: *seq,
-            epoch,
-            reason,
-            oldest: *oldest,
-        }),
-        Event::Disconnected {
-            code,
-            reason,
-            retry_in,
-        } => serde_json::to_string(&Disconnected {
+        Event::Reset { ch, seq, epoch, reason, oldest } => {
+            serde_json::to_string(&Reset { op: "reset", ch, seq: *seq, epoch, reason, oldest: *oldest })
+        }
+        Event::Disconnected { code, reason, retry_in } => serde_json::to_string(&Disconnected {
             event: "disconnected",
             code: *code,
             reason,
             retry_in_ms: u64::try_from(retry_in.as_millis()).unwrap_or(u64::MAX),
         }),
-        Event::Error { code, reason, id } => serde_json::to_string(&Refused {
-            op: "error",
-            code,
-            reason,
-            id: id.as_deref(),
-        }),
+        Event::Error { code, reason, id } => {
+            serde_json::to_string(&Refused { op: "error", code, reason, id: id.as_deref() })
+        }
         _ => return None,
     };
     text.ok()
@@ -333,10 +299,7 @@ fn last_line(file: &mut File, len: u64) -> io::Result<(u64, Option<Vec<u8>>)> {
             },
         };
         let body = &tail[..end_in_tail];
-        let trimmed_end = body
-            .iter()
-            .rposition(|b| !b.is_ascii_whitespace())
-            .map_or(0, |i| i + 1);
+        let trimmed_end = body.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(0, |i| i + 1);
         let content = &body[..trimmed_end];
         if let Some(i) = content.iter().rposition(|&b| b == b'\n') {
             return Ok((start + end_in_tail as u64, Some(content[i + 1..].to_vec())));
@@ -354,11 +317,8 @@ mod tests {
     use std::fs;
 
     fn temp_file(name: &str, content: &[u8]) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!(
-            "tether-append-{name}-{}-{}",
-            std::process::id(),
-            rand::random::<u32>()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("tether-append-{name}-{}-{}", std::process::id(), rand::random::<u32>()));
         fs::create_dir_all(&dir).expect("dir");
         let path = dir.join("out.jsonl");
         fs::write(&path, content).expect("write");
@@ -373,10 +333,7 @@ mod tests {
     fn missing_and_empty_files() {
         let path = temp_file("empty", b"");
         assert_eq!(recover_append_file(&path).expect("empty"), None);
-        assert_eq!(
-            recover_append_file(&path.with_file_name("nope")).expect("missing"),
-            None
-        );
+        assert_eq!(recover_append_file(&path.with_file_name("nope")).expect("missing"), None);
     }
 
     #[test]
@@ -418,10 +375,7 @@ mod tests {
             content.push_str(&msg(seq));
         }
         // A last line longer than one read chunk.
-        let big = format!(
-            "{{\"op\":\"msg\",\"ch\":\"c\",\"seq\":5001,\"data\":\"{}\"}}\n",
-            "x".repeat(200_000)
-        );
+        let big = format!("{{\"op\":\"msg\",\"ch\":\"c\",\"seq\":5001,\"data\":\"{}\"}}\n", "x".repeat(200_000));
         content.push_str(&big);
         content.push_str("{\"op\":\"msg\",\"ch\":\"c\",\"seq\":50");
         let path = temp_file("long", content.as_bytes());
@@ -438,19 +392,11 @@ mod tests {
 
     #[tokio::test]
     async fn bad_json_fails_before_connecting() {
-        let args = PubArgs {
-            url: "ws://127.0.0.1:1/ws".into(),
-            channel: "c".into(),
-            data: "{not json".into(),
-            id: None,
-        };
+        let args =
+            PubArgs { url: "ws://127.0.0.1:1/ws".into(), channel: "c".into(), data: "{not json".into(), id: None };
         let err = publish_once(&args).await.expect_err("bad json");
         assert!(matches!(err, ClientError::InvalidData(_)), "{err:?}");
-        let args = PubArgs {
-            data: "1".into(),
-            channel: "bad name".into(),
-            ..args
-        };
+        let args = PubArgs { data: "1".into(), channel: "bad name".into(), ..args };
         let err = publish_once(&args).await.expect_err("bad channel");
         assert!(matches!(err, ClientError::InvalidChannel(_)), "{err:?}");
     }

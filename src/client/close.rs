@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-pub use crate::protocol::close::{classify, CloseAction, CloseCode};
 use crate::protocol::close::CloseReason;
+pub use crate::protocol::close::{classify, CloseAction, CloseCode};
 
 /// Classifies a close code received from the server as a number (see [`classify`]).
 pub fn classify_close(code: u16) -> CloseAction {
@@ -39,34 +39,15 @@ mod tests {
 
     #[test]
     fn unlisted_codes_stop() {
-        for code in [
-            0,
-            999,
-            1000,
-            1004,
-            1005,
-            1014,
-            1015,
-            2999,
-            3000,
-            4000,
-            4999,
-            u16::MAX,
-        ] {
+        for code in [0, 999, 1000, 1004, 1005, 1014, 1015, 2999, 3000, 4000, 4999, u16::MAX] {
             assert_eq!(classify_close(code), CloseAction::Stop, "code {code}");
         }
     }
 
     #[test]
     fn retry_hint_reads_json_reason() {
-        assert_eq!(
-            retry_hint(r#"{"reason":"slow","retry_after_ms":250}"#),
-            Some(Duration::from_millis(250))
-        );
-        assert_eq!(
-            retry_hint(r#" {"retry_after_ms":0} "#),
-            Some(Duration::ZERO)
-        );
+        assert_eq!(retry_hint(r#"{"reason":"slow","retry_after_ms":250}"#), Some(Duration::from_millis(250)));
+        assert_eq!(retry_hint(r#" {"retry_after_ms":0} "#), Some(Duration::ZERO));
     }
 
     #[test]

@@ -110,10 +110,9 @@ impl fmt::Display for ClientError {
             Self::Refused { code, reason } => write!(f, "refused by server ({code}): {reason}"),
             Self::Handshake { status } => write!(f, "WebSocket upgrade refused: HTTP {status}"),
             Self::InvalidUrl(e) => write!(f, "invalid URL: {e}"),
-            Self::InvalidChannel(ch) => write!(
-                f,
-                "invalid channel name {ch:?}: expected 1-128 bytes of [A-Za-z0-9._:-]"
-            ),
+            Self::InvalidChannel(ch) => {
+                write!(f, "invalid channel name {ch:?}: expected 1-128 bytes of [A-Za-z0-9._:-]")
+            }
             Self::InvalidData(e) => write!(f, "invalid publish data: {e}"),
             Self::Protocol(e) => write!(f, "protocol error from server: {e}"),
             Self::Io(e) => write!(f, "I/O error: {e}"),

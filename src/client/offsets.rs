@@ -57,10 +57,7 @@ impl OffsetStore {
             return Ok(BTreeMap::new());
         }
         serde_json::from_str(&text).map_err(|e| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("offset file {}: {e}", self.path.display()),
-            )
+            io::Error::new(io::ErrorKind::InvalidData, format!("offset file {}: {e}", self.path.display()))
         })
     }
 
@@ -76,22 +73,16 @@ impl OffsetStore {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let name = self.path.file_name().ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "offset file path has no file name",
-            )
-        })?;
+        let name = self
+            .path
+            .file_name()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "offset file path has no file name"))?;
         let mut tmp_name = std::ffi::OsString::from(".");
         tmp_name.push(name);
         tmp_name.push(format!(".tmp.{}", std::process::id()));
         let tmp = dir.join(tmp_name);
         let written = (|| {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&tmp)?;
+            let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
             f.write_all(&json)?;
             f.sync_all()?;
             fs::rename(&tmp, &self.path)
@@ -124,27 +115,12 @@ mod tests {
         let store = OffsetStore::new(dir.join("offsets.json"));
         assert!(store.load().expect("missing file").is_empty());
         let mut map = BTreeMap::new();
-        map.insert(
-            "news".to_string(),
-            Position {
-                seq: 42,
-                epoch: Some("e1".into()),
-            },
-        );
-        map.insert(
-            "prices.eur".to_string(),
-            Position {
-                seq: 0,
-                epoch: None,
-            },
-        );
+        map.insert("news".to_string(), Position { seq: 42, epoch: Some("e1".into()) });
+        map.insert("prices.eur".to_string(), Position { seq: 0, epoch: None });
         store.save(&map).expect("save");
         assert_eq!(store.load().expect("load"), map);
         let text = fs::read_to_string(store.path()).expect("read");
-        assert_eq!(
-            text,
-            r#"{"news":{"seq":42,"epoch":"e1"},"prices.eur":{"seq":0}}"#
-        );
+        assert_eq!(text, r#"{"news":{"seq":42,"epoch":"e1"},"prices.eur":{"seq":0}}"#);
         fs::remove_dir_all(dir).ok();
     }
 
@@ -154,13 +130,7 @@ mod tests {
         let store = OffsetStore::new(dir.join("o.json"));
         let mut map = BTreeMap::new();
         for seq in 1..=20 {
-            map.insert(
-                "a".to_string(),
-                Position {
-                    seq,
-                    epoch: Some("e".into()),
-                },
-            );
+            map.insert("a".to_string(), Position { seq, epoch: Some("e".into()) });
             store.save(&map).expect("save");
         }
         assert_eq!(store.load().expect("load")["a"].seq, 20);
@@ -177,23 +147,11 @@ mod tests {
         let dir = temp_dir("fail");
         let store = OffsetStore::new(dir.join("o.json"));
         let mut map = BTreeMap::new();
-        map.insert(
-            "a".to_string(),
-            Position {
-                seq: 1,
-                epoch: None,
-            },
-        );
+        map.insert("a".to_string(), Position { seq: 1, epoch: None });
         store.save(&map).expect("save");
         // A directory where the temporary file must go makes the write fail.
         fs::create_dir(dir.join(format!(".o.json.tmp.{}", std::process::id()))).expect("mkdir");
-        map.insert(
-            "a".to_string(),
-            Position {
-                seq: 2,
-                epoch: None,
-            },
-        );
+        map.insert("a".to_string(), Position { seq: 2, epoch: None });
         assert!(store.save(&map).is_err());
         assert_eq!(store.load().expect("load")["a"].seq, 1);
         fs::remove_dir_all(dir).ok();

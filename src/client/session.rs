@@ -62,17 +62,13 @@ impl Future for AckHandle {
 }
 
 fn check_url(url: &str) -> Result<(), ClientError> {
-    let req = url
-        .into_client_request()
-        .map_err(|e| ClientError::InvalidUrl(e.to_string()))?;
+    let req = url.into_client_request().map_err(|e| ClientError::InvalidUrl(e.to_string()))?;
     match req.uri().scheme_str() {
         Some("ws") => Ok(()),
-        Some("wss") => Err(ClientError::InvalidUrl(format!(
-            "{url}: wss:// needs TLS, which this build does not include"
-        ))),
-        _ => Err(ClientError::InvalidUrl(format!(
-            "{url}: expected ws://HOST:PORT/ws"
-        ))),
+        Some("wss") => {
+            Err(ClientError::InvalidUrl(format!("{url}: wss:// needs TLS, which this build does not include")))
+        }
+        _ => Err(ClientError::InvalidUrl(format!("{url}: expected ws://HOST:PORT/ws"))),
     }
 }
 
@@ -100,21 +96,10 @@ impl Client {
             Some(seed) => Backoff::with_seed(cfg.backoff, seed),
             None => Backoff::new(cfg.backoff),
         };
-        let task = Task::new(
-            cfg.url,
-            cfg.connect_timeout,
-            cfg.idle_timeout,
-            backoff,
-            shared.clone(),
-            cmd_rx,
-            ev_tx,
-        );
+        let task = Task::new(cfg.url, cfg.connect_timeout, cfg.idle_timeout, backoff, shared.clone(), cmd_rx, ev_tx);
         runtime.spawn(task.run());
         Ok(Self {
-            publisher: Publisher {
-                cmds: cmd_tx,
-                shared,
-            },
+            publisher: Publisher { cmds: cmd_tx, shared },
             events: ev_rx,
             store,
             save_lock: tokio::sync::Mutex::new(()),
@@ -133,9 +118,7 @@ impl Client {
         check_channel(ch)?;
         if let Some(seq) = from {
             let mut book = lock(&self.publisher.shared.book);
-            book.positions
-                .entry(ch.to_string())
-                .or_insert(Position { seq, epoch: None });
+            book.positions.entry(ch.to_string()).or_insert(Position { seq, epoch: None });
         }
         self.publisher.command(Command::Subscribe(ch.to_string()))
     }
@@ -146,9 +129,7 @@ impl Client {
     /// As [`subscribe`](Self::subscribe).
     pub fn subscribe_at(&self, ch: &str, pos: Position) -> Result<(), ClientError> {
         check_channel(ch)?;
-        lock(&self.publisher.shared.book)
-            .positions
-            .insert(ch.to_string(), pos);
+        lock(&self.publisher.shared.book).positions.insert(ch.to_string(), pos);
         self.publisher.command(Command::Subscribe(ch.to_string()))
     }
 
@@ -182,15 +163,10 @@ impl Client {
                 }
                 Event::Reset { ch, seq, epoch, .. } => {
                     book.app_epochs.insert(ch.clone(), epoch.clone());
-                    let pos = Position {
-                        seq: *seq,
-                        epoch: Some(epoch.clone()),
-                    };
+                    let pos = Position { seq: *seq, epoch: Some(epoch.clone()) };
                     book.positions.insert(ch.clone(), pos);
                 }
-                Event::Message { ch, seq, .. }
-                    if book.positions.get(ch).is_some_and(|p| *seq <= p.seq) =>
-                {
+                Event::Message { ch, seq, .. } if book.positions.get(ch).is_some_and(|p| *seq <= p.seq) => {
                     shared.counters.duplicates.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
@@ -210,23 +186,16 @@ impl Client {
     pub async fn commit(&self, ch: &str, seq: u64) -> Result<(), ClientError> {
         {
             let mut book = lock(&self.publisher.shared.book);
-            let epoch = book
-                .app_epochs
-                .get(ch)
-                .cloned()
-                .or_else(|| book.positions.get(ch).and_then(|p| p.epoch.clone()));
-            book.positions
-                .insert(ch.to_string(), Position { seq, epoch });
+            let epoch =
+                book.app_epochs.get(ch).cloned().or_else(|| book.positions.get(ch).and_then(|p| p.epoch.clone()));
+            book.positions.insert(ch.to_string(), Position { seq, epoch });
         }
         let Some(store) = &self.store else {
             return Ok(());
         };
         let _guard = self.save_lock.lock().await;
-        let snapshot: BTreeMap<String, Position> = lock(&self.publisher.shared.book)
-            .positions
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let snapshot: BTreeMap<String, Position> =
+            lock(&self.publisher.shared.book).positions.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let store = store.clone();
         tokio::task::spawn_blocking(move || store.save(&snapshot))
             .await
@@ -253,11 +222,7 @@ impl Client {
     ///
     /// # Errors
     /// See [`Publisher::publish`].
-    pub async fn publish<T: Serialize + ?Sized>(
-        &self,
-        ch: &str,
-        data: &T,
-    ) -> Result<Ack, ClientError> {
+    pub async fn publish<T: Serialize + ?Sized>(&self, ch: &str, data: &T) -> Result<Ack, ClientError> {
         self.publisher.publish(ch, data).await
     }
 
@@ -273,9 +238,7 @@ impl Client {
 
 impl Publisher {
     fn command(&self, cmd: Command) -> Result<(), ClientError> {
-        self.cmds
-            .send(cmd)
-            .map_err(|_| self.shared.terminal_error())
+        self.cmds.send(cmd).map_err(|_| self.shared.terminal_error())
     }
 
     /// Queues one publish of `data` on `ch` with `id` (a fresh [`new_publish_id`] when
@@ -296,37 +259,18 @@ impl Publisher {
         check_channel(ch)?;
         let id = id.unwrap_or_else(new_publish_id);
         let frame = pub_frame(ch, &id, data)?;
-        let permit = self
-            .shared
-            .room
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| self.shared.terminal_error())?;
+        let permit = self.shared.room.clone().acquire_owned().await.map_err(|_| self.shared.terminal_error())?;
         let (reply, wait) = oneshot::channel();
-        let pending = Pending {
-            id,
-            ch: ch.to_string(),
-            frame,
-            reply,
-            permit,
-        };
+        let pending = Pending { id, ch: ch.to_string(), frame, reply, permit };
         self.command(Command::Publish(pending))?;
-        Ok(AckHandle {
-            reply: wait,
-            shared: self.shared.clone(),
-        })
+        Ok(AckHandle { reply: wait, shared: self.shared.clone() })
     }
 
     /// Publishes `data` on `ch` at least once and waits for the ack.
     ///
     /// # Errors
     /// As [`send`](Self::send), then as [`AckHandle`].
-    pub async fn publish<T: Serialize + ?Sized>(
-        &self,
-        ch: &str,
-        data: &T,
-    ) -> Result<Ack, ClientError> {
+    pub async fn publish<T: Serialize + ?Sized>(&self, ch: &str, data: &T) -> Result<Ack, ClientError> {
         self.send(ch, None, data).await?.await
     }
 

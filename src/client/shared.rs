@@ -45,10 +45,7 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn new(positions: HashMap<String, Position>, max_outbox: usize) -> Self {
         Self {
-            book: Mutex::new(Book {
-                positions,
-                app_epochs: HashMap::new(),
-            }),
+            book: Mutex::new(Book { positions, app_epochs: HashMap::new() }),
             terminal: Mutex::new(None),
             room: Arc::new(Semaphore::new(max_outbox.clamp(1, Semaphore::MAX_PERMITS))),
             counters: Counters::default(),
@@ -56,9 +53,7 @@ impl Shared {
     }
 
     pub(crate) fn terminal_error(&self) -> ClientError {
-        lock(&self.terminal)
-            .clone()
-            .unwrap_or(ClientError::Shutdown)
+        lock(&self.terminal).clone().unwrap_or(ClientError::Shutdown)
     }
 
     pub(crate) fn stats(&self) -> Stats {
@@ -118,10 +113,7 @@ impl Outq {
         }
     }
 
-    pub(crate) fn deliver(
-        &mut self,
-        permit: Result<mpsc::Permit<'_, Event>, mpsc::error::SendError<()>>,
-    ) {
+    pub(crate) fn deliver(&mut self, permit: Result<mpsc::Permit<'_, Event>, mpsc::error::SendError<()>>) {
         match permit {
             Ok(permit) => {
                 if let Some(ev) = self.q.pop_front() {

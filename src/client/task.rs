@@ -47,11 +47,7 @@ enum Ended {
 }
 
 fn abnormal(reason: impl Into<String>) -> Ended {
-    Ended::Reconnect {
-        code: None,
-        reason: reason.into(),
-        floor: None,
-    }
+    Ended::Reconnect { code: None, reason: reason.into(), floor: None }
 }
 
 /// Per-connection channel state.
@@ -116,19 +112,13 @@ impl Task {
 
     pub(crate) async fn run(mut self) {
         let end = loop {
-            let attempt = timeout(
-                self.connect_timeout,
-                connect_async_with_config(self.url.clone(), None, true),
-            );
+            let attempt = timeout(self.connect_timeout, connect_async_with_config(self.url.clone(), None, true));
             let ended = match self.offline(attempt).await {
                 Err(end) => end,
                 Ok(Err(_elapsed)) => abnormal("connect timed out"),
                 Ok(Ok(Err(e))) => handshake_ended(e),
                 Ok(Ok(Ok((ws, _response)))) => {
-                    self.shared
-                        .counters
-                        .connects
-                        .fetch_add(1, Ordering::Relaxed);
+                    self.shared.counters.connects.fetch_add(1, Ordering::Relaxed);
                     let opened = Instant::now();
                     let ended = self.session(ws).await;
                     self.backoff.connected_for(opened.elapsed());
@@ -136,18 +126,10 @@ impl Task {
                 }
             };
             match ended {
-                Ended::Reconnect {
-                    code,
-                    reason,
-                    floor,
-                } => {
+                Ended::Reconnect { code, reason, floor } => {
                     let retry_in = self.backoff.next_delay(floor);
                     tracing::debug!(?code, %reason, ?retry_in, "tether client disconnected");
-                    let ev = Event::Disconnected {
-                        code,
-                        reason,
-                        retry_in,
-                    };
+                    let ev = Event::Disconnected { code, reason, retry_in };
                     self.out.push_status(ev, &self.shared.counters);
                     if let Err(end) = self.offline(sleep(retry_in)).await {
                         break end;
@@ -215,8 +197,7 @@ impl Task {
         let from = pos.as_ref().map(|p| p.seq);
         let epoch = pos.as_ref().and_then(|p| p.epoch.as_deref());
         conn.send(sub_frame(ch, from, epoch));
-        conn.chans
-            .insert(ch.to_string(), ChanConn { from, last: None });
+        conn.chans.insert(ch.to_string(), ChanConn { from, last: None });
     }
 
     /// One open connection, from resubscribe to close.
@@ -225,18 +206,14 @@ impl Task {
         let (writes, queued) = mpsc::unbounded_channel();
         let mut writer: JoinHandle<()> = tokio::spawn(write_loop(sink, queued));
         let mut writer_done = false;
-        let mut conn = Conn {
-            writes,
-            chans: HashMap::new(),
-        };
+        let mut conn = Conn { writes, chans: HashMap::new() };
         for ch in self.subs.clone() {
             self.send_sub(&mut conn, &ch);
         }
         for p in &self.outbox {
             conn.send(p.frame.clone());
         }
-        self.out
-            .push_status(Event::Connected, &self.shared.counters);
+        self.out.push_status(Event::Connected, &self.shared.counters);
 
         let far = Duration::from_secs(86_400 * 365);
         let idle_limit = self.idle_timeout;
@@ -292,10 +269,7 @@ impl Task {
             Ended::Reconnect { code: None, .. } => (None, false),
         };
         if let Some((code, reason)) = close {
-            let frame = CloseFrame {
-                code,
-                reason: reason.into(),
-            };
+            let frame = CloseFrame { code, reason: reason.into() };
             let _ = conn.writes.send(Message::Close(Some(frame)));
         }
         drop(conn);
@@ -312,34 +286,24 @@ impl Task {
         ended
     }
 
-    fn inbound(
-        &mut self,
-        frame: Option<Result<Message, WsError>>,
-        conn: &mut Conn,
-    ) -> Option<Ended> {
+    fn inbound(&mut self, frame: Option<Result<Message, WsError>>, conn: &mut Conn) -> Option<Ended> {
         match frame {
             None => Some(abnormal("connection closed without a close frame")),
             Some(Err(e)) => Some(read_error(e)),
             Some(Ok(Message::Text(text))) => self.text(text.as_str(), conn).err().map(Ended::Stop),
             Some(Ok(Message::Close(frame))) => {
-                let (code, reason) = frame.map_or((1005, String::new()), |f| {
-                    (u16::from(f.code), f.reason.to_string())
-                });
+                let (code, reason) = frame.map_or((1005, String::new()), |f| (u16::from(f.code), f.reason.to_string()));
                 Some(match classify_close(code) {
                     CloseAction::Reconnect => {
                         let floor = retry_hint(&reason);
-                        Ended::Reconnect {
-                            code: Some(code),
-                            reason,
-                            floor,
-                        }
+                        Ended::Reconnect { code: Some(code), reason, floor }
                     }
                     CloseAction::Stop => Ended::Stop(ClientError::Closed { code, reason }),
                 })
             }
-            Some(Ok(Message::Binary(_))) => Some(Ended::Stop(ClientError::Protocol(
-                "binary frame; protocol v1 uses text frames".into(),
-            ))),
+            Some(Ok(Message::Binary(_))) => {
+                Some(Ended::Stop(ClientError::Protocol("binary frame; protocol v1 uses text frames".into())))
+            }
             // Pings are answered by tungstenite; pongs and raw frames carry nothing for us.
             Some(Ok(_)) => None,
         }
@@ -368,12 +332,7 @@ impl Task {
                     }
                 }
                 st.last = Some(seq);
-                self.out.push_data(Event::Message {
-                    ch,
-                    seq,
-                    data,
-                    raw: text.to_string(),
-                });
+                self.out.push_data(Event::Message { ch, seq, data, raw: text.to_string() });
             }
             "subscribed" => {
                 let ch = need(op, f.ch, "ch")?;
@@ -391,10 +350,7 @@ impl Task {
                         // Starting live: the head is where a reconnect must pick up, even if
                         // nothing is committed before the connection drops.
                         None => {
-                            let pos = Position {
-                                seq,
-                                epoch: Some(epoch.clone()),
-                            };
+                            let pos = Position { seq, epoch: Some(epoch.clone()) };
                             book.positions.insert(ch.clone(), pos);
                         }
                         Some(p) if p.epoch.is_none() => p.epoch = Some(epoch.clone()),
@@ -402,12 +358,7 @@ impl Task {
                     }
                 }
                 let recovered = f.recovered;
-                self.out.push_data(Event::Subscribed {
-                    ch,
-                    seq,
-                    epoch,
-                    recovered,
-                });
+                self.out.push_data(Event::Subscribed { ch, seq, epoch, recovered });
             }
             "reset" => {
                 let ch = need(op, f.ch, "ch")?;
@@ -416,13 +367,7 @@ impl Task {
                 let reason = f.reason.unwrap_or_default();
                 let oldest = f.oldest.unwrap_or(0);
                 conn.chans.entry(ch.clone()).or_default().last = Some(seq);
-                self.out.push_data(Event::Reset {
-                    ch,
-                    seq,
-                    epoch,
-                    reason,
-                    oldest,
-                });
+                self.out.push_data(Event::Reset { ch, seq, epoch, reason, oldest });
             }
             "ack" => {
                 let id = need(op, f.id, "id")?;
@@ -431,12 +376,7 @@ impl Task {
                 if let Some(i) = self.outbox.iter().position(|p| p.id == id) {
                     if let Some(p) = self.outbox.remove(i) {
                         let ch = f.ch.unwrap_or(p.ch);
-                        let _ = p.reply.send(Ok(Ack {
-                            id,
-                            ch,
-                            seq,
-                            raw: text.to_string(),
-                        }));
+                        let _ = p.reply.send(Ok(Ack { id, ch, seq, raw: text.to_string() }));
                         drop(p.permit);
                     }
                 }
@@ -444,18 +384,12 @@ impl Task {
             "error" => {
                 let code = f.code.unwrap_or_default();
                 let reason = f.reason.unwrap_or_default();
-                let pending =
-                    f.id.as_ref()
-                        .and_then(|id| self.outbox.iter().position(|p| p.id == *id));
+                let pending = f.id.as_ref().and_then(|id| self.outbox.iter().position(|p| p.id == *id));
                 match pending.and_then(|i| self.outbox.remove(i)) {
                     Some(p) => {
                         let _ = p.reply.send(Err(ClientError::Refused { code, reason }));
                     }
-                    None => self.out.push_data(Event::Error {
-                        code,
-                        reason,
-                        id: f.id,
-                    }),
+                    None => self.out.push_data(Event::Error { code, reason, id: f.id }),
                 }
             }
             // Unknown ops are ignored so a newer server can add frames.
@@ -501,10 +435,7 @@ impl Task {
     }
 }
 
-async fn write_loop(
-    mut sink: SplitSink<Ws, Message>,
-    mut queued: mpsc::UnboundedReceiver<Message>,
-) {
+async fn write_loop(mut sink: SplitSink<Ws, Message>, mut queued: mpsc::UnboundedReceiver<Message>) {
     while let Some(m) = queued.recv().await {
         if sink.feed(m).await.is_err() {
             return;
@@ -525,9 +456,7 @@ async fn write_loop(
 /// Maps a read error: transport failures reconnect (1006), protocol violations stop.
 fn read_error(e: WsError) -> Ended {
     match e {
-        WsError::ConnectionClosed | WsError::AlreadyClosed | WsError::Io(_) => {
-            abnormal(e.to_string())
-        }
+        WsError::ConnectionClosed | WsError::AlreadyClosed | WsError::Io(_) => abnormal(e.to_string()),
         WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => abnormal(e.to_string()),
         WsError::Protocol(_) | WsError::Utf8(_) | WsError::Capacity(_) | WsError::AttackAttempt => {
             Ended::Stop(ClientError::Protocol(e.to_string()))
@@ -550,19 +479,13 @@ fn handshake_ended(e: WsError) -> Ended {
                     .and_then(|v| v.trim().parse::<u64>().ok())
                     .map(Duration::from_secs);
                 let reason = format!("upgrade refused: HTTP {status}");
-                Ended::Reconnect {
-                    code: None,
-                    reason,
-                    floor,
-                }
+                Ended::Reconnect { code: None, reason, floor }
             } else {
                 Ended::Stop(ClientError::Handshake { status })
             }
         }
         WsError::Url(u) => Ended::Stop(ClientError::InvalidUrl(u.to_string())),
-        WsError::Protocol(ProtocolError::HandshakeIncomplete) | WsError::Io(_) => {
-            abnormal(e.to_string())
-        }
+        WsError::Protocol(ProtocolError::HandshakeIncomplete) | WsError::Io(_) => abnormal(e.to_string()),
         WsError::Protocol(p) => Ended::Stop(ClientError::Protocol(p.to_string())),
         other => abnormal(other.to_string()),
     }

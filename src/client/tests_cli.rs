@@ -9,9 +9,7 @@ use tokio::net::TcpListener;
 use tokio::time::timeout;
 
 use super::cli::{publish_with, run_sub_with};
-use super::tests_e2e::{
-    accept, bounded, close, drain, fast, listen, msg, next, recv, send, temp_dir,
-};
+use super::tests_e2e::{accept, bounded, close, drain, fast, listen, msg, next, recv, send, temp_dir};
 use super::*;
 
 /// Answers one HTTP request with `response` instead of upgrading.
@@ -32,32 +30,19 @@ async fn upgrade_refusals_retry_on_503_and_stop_on_404() {
     bounded(async {
         let (l, url) = listen().await;
         let server = tokio::spawn(async move {
-            let busy =
-                "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 2\r\nContent-Length: 0\r\n\r\n";
+            let busy = "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 2\r\nContent-Length: 0\r\n\r\n";
             refuse_upgrade(&l, busy).await;
             refuse_upgrade(&l, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n").await;
         });
         let mut c = Client::connect(fast(&url)).expect("client");
         match next(&mut c).await {
-            Event::Disconnected {
-                code: None,
-                retry_in,
-                ..
-            } => {
-                assert!(
-                    retry_in >= Duration::from_secs(2),
-                    "Retry-After is the floor: {retry_in:?}"
-                );
+            Event::Disconnected { code: None, retry_in, .. } => {
+                assert!(retry_in >= Duration::from_secs(2), "Retry-After is the floor: {retry_in:?}");
             }
             other => panic!("{other:?}"),
         }
-        let err = timeout(Duration::from_secs(5), c.next_event())
-            .await
-            .expect("in time");
-        assert_eq!(
-            err.expect_err("stopped"),
-            ClientError::Handshake { status: 404 }
-        );
+        let err = timeout(Duration::from_secs(5), c.next_event()).await.expect("in time");
+        assert_eq!(err.expect_err("stopped"), ClientError::Handshake { status: 404 });
         server.await.expect("server");
     })
     .await;
@@ -70,10 +55,7 @@ async fn pub_command_retries_until_acked_with_a_stable_id() {
         let server = tokio::spawn(async move {
             let mut ws = accept(&l).await;
             let first = recv(&mut ws).await;
-            assert_eq!(
-                first,
-                json!({"op":"pub","ch":"c","id":"fixed-1","data":{"a":[1,2]}})
-            );
+            assert_eq!(first, json!({"op":"pub","ch":"c","id":"fixed-1","data":{"a":[1,2]}}));
             drop(ws);
             let mut ws = accept(&l).await;
             assert_eq!(recv(&mut ws).await, first);
@@ -86,8 +68,7 @@ async fn pub_command_retries_until_acked_with_a_stable_id() {
             data: r#"{"a":[1,2]}"#.into(),
             id: Some("fixed-1".into()),
         };
-        let data: Box<serde_json::value::RawValue> =
-            serde_json::from_str(&args.data).expect("json");
+        let data: Box<serde_json::value::RawValue> = serde_json::from_str(&args.data).expect("json");
         let ack = publish_with(fast(&url), &args, &data).await.expect("acked");
         assert_eq!(ack.raw, r#"{"op":"ack","id":"fixed-1","ch":"c","seq":9}"#);
         server.await.expect("server");
@@ -118,10 +99,7 @@ async fn sub_command_appends_each_seq_exactly_once_across_a_cut() {
             let sub = recv(&mut ws).await;
             assert_eq!(sub["epoch"], "e");
             let from = sub["from"].as_u64().expect("from");
-            assert!(
-                (2..=4).contains(&from),
-                "resumes from a committed seq: {sub}"
-            );
+            assert!((2..=4).contains(&from), "resumes from a committed seq: {sub}");
             let sub = r#"{"op":"subscribed","ch":"c","seq":5,"epoch":"e","recovered":true}"#;
             send(&mut ws, sub).await;
             for seq in from + 1..=5 {
@@ -139,18 +117,8 @@ async fn sub_command_appends_each_seq_exactly_once_across_a_cut() {
             append_to: Some(path.clone()),
         };
         let end = run_sub_with(fast(&url), args, std::future::pending()).await;
-        assert_eq!(
-            end,
-            Err(ClientError::Closed {
-                code: 1008,
-                reason: "done".into()
-            })
-        );
-        let lines: Vec<String> = std::fs::read_to_string(&path)
-            .expect("read")
-            .lines()
-            .map(str::to_string)
-            .collect();
+        assert_eq!(end, Err(ClientError::Closed { code: 1008, reason: "done".into() }));
+        let lines: Vec<String> = std::fs::read_to_string(&path).expect("read").lines().map(str::to_string).collect();
         let want: Vec<String> = (1..=5).map(|seq| msg("c", seq)).collect();
         assert_eq!(lines, want);
         server.await.expect("server");
@@ -162,13 +130,7 @@ async fn sub_command_appends_each_seq_exactly_once_across_a_cut() {
 #[test]
 fn stderr_lines_keep_the_protocol_key_order() {
     use super::cli::stderr_line;
-    let reset = Event::Reset {
-        ch: "news".into(),
-        seq: 42,
-        epoch: "e1".into(),
-        reason: "epoch".into(),
-        oldest: 1,
-    };
+    let reset = Event::Reset { ch: "news".into(), seq: 42, epoch: "e1".into(), reason: "epoch".into(), oldest: 1 };
     assert_eq!(
         stderr_line(&reset).unwrap(),
         r#"{"op":"reset","ch":"news","seq":42,"epoch":"e1","reason":"epoch","oldest":1}"#
@@ -182,20 +144,12 @@ fn stderr_lines_keep_the_protocol_key_order() {
         stderr_line(&gone).unwrap(),
         r#"{"event":"disconnected","code":1012,"reason":"{\"reason\":\"restart\"}","retry_in_ms":850}"#
     );
-    let cut = Event::Disconnected {
-        code: None,
-        reason: "connection reset".into(),
-        retry_in: Duration::from_millis(3),
-    };
+    let cut = Event::Disconnected { code: None, reason: "connection reset".into(), retry_in: Duration::from_millis(3) };
     assert_eq!(
         stderr_line(&cut).unwrap(),
         r#"{"event":"disconnected","code":null,"reason":"connection reset","retry_in_ms":3}"#
     );
-    let refused = Event::Error {
-        code: "bad_channel".into(),
-        reason: "invalid channel".into(),
-        id: None,
-    };
+    let refused = Event::Error { code: "bad_channel".into(), reason: "invalid channel".into(), id: None };
     assert_eq!(
         stderr_line(&refused).unwrap(),
         r#"{"op":"error","code":"bad_channel","reason":"invalid channel","id":null}"#

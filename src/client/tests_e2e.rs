@@ -20,9 +20,7 @@ use super::*;
 pub(super) type Srv = WebSocketStream<TcpStream>;
 
 pub(super) async fn bounded<F: Future>(fut: F) -> F::Output {
-    timeout(Duration::from_secs(15), fut)
-        .await
-        .expect("test finished in time")
+    timeout(Duration::from_secs(15), fut).await.expect("test finished in time")
 }
 
 pub(super) async fn listen() -> (TcpListener, String) {
@@ -47,9 +45,7 @@ pub(super) async fn recv(ws: &mut Srv) -> Value {
 }
 
 pub(super) async fn send(ws: &mut Srv, text: &str) {
-    ws.send(Message::text(text.to_string()))
-        .await
-        .expect("server send");
+    ws.send(Message::text(text.to_string())).await.expect("server send");
 }
 
 pub(super) fn msg(ch: &str, seq: u64) -> String {
@@ -58,10 +54,7 @@ pub(super) fn msg(ch: &str, seq: u64) -> String {
 
 /// Closes from the server side and completes the close handshake.
 pub(super) async fn close(mut ws: Srv, code: u16, reason: &str) {
-    let frame = CloseFrame {
-        code: CloseCode::from(code),
-        reason: reason.into(),
-    };
+    let frame = CloseFrame { code: CloseCode::from(code), reason: reason.into() };
     let _ = ws.close(Some(frame)).await;
     while let Some(Ok(_)) = ws.next().await {}
 }
@@ -85,10 +78,7 @@ pub(super) fn fast(url: &str) -> ClientConfig {
 }
 
 pub(super) async fn next(c: &mut Client) -> Event {
-    timeout(Duration::from_secs(5), c.next_event())
-        .await
-        .expect("event in time")
-        .expect("event")
+    timeout(Duration::from_secs(5), c.next_event()).await.expect("event in time").expect("event")
 }
 
 /// The next event that is not `Connected`/`Disconnected`.
@@ -109,11 +99,7 @@ pub(super) fn expect_msg(ev: Event, want_ch: &str, want_seq: u64) -> String {
 }
 
 pub(super) fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "tether-e2e-{name}-{}-{}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
+    let dir = std::env::temp_dir().join(format!("tether-e2e-{name}-{}-{}", std::process::id(), rand::random::<u32>()));
     std::fs::create_dir_all(&dir).expect("dir");
     dir
 }
@@ -127,11 +113,7 @@ async fn resubscribes_from_committed_seq_after_1012() {
         let server = tokio::spawn(async move {
             let mut ws = accept(&l).await;
             assert_eq!(recv(&mut ws).await, json!({"op":"sub","ch":"news"}));
-            send(
-                &mut ws,
-                r#"{"op":"subscribed","ch":"news","seq":0,"epoch":"e1"}"#,
-            )
-            .await;
+            send(&mut ws, r#"{"op":"subscribed","ch":"news","seq":0,"epoch":"e1"}"#).await;
             send(&mut ws, &msg("news", 1)).await;
             send(&mut ws, &msg("news", 2)).await;
             send(&mut ws, verbatim).await;
@@ -139,10 +121,7 @@ async fn resubscribes_from_committed_seq_after_1012() {
             close(ws, 1012, r#"{"reason":"restart","retry_after_ms":30}"#).await;
 
             let mut ws = accept(&l).await;
-            assert_eq!(
-                recv(&mut ws).await,
-                json!({"op":"sub","ch":"news","from":2,"epoch":"e1"})
-            );
+            assert_eq!(recv(&mut ws).await, json!({"op":"sub","ch":"news","from":2,"epoch":"e1"}));
             let sub = r#"{"op":"subscribed","ch":"news","seq":3,"epoch":"e1","recovered":true}"#;
             send(&mut ws, sub).await;
             for seq in [3, 3, 2, 4] {
@@ -155,12 +134,7 @@ async fn resubscribes_from_committed_seq_after_1012() {
         c.subscribe("news", None).expect("subscribe");
         assert!(matches!(next(&mut c).await, Event::Connected));
         match next(&mut c).await {
-            Event::Subscribed {
-                ch,
-                seq: 0,
-                epoch,
-                recovered: None,
-            } => {
+            Event::Subscribed { ch, seq: 0, epoch, recovered: None } => {
                 assert_eq!((ch.as_str(), epoch.as_str()), ("news", "e1"));
             }
             other => panic!("{other:?}"),
@@ -170,9 +144,7 @@ async fn resubscribes_from_committed_seq_after_1012() {
             c.commit("news", seq).await.expect("commit");
         }
         match next(&mut c).await {
-            Event::Message {
-                seq: 3, raw, data, ..
-            } => {
+            Event::Message { seq: 3, raw, data, .. } => {
                 assert_eq!(raw, verbatim, "the frame text is kept verbatim");
                 assert_eq!(data.get(), r#"{"n": 3}"#);
             }
@@ -180,39 +152,19 @@ async fn resubscribes_from_committed_seq_after_1012() {
         }
         go.send(()).expect("go");
         match next(&mut c).await {
-            Event::Disconnected {
-                code: Some(1012),
-                retry_in,
-                ..
-            } => {
-                assert!(
-                    retry_in >= Duration::from_millis(30),
-                    "hint is the floor: {retry_in:?}"
-                );
+            Event::Disconnected { code: Some(1012), retry_in, .. } => {
+                assert!(retry_in >= Duration::from_millis(30), "hint is the floor: {retry_in:?}");
             }
             other => panic!("{other:?}"),
         }
         assert!(matches!(next(&mut c).await, Event::Connected));
-        assert!(matches!(
-            next(&mut c).await,
-            Event::Subscribed {
-                seq: 3,
-                recovered: Some(true),
-                ..
-            }
-        ));
+        assert!(matches!(next(&mut c).await, Event::Subscribed { seq: 3, recovered: Some(true), .. }));
         expect_msg(next(&mut c).await, "news", 3);
         expect_msg(next(&mut c).await, "news", 4);
         c.commit("news", 4).await.expect("commit");
         assert_eq!(c.stats().duplicates_dropped, 2);
         assert_eq!(c.stats().connects, 2);
-        assert_eq!(
-            c.position("news"),
-            Some(Position {
-                seq: 4,
-                epoch: Some("e1".into())
-            })
-        );
+        assert_eq!(c.position("news"), Some(Position { seq: 4, epoch: Some("e1".into()) }));
         c.close().await;
         server.await.expect("server");
     })
@@ -225,15 +177,8 @@ async fn outbox_is_resent_in_order_with_the_same_ids_after_a_cut() {
         let (l, url) = listen().await;
         let server = tokio::spawn(async move {
             let mut ws = accept(&l).await;
-            let first: Vec<Value> = vec![
-                recv(&mut ws).await,
-                recv(&mut ws).await,
-                recv(&mut ws).await,
-            ];
-            assert_eq!(
-                first[0],
-                json!({"op":"pub","ch":"c","id":"p1","data":{"k":1}})
-            );
+            let first: Vec<Value> = vec![recv(&mut ws).await, recv(&mut ws).await, recv(&mut ws).await];
+            assert_eq!(first[0], json!({"op":"pub","ch":"c","id":"p1","data":{"k":1}}));
             assert_eq!(first[1]["data"], json!({"k":2}));
             assert_eq!(first[2]["id"], "p3");
             let generated = first[1]["id"].as_str().expect("id").to_string();
@@ -242,51 +187,28 @@ async fn outbox_is_resent_in_order_with_the_same_ids_after_a_cut() {
             drop(ws); // cut: no close frame
 
             let mut ws = accept(&l).await;
-            assert_eq!(
-                recv(&mut ws).await,
-                first[1],
-                "unacked publishes resent, same id"
-            );
+            assert_eq!(recv(&mut ws).await, first[1], "unacked publishes resent, same id");
             assert_eq!(recv(&mut ws).await, first[2]);
             let ack = format!(r#"{{"op":"ack","id":"{generated}","ch":"c","seq":2}}"#);
             send(&mut ws, &ack).await;
             send(&mut ws, &ack).await; // a duplicate ack is ignored
-            send(
-                &mut ws,
-                r#"{"op":"error","code":"too_large","reason":"64 KiB","id":"p3"}"#,
-            )
-            .await;
+            send(&mut ws, r#"{"op":"error","code":"too_large","reason":"64 KiB","id":"p3"}"#).await;
             drain(ws).await;
             generated
         });
 
         let c = Client::connect(fast(&url)).expect("client");
         let p = c.publisher();
-        let h1 = p
-            .send("c", Some("p1".into()), &json!({"k":1}))
-            .await
-            .expect("send 1");
+        let h1 = p.send("c", Some("p1".into()), &json!({"k":1})).await.expect("send 1");
         let h2 = p.send("c", None, &json!({"k":2})).await.expect("send 2");
-        let h3 = p
-            .send("c", Some("p3".into()), &json!({"k":3}))
-            .await
-            .expect("send 3");
+        let h3 = p.send("c", Some("p3".into()), &json!({"k":3})).await.expect("send 3");
         let a1 = h1.await.expect("ack 1");
         assert_eq!((a1.id.as_str(), a1.seq), ("p1", 1));
         let a2 = h2.await.expect("ack 2");
         assert_eq!(a2.seq, 2);
-        assert_eq!(
-            a2.raw,
-            format!(r#"{{"op":"ack","id":"{}","ch":"c","seq":2}}"#, a2.id)
-        );
+        assert_eq!(a2.raw, format!(r#"{{"op":"ack","id":"{}","ch":"c","seq":2}}"#, a2.id));
         let e3 = h3.await.expect_err("refused");
-        assert_eq!(
-            e3,
-            ClientError::Refused {
-                code: "too_large".into(),
-                reason: "64 KiB".into()
-            }
-        );
+        assert_eq!(e3, ClientError::Refused { code: "too_large".into(), reason: "64 KiB".into() });
         c.close().await;
         assert_eq!(server.await.expect("server"), a2.id);
     })
@@ -301,40 +223,24 @@ async fn stop_code_ends_the_client_and_fails_publishes() {
         let server = tokio::spawn(async move {
             let mut ws = accept(&l).await;
             assert_eq!(recv(&mut ws).await["op"], "sub");
-            send(
-                &mut ws,
-                r#"{"op":"subscribed","ch":"c","seq":0,"epoch":"e"}"#,
-            )
-            .await;
+            send(&mut ws, r#"{"op":"subscribed","ch":"c","seq":0,"epoch":"e"}"#).await;
             send(&mut ws, &msg("c", 1)).await;
             assert_eq!(recv(&mut ws).await["op"], "pub");
             got_pub.send(()).expect("signal");
             close(ws, 1008, "not allowed").await;
             // No reconnect after a stop code.
-            assert!(timeout(Duration::from_millis(300), l.accept())
-                .await
-                .is_err());
+            assert!(timeout(Duration::from_millis(300), l.accept()).await.is_err());
         });
 
         let mut c = Client::connect(fast(&url)).expect("client");
         c.subscribe("c", None).expect("subscribe");
-        let h = c
-            .publisher()
-            .send("c", None, &json!(1))
-            .await
-            .expect("send");
+        let h = c.publisher().send("c", None, &json!(1)).await.expect("send");
         pub_seen.await.expect("pub seen");
         assert!(matches!(next_data(&mut c).await, Event::Subscribed { .. }));
         expect_msg(next_data(&mut c).await, "c", 1);
-        let closed = ClientError::Closed {
-            code: 1008,
-            reason: "not allowed".into(),
-        };
+        let closed = ClientError::Closed { code: 1008, reason: "not allowed".into() };
         let err = loop {
-            match timeout(Duration::from_secs(5), c.next_event())
-                .await
-                .expect("in time")
-            {
+            match timeout(Duration::from_secs(5), c.next_event()).await.expect("in time") {
                 Ok(Event::Connected) => continue,
                 Ok(other) => panic!("{other:?}"),
                 Err(e) => break e,
@@ -342,10 +248,7 @@ async fn stop_code_ends_the_client_and_fails_publishes() {
         };
         assert_eq!(err, closed);
         assert_eq!(h.await.expect_err("failed"), closed);
-        assert_eq!(
-            c.publish("c", &json!(2)).await.expect_err("stopped"),
-            closed
-        );
+        assert_eq!(c.publish("c", &json!(2)).await.expect_err("stopped"), closed);
         assert_eq!(c.subscribe("d", None).expect_err("stopped"), closed);
         server.await.expect("server");
     })
@@ -359,64 +262,31 @@ async fn reset_is_surfaced_and_becomes_the_resume_point() {
         let (go, gone) = oneshot::channel::<()>();
         let server = tokio::spawn(async move {
             let mut ws = accept(&l).await;
-            assert_eq!(
-                recv(&mut ws).await,
-                json!({"op":"sub","ch":"c","from":50,"epoch":"old"})
-            );
-            let reset =
-                r#"{"op":"reset","ch":"c","seq":10,"epoch":"new","reason":"epoch","oldest":1}"#;
+            assert_eq!(recv(&mut ws).await, json!({"op":"sub","ch":"c","from":50,"epoch":"old"}));
+            let reset = r#"{"op":"reset","ch":"c","seq":10,"epoch":"new","reason":"epoch","oldest":1}"#;
             send(&mut ws, reset).await;
             send(&mut ws, &msg("c", 11)).await;
             gone.await.expect("go");
             close(ws, 1013, "queue_max_bytes").await;
             let mut ws = accept(&l).await;
-            assert_eq!(
-                recv(&mut ws).await,
-                json!({"op":"sub","ch":"c","from":11,"epoch":"new"})
-            );
+            assert_eq!(recv(&mut ws).await, json!({"op":"sub","ch":"c","from":11,"epoch":"new"}));
             drain(ws).await;
         });
 
         let mut c = Client::connect(fast(&url)).expect("client");
-        c.subscribe_at(
-            "c",
-            Position {
-                seq: 50,
-                epoch: Some("old".into()),
-            },
-        )
-        .expect("sub");
+        c.subscribe_at("c", Position { seq: 50, epoch: Some("old".into()) }).expect("sub");
         match next_data(&mut c).await {
-            Event::Reset {
-                ch,
-                seq: 10,
-                epoch,
-                reason,
-                oldest: 1,
-            } => {
-                assert_eq!(
-                    (ch.as_str(), epoch.as_str(), reason.as_str()),
-                    ("c", "new", "epoch")
-                );
+            Event::Reset { ch, seq: 10, epoch, reason, oldest: 1 } => {
+                assert_eq!((ch.as_str(), epoch.as_str(), reason.as_str()), ("c", "new", "epoch"));
             }
             other => panic!("{other:?}"),
         }
-        assert_eq!(
-            c.position("c"),
-            Some(Position {
-                seq: 10,
-                epoch: Some("new".into())
-            })
-        );
+        assert_eq!(c.position("c"), Some(Position { seq: 10, epoch: Some("new".into()) }));
         expect_msg(next_data(&mut c).await, "c", 11);
         c.commit("c", 11).await.expect("commit");
         go.send(()).expect("go");
         match next(&mut c).await {
-            Event::Disconnected {
-                code: Some(1013),
-                reason,
-                ..
-            } => assert_eq!(reason, "queue_max_bytes"),
+            Event::Disconnected { code: Some(1013), reason, .. } => assert_eq!(reason, "queue_max_bytes"),
             other => panic!("{other:?}"),
         }
         assert!(matches!(next(&mut c).await, Event::Connected));
@@ -436,19 +306,12 @@ async fn offset_file_carries_positions_across_clients() {
         let server = tokio::spawn(async move {
             let mut ws = accept(&l).await;
             assert_eq!(recv(&mut ws).await, json!({"op":"sub","ch":"c"}));
-            send(
-                &mut ws,
-                r#"{"op":"subscribed","ch":"c","seq":5,"epoch":"e1"}"#,
-            )
-            .await;
+            send(&mut ws, r#"{"op":"subscribed","ch":"c","seq":5,"epoch":"e1"}"#).await;
             send(&mut ws, &msg("c", 6)).await;
             send(&mut ws, &msg("c", 7)).await;
             drain(ws).await;
             let mut ws = accept(&l).await;
-            assert_eq!(
-                recv(&mut ws).await,
-                json!({"op":"sub","ch":"c","from":7,"epoch":"e1"})
-            );
+            assert_eq!(recv(&mut ws).await, json!({"op":"sub","ch":"c","from":7,"epoch":"e1"}));
             resumed.send(()).expect("signal");
             drain(ws).await;
         });
@@ -457,10 +320,7 @@ async fn offset_file_carries_positions_across_clients() {
         cfg.offset_file = Some(file.clone());
         let mut c = Client::connect(cfg.clone()).expect("client");
         c.subscribe("c", None).expect("sub");
-        assert!(matches!(
-            next_data(&mut c).await,
-            Event::Subscribed { seq: 5, .. }
-        ));
+        assert!(matches!(next_data(&mut c).await, Event::Subscribed { seq: 5, .. }));
         for seq in [6, 7] {
             expect_msg(next_data(&mut c).await, "c", seq);
             c.commit("c", seq).await.expect("commit");
@@ -495,10 +355,7 @@ async fn silent_server_trips_the_idle_timeout() {
         let mut c = Client::connect(cfg).expect("client");
         c.subscribe("c", None).expect("sub");
         assert!(matches!(next(&mut c).await, Event::Connected));
-        assert!(matches!(
-            next(&mut c).await,
-            Event::Disconnected { code: None, .. }
-        ));
+        assert!(matches!(next(&mut c).await, Event::Disconnected { code: None, .. }));
         assert!(matches!(next(&mut c).await, Event::Connected));
         c.close().await;
         server.await.expect("server");

@@ -10,9 +10,7 @@ use super::ClientError;
 /// Whether `name` is a valid channel name: 1–128 bytes of `[A-Za-z0-9._:-]` (docs/protocol.md).
 pub fn valid_channel(name: &str) -> bool {
     (1..=128).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
 }
 
 pub(crate) fn check_channel(name: &str) -> Result<(), ClientError> {
@@ -49,23 +47,13 @@ struct Pub<'a, T: ?Sized> {
 
 /// `{"op":"sub","ch":…}` plus `from`/`epoch` when known.
 pub(crate) fn sub_frame(ch: &str, from: Option<u64>, epoch: Option<&str>) -> String {
-    let sub = Sub {
-        op: "sub",
-        ch,
-        from,
-        epoch,
-    };
+    let sub = Sub { op: "sub", ch, from, epoch };
     serde_json::to_string(&sub).unwrap_or_default()
 }
 
 /// `{"op":"unsub","ch":…}`.
 pub(crate) fn unsub_frame(ch: &str) -> String {
-    let unsub = Sub {
-        op: "unsub",
-        ch,
-        from: None,
-        epoch: None,
-    };
+    let unsub = Sub { op: "unsub", ch, from: None, epoch: None };
     serde_json::to_string(&unsub).unwrap_or_default()
 }
 
@@ -73,18 +61,8 @@ pub(crate) fn unsub_frame(ch: &str) -> String {
 ///
 /// # Errors
 /// [`ClientError::InvalidData`] when `data` cannot be serialized as JSON.
-pub(crate) fn pub_frame<T: Serialize + ?Sized>(
-    ch: &str,
-    id: &str,
-    data: &T,
-) -> Result<String, ClientError> {
-    serde_json::to_string(&Pub {
-        op: "pub",
-        ch,
-        id,
-        data,
-    })
-    .map_err(|e| ClientError::InvalidData(e.to_string()))
+pub(crate) fn pub_frame<T: Serialize + ?Sized>(ch: &str, id: &str, data: &T) -> Result<String, ClientError> {
+    serde_json::to_string(&Pub { op: "pub", ch, id, data }).map_err(|e| ClientError::InvalidData(e.to_string()))
 }
 
 /// Any server frame, flat: which fields are required depends on `op`, checked by the caller.
@@ -122,8 +100,7 @@ fn opaque_text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Err
 
 impl Inbound {
     pub(crate) fn parse(text: &str) -> Result<Self, ClientError> {
-        serde_json::from_str(text)
-            .map_err(|e| ClientError::Protocol(format!("server frame is not a v1 object: {e}")))
+        serde_json::from_str(text).map_err(|e| ClientError::Protocol(format!("server frame is not a v1 object: {e}")))
     }
 }
 
@@ -159,10 +136,7 @@ mod tests {
     #[test]
     fn outbound_frames() {
         assert_eq!(sub_frame("n", None, None), r#"{"op":"sub","ch":"n"}"#);
-        assert_eq!(
-            sub_frame("n", Some(0), Some("e")),
-            r#"{"op":"sub","ch":"n","from":0,"epoch":"e"}"#
-        );
+        assert_eq!(sub_frame("n", Some(0), Some("e")), r#"{"op":"sub","ch":"n","from":0,"epoch":"e"}"#);
         assert_eq!(unsub_frame("n"), r#"{"op":"unsub","ch":"n"}"#);
         let data: Box<RawValue> = serde_json::from_str(r#"{"x": [1, 2]}"#).expect("json");
         assert_eq!(

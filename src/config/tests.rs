@@ -26,14 +26,7 @@ fn empty_document_gives_design_defaults() {
     assert_eq!(c.heartbeat.pong_timeout_ms, 10_000);
     assert_eq!(c.drain.window_ms, 10_000);
     assert_eq!(c.drain.close_code, 1012);
-    assert_eq!(
-        c.channels,
-        vec![ChannelRule {
-            pattern: "*".into(),
-            overflow: Overflow::Disconnect,
-            history: 1000
-        }]
-    );
+    assert_eq!(c.channels, vec![ChannelRule { pattern: "*".into(), overflow: Overflow::Disconnect, history: 1000 }]);
     assert_eq!(c.dedup.window_ms, 300_000);
     assert_eq!(c.dedup.max_entries, 1_000_000);
     assert_eq!(c.broker.kind, BrokerKind::Memory);
@@ -94,18 +87,8 @@ url = "rediss://cache:6380/0"
     assert_eq!(c.listen.port(), 9000);
     assert_eq!(c.effective_cores(), 2);
     assert_eq!(c.limits.queue_max_bytes, 262144);
-    assert_eq!(
-        c.limits.max_message_bytes, 65536,
-        "unset keys in a table keep their default"
-    );
-    assert_eq!(
-        c.channels[1],
-        ChannelRule {
-            pattern: "log.?".into(),
-            overflow: Overflow::DropOldest,
-            history: 1000
-        }
-    );
+    assert_eq!(c.limits.max_message_bytes, 65536, "unset keys in a table keep their default");
+    assert_eq!(c.channels[1], ChannelRule { pattern: "log.?".into(), overflow: Overflow::DropOldest, history: 1000 });
     assert_eq!(c.broker.url, "rediss://cache:6380/0");
     assert_eq!(c.drain.close_code, 1001);
 }
@@ -115,166 +98,55 @@ fn every_range_check_names_key_and_value() {
     let cases: &[(&str, &str, &str)] = &[
         ("cores = 5000", "cores", "5000"),
         ("max_connections = 0", "max_connections", "0"),
-        (
-            "[limits]\nhandshake_timeout_ms = 0",
-            "limits.handshake_timeout_ms",
-            "0",
-        ),
-        (
-            "[limits]\nmax_header_bytes = 100",
-            "limits.max_header_bytes",
-            "100",
-        ),
-        (
-            "[limits]\nmax_header_bytes = 2000000",
-            "limits.max_header_bytes",
-            "2000000",
-        ),
-        (
-            "[limits]\nmax_message_bytes = 124",
-            "limits.max_message_bytes",
-            "124",
-        ),
-        (
-            "[limits]\nmax_message_bytes = 2000000000",
-            "limits.max_message_bytes",
-            "2000000000",
-        ),
-        (
-            "[limits]\nmax_publish_bytes = 0",
-            "limits.max_publish_bytes",
-            "0",
-        ),
-        (
-            "[limits]\nmax_publish_bytes = 2000000000",
-            "limits.max_publish_bytes",
-            "2000000000",
-        ),
-        (
-            "[limits]\nqueue_max_bytes = 0",
-            "limits.queue_max_bytes",
-            "0",
-        ),
-        (
-            "[limits]\nqueue_max_messages = 0",
-            "limits.queue_max_messages",
-            "0",
-        ),
-        (
-            "[limits]\nclose_timeout_ms = 10",
-            "limits.close_timeout_ms",
-            "10",
-        ),
-        (
-            "[heartbeat]\nping_interval_ms = 99",
-            "heartbeat.ping_interval_ms",
-            "99",
-        ),
-        (
-            "[heartbeat]\npong_timeout_ms = 0",
-            "heartbeat.pong_timeout_ms",
-            "0",
-        ),
+        ("[limits]\nhandshake_timeout_ms = 0", "limits.handshake_timeout_ms", "0"),
+        ("[limits]\nmax_header_bytes = 100", "limits.max_header_bytes", "100"),
+        ("[limits]\nmax_header_bytes = 2000000", "limits.max_header_bytes", "2000000"),
+        ("[limits]\nmax_message_bytes = 124", "limits.max_message_bytes", "124"),
+        ("[limits]\nmax_message_bytes = 2000000000", "limits.max_message_bytes", "2000000000"),
+        ("[limits]\nmax_publish_bytes = 0", "limits.max_publish_bytes", "0"),
+        ("[limits]\nmax_publish_bytes = 2000000000", "limits.max_publish_bytes", "2000000000"),
+        ("[limits]\nqueue_max_bytes = 0", "limits.queue_max_bytes", "0"),
+        ("[limits]\nqueue_max_messages = 0", "limits.queue_max_messages", "0"),
+        ("[limits]\nclose_timeout_ms = 10", "limits.close_timeout_ms", "10"),
+        ("[heartbeat]\nping_interval_ms = 99", "heartbeat.ping_interval_ms", "99"),
+        ("[heartbeat]\npong_timeout_ms = 0", "heartbeat.pong_timeout_ms", "0"),
         ("[drain]\nwindow_ms = 3600001", "drain.window_ms", "3600001"),
         ("[drain]\nclose_code = 1011", "drain.close_code", "1011"),
         ("[dedup]\nwindow_ms = 999", "dedup.window_ms", "999"),
-        (
-            "[dedup]\nwindow_ms = 86400001",
-            "dedup.window_ms",
-            "86400001",
-        ),
+        ("[dedup]\nwindow_ms = 86400001", "dedup.window_ms", "86400001"),
         (
             "[limits]\nhandshake_timeout_ms = 18446744073709551615",
             "limits.handshake_timeout_ms",
             "18446744073709551615",
         ),
-        (
-            "[limits]\nclose_timeout_ms = 86400001",
-            "limits.close_timeout_ms",
-            "86400001",
-        ),
-        (
-            "[heartbeat]\nping_interval_ms = 86400001",
-            "heartbeat.ping_interval_ms",
-            "86400001",
-        ),
-        (
-            "[heartbeat]\npong_timeout_ms = 86400001",
-            "heartbeat.pong_timeout_ms",
-            "86400001",
-        ),
-        (
-            "[limits]\nqueue_max_bytes = 1048576",
-            "limits.queue_max_bytes",
-            "1048576",
-        ),
-        (
-            "[limits]\nmax_publish_bytes = 4096\nqueue_max_bytes = 65536",
-            "limits.queue_max_bytes",
-            "65536",
-        ),
+        ("[limits]\nclose_timeout_ms = 86400001", "limits.close_timeout_ms", "86400001"),
+        ("[heartbeat]\nping_interval_ms = 86400001", "heartbeat.ping_interval_ms", "86400001"),
+        ("[heartbeat]\npong_timeout_ms = 86400001", "heartbeat.pong_timeout_ms", "86400001"),
+        ("[limits]\nqueue_max_bytes = 1048576", "limits.queue_max_bytes", "1048576"),
+        ("[limits]\nmax_publish_bytes = 4096\nqueue_max_bytes = 65536", "limits.queue_max_bytes", "65536"),
         ("[broker]\nkind = \"redis\"", "broker.kind", "\"redis\""),
         ("[dedup]\nmax_entries = 0", "dedup.max_entries", "0"),
-        (
-            "[[channels]]\npattern = \"a\"\nhistory = 10000001",
-            "channels[0].history",
-            "10000001",
-        ),
-        (
-            "[[channels]]\npattern = \"\"",
-            "channels[0].pattern",
-            "\"\"",
-        ),
-        (
-            "[[channels]]\npattern = \"a b\"",
-            "channels[0].pattern",
-            "\"a b\"",
-        ),
-        (
-            "[[channels]]\npattern = \"*\"\n[[channels]]\npattern = \"x.*\"",
-            "channels[1].pattern",
-            "\"x.*\"",
-        ),
-        (
-            "[[channels]]\npattern = \"x\"\n[[channels]]\npattern = \"x\"",
-            "channels[1].pattern",
-            "\"x\"",
-        ),
-        (
-            "[broker]\nkind = \"redis\"\nurl = \"http://x\"",
-            "broker.url",
-            "\"http://x\"",
-        ),
-        (
-            "allowed_origins = [\"https://a.example/path\"]",
-            "allowed_origins[0]",
-            "\"https://a.example/path\"",
-        ),
-        (
-            "allowed_origins = [\"a.example\"]",
-            "allowed_origins[0]",
-            "\"a.example\"",
-        ),
+        ("[[channels]]\npattern = \"a\"\nhistory = 10000001", "channels[0].history", "10000001"),
+        ("[[channels]]\npattern = \"\"", "channels[0].pattern", "\"\""),
+        ("[[channels]]\npattern = \"a b\"", "channels[0].pattern", "\"a b\""),
+        ("[[channels]]\npattern = \"*\"\n[[channels]]\npattern = \"x.*\"", "channels[1].pattern", "\"x.*\""),
+        ("[[channels]]\npattern = \"x\"\n[[channels]]\npattern = \"x\"", "channels[1].pattern", "\"x\""),
+        ("[broker]\nkind = \"redis\"\nurl = \"http://x\"", "broker.url", "\"http://x\""),
+        ("allowed_origins = [\"https://a.example/path\"]", "allowed_origins[0]", "\"https://a.example/path\""),
+        ("allowed_origins = [\"a.example\"]", "allowed_origins[0]", "\"a.example\""),
     ];
     for (toml, key, value) in cases {
         let e = err(toml);
         assert_eq!(e.key, *key, "for {toml:?}: {e}");
         assert_eq!(e.value.as_deref(), Some(*value), "for {toml:?}: {e}");
-        assert!(
-            e.to_string()
-                .starts_with(&format!("config: {key} = {value}: ")),
-            "{e}"
-        );
+        assert!(e.to_string().starts_with(&format!("config: {key} = {value}: ")), "{e}");
     }
 }
 
 #[test]
 fn display_matches_documented_style() {
     let e = err("[limits]\nqueue_max_bytes = 0");
-    assert_eq!(
-        e.to_string(),
-        "config: limits.queue_max_bytes = 0: must be at least 1024"
-    );
+    assert_eq!(e.to_string(), "config: limits.queue_max_bytes = 0: must be at least 1024");
 }
 
 #[test]
@@ -292,15 +164,9 @@ fn memory_broker_ignores_url() {
 #[test]
 fn long_and_odd_patterns_refused() {
     let long = "a".repeat(129);
-    assert_eq!(
-        err(&format!("[[channels]]\npattern = \"{long}\"")).key,
-        "channels[0].pattern"
-    );
+    assert_eq!(err(&format!("[[channels]]\npattern = \"{long}\"")).key, "channels[0].pattern");
     Config::from_toml_str(&format!("[[channels]]\npattern = \"{}\"", "a".repeat(128))).unwrap();
-    assert_eq!(
-        err("[[channels]]\npattern = \"a/b\"").key,
-        "channels[0].pattern"
-    );
+    assert_eq!(err("[[channels]]\npattern = \"a/b\"").key, "channels[0].pattern");
 }
 
 #[test]
@@ -327,8 +193,7 @@ fn wrong_types_name_the_key() {
     assert_eq!(e.key, "listen", "{e}");
     let e = err("max_connections = -1");
     assert_eq!(e.key, "max_connections", "{e}");
-    let e =
-        err("[[channels]]\npattern = \"a\"\n[[channels]]\npattern = \"b\"\noverflow = \"block\"");
+    let e = err("[[channels]]\npattern = \"a\"\n[[channels]]\npattern = \"b\"\noverflow = \"block\"");
     assert_eq!(e.key, "channels[1].overflow", "{e}");
     let e = err("[broker]\nkind = \"Redis\"");
     assert_eq!(e.key, "broker.kind", "{e}");
@@ -406,24 +271,14 @@ fn first_matching_rule_wins_and_fallback_applies() {
     assert_eq!(c.channel_rule("log1").overflow, Overflow::DropOldest);
     let fallback = c.channel_rule("news");
     assert_eq!(*fallback, ChannelRule::default());
-    let empty = Config {
-        channels: Vec::new(),
-        ..Config::default()
-    };
+    let empty = Config { channels: Vec::new(), ..Config::default() };
     assert_eq!(*empty.channel_rule("x"), ChannelRule::default());
 }
 
 #[test]
 fn effective_cores_defaults_to_cpus() {
     assert!(Config::default().effective_cores() >= 1);
-    assert_eq!(
-        Config {
-            cores: 7,
-            ..Config::default()
-        }
-        .effective_cores(),
-        7
-    );
+    assert_eq!(Config { cores: 7, ..Config::default() }.effective_cores(), 7);
 }
 
 #[test]
@@ -446,24 +301,17 @@ fn queue_must_hold_the_largest_accepted_message() {
     // 1 MiB queue (its msg frame is 1 MiB + envelope).
     let e = err("[limits]\nqueue_max_bytes = 1048576");
     assert_eq!(e.key, "limits.queue_max_bytes");
-    assert!(
-        e.message.contains("limits.max_publish_bytes = 1048576"),
-        "{e}"
-    );
+    assert!(e.message.contains("limits.max_publish_bytes = 1048576"), "{e}");
     assert!(e.message.contains("at least 1052865"), "{e}");
     assert!(e.message.contains("at most 1044287"), "{e}");
     // Both ways out of the message are accepted, exactly at the edge.
     Config::from_toml_str("[limits]\nqueue_max_bytes = 1052865").unwrap();
-    Config::from_toml_str("[limits]\nqueue_max_bytes = 1048576\nmax_publish_bytes = 1044287")
-        .unwrap();
+    Config::from_toml_str("[limits]\nqueue_max_bytes = 1048576\nmax_publish_bytes = 1044287").unwrap();
     err("[limits]\nqueue_max_bytes = 1048576\nmax_publish_bytes = 1044288");
     // WebSocket `pub` messages count the same way.
     let e = err("[limits]\nmax_message_bytes = 4000000\nqueue_max_bytes = 3000000");
     assert_eq!(e.key, "limits.queue_max_bytes");
-    assert!(
-        e.message.contains("limits.max_message_bytes = 4000000"),
-        "{e}"
-    );
+    assert!(e.message.contains("limits.max_message_bytes = 4000000"), "{e}");
     // The defaults are coherent.
     let d = Config::default();
     assert!(
@@ -482,12 +330,7 @@ fn redis_broker_is_refused_by_validation() {
 #[test]
 fn warnings_name_the_key() {
     let keys = |toml: &str, mem: Option<u64>| -> Vec<String> {
-        Config::from_toml_str(toml)
-            .unwrap()
-            .warnings(mem)
-            .into_iter()
-            .map(|w| w.key)
-            .collect()
+        Config::from_toml_str(toml).unwrap().warnings(mem).into_iter().map(|w| w.key).collect()
     };
     // The defaults raise none on a box with 8 GiB.
     assert_eq!(keys("", Some(8 << 30)), Vec::<String>::new());
@@ -495,52 +338,18 @@ fn warnings_name_the_key() {
     // 1000 × 1 MiB of history is 1 GiB per channel: too much for a 2 GiB box.
     assert_eq!(keys("", Some(2 << 30)), vec!["channels[0].history"]);
     // 1,000,000 ids × 104 B is 104 MB.
+    assert_eq!(keys("[[channels]]\npattern = \"*\"\nhistory = 0", Some(256 << 20)), vec!["dedup.max_entries"]);
     assert_eq!(
-        keys(
-            "[[channels]]\npattern = \"*\"\nhistory = 0",
-            Some(256 << 20)
-        ),
-        vec!["dedup.max_entries"]
-    );
-    assert_eq!(
-        keys(
-            "[heartbeat]\nping_interval_ms = 5000\npong_timeout_ms = 5000",
-            None
-        ),
+        keys("[heartbeat]\nping_interval_ms = 5000\npong_timeout_ms = 5000", None),
         vec!["heartbeat.pong_timeout_ms"]
     );
-    assert_eq!(
-        keys("[heartbeat]\nping_interval_ms = 60000", None),
-        vec!["heartbeat.ping_interval_ms"]
-    );
-    assert_eq!(
-        keys("[drain]\nwindow_ms = 28000", None),
-        vec!["drain.window_ms"]
-    );
-    assert_eq!(
-        keys("[drain]\nwindow_ms = 27999", None),
-        Vec::<String>::new()
-    );
-    assert_eq!(
-        keys("[dedup]\nwindow_ms = 10000", None),
-        vec!["dedup.window_ms"]
-    );
-    assert_eq!(
-        keys("[limits]\nqueue_max_messages = 2", None),
-        vec!["limits.queue_max_messages"]
-    );
-    assert_eq!(
-        keys("[limits]\nhandshake_timeout_ms = 120000", None),
-        vec!["limits.handshake_timeout_ms"]
-    );
-    let w = Config::from_toml_str("[drain]\nwindow_ms = 60000")
-        .unwrap()
-        .warnings(None);
-    assert!(
-        w[0].to_string()
-            .starts_with("config: drain.window_ms = 60000: "),
-        "{}",
-        w[0]
-    );
+    assert_eq!(keys("[heartbeat]\nping_interval_ms = 60000", None), vec!["heartbeat.ping_interval_ms"]);
+    assert_eq!(keys("[drain]\nwindow_ms = 28000", None), vec!["drain.window_ms"]);
+    assert_eq!(keys("[drain]\nwindow_ms = 27999", None), Vec::<String>::new());
+    assert_eq!(keys("[dedup]\nwindow_ms = 10000", None), vec!["dedup.window_ms"]);
+    assert_eq!(keys("[limits]\nqueue_max_messages = 2", None), vec!["limits.queue_max_messages"]);
+    assert_eq!(keys("[limits]\nhandshake_timeout_ms = 120000", None), vec!["limits.handshake_timeout_ms"]);
+    let w = Config::from_toml_str("[drain]\nwindow_ms = 60000").unwrap().warnings(None);
+    assert!(w[0].to_string().starts_with("config: drain.window_ms = 60000: "), "{}", w[0]);
     assert!(w[0].message.contains("TimeoutStopSec"), "{}", w[0]);
 }

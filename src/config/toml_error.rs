@@ -14,11 +14,7 @@ const MAX_VALUE_CHARS: usize = 80;
 pub(super) fn to_config_error(src: &str, e: &toml::de::Error) -> ConfigError {
     let reason = e.message().trim().replace('\n', "; ");
     let Some(span) = e.span() else {
-        return ConfigError {
-            key: missing_field_key("", &reason),
-            message: reason,
-            value: None,
-        };
+        return ConfigError { key: missing_field_key("", &reason), message: reason, value: None };
     };
     let at = span.start.min(src.len());
     let (line_no, col) = line_col(src, at);
@@ -28,11 +24,7 @@ pub(super) fn to_config_error(src: &str, e: &toml::de::Error) -> ConfigError {
         key = missing;
     }
     let value = value_text(src, span.start, span.end);
-    ConfigError {
-        key,
-        message: format!("line {line_no}, column {col}: {reason}"),
-        value,
-    }
+    ConfigError { key, message: format!("line {line_no}, column {col}: {reason}"), value }
 }
 
 /// For "missing field `x`", the path of the missing key under `prefix`; empty otherwise.
@@ -54,12 +46,7 @@ fn missing_field_key(prefix: &str, reason: &str) -> String {
 fn line_col(src: &str, at: usize) -> (usize, usize) {
     let before = &src[..floor_char_boundary(src, at)];
     let line = before.matches('\n').count() + 1;
-    let col = before
-        .rsplit('\n')
-        .next()
-        .map(|l| l.chars().count())
-        .unwrap_or(0)
-        + 1;
+    let col = before.rsplit('\n').next().map(|l| l.chars().count()).unwrap_or(0) + 1;
     (line, col)
 }
 
@@ -92,10 +79,7 @@ fn value_text(src: &str, start: usize, end: usize) -> Option<String> {
 /// Strips TOML quotes and whitespace from one key segment, and joins dotted segments so
 /// `a . "b"` reads `a.b`.
 fn clean_key(raw: &str) -> String {
-    raw.split('.')
-        .map(|seg| seg.trim().trim_matches(|c| c == '"' || c == '\''))
-        .collect::<Vec<_>>()
-        .join(".")
+    raw.split('.').map(|seg| seg.trim().trim_matches(|c| c == '"' || c == '\'')).collect::<Vec<_>>().join(".")
 }
 
 /// The line of `src` containing byte `at`, as (line start offset, line text).
@@ -115,10 +99,7 @@ fn key_path_at(src: &str, at: usize) -> Option<String> {
     let mut table = String::new();
     let mut array_counts: Vec<(String, usize)> = Vec::new();
     let mut header_path = |trimmed: &str, table: &mut String| {
-        if let Some(inner) = trimmed
-            .strip_prefix("[[")
-            .and_then(|t| t.split("]]").next())
-        {
+        if let Some(inner) = trimmed.strip_prefix("[[").and_then(|t| t.split("]]").next()) {
             let name = clean_key(inner);
             let n = match array_counts.iter_mut().find(|(k, _)| *k == name) {
                 Some((_, n)) => {
@@ -178,9 +159,5 @@ fn key_path_at(src: &str, at: usize) -> Option<String> {
     if key.is_empty() {
         return None;
     }
-    Some(if table.is_empty() {
-        key
-    } else {
-        format!("{table}.{key}")
-    })
+    Some(if table.is_empty() { key } else { format!("{table}.{key}") })
 }

@@ -51,18 +51,10 @@ where
     T: PartialOrd + std::fmt::Display + Copy,
 {
     if value < lo {
-        return Err(ConfigError::new(
-            key,
-            value,
-            format!("must be at least {lo}"),
-        ));
+        return Err(ConfigError::new(key, value, format!("must be at least {lo}")));
     }
     if value > hi {
-        return Err(ConfigError::new(
-            key,
-            value,
-            format!("must be at most {hi}"),
-        ));
+        return Err(ConfigError::new(key, value, format!("must be at most {hi}")));
     }
     Ok(())
 }
@@ -82,55 +74,21 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     range("max_connections", c.max_connections, 1, usize::MAX)?;
 
     let l = &c.limits;
-    range(
-        "limits.handshake_timeout_ms",
-        l.handshake_timeout_ms,
-        100,
-        MAX_TIMEOUT_MS,
-    )?;
+    range("limits.handshake_timeout_ms", l.handshake_timeout_ms, 100, MAX_TIMEOUT_MS)?;
     range("limits.max_header_bytes", l.max_header_bytes, 1024, MIB)?;
     range("limits.max_message_bytes", l.max_message_bytes, 125, GIB)?;
     range("limits.max_publish_bytes", l.max_publish_bytes, 1, GIB)?;
-    range(
-        "limits.queue_max_bytes",
-        l.queue_max_bytes,
-        1024,
-        usize::MAX,
-    )?;
-    range(
-        "limits.queue_max_messages",
-        l.queue_max_messages,
-        1,
-        usize::MAX,
-    )?;
-    range(
-        "limits.close_timeout_ms",
-        l.close_timeout_ms,
-        100,
-        MAX_TIMEOUT_MS,
-    )?;
+    range("limits.queue_max_bytes", l.queue_max_bytes, 1024, usize::MAX)?;
+    range("limits.queue_max_messages", l.queue_max_messages, 1, usize::MAX)?;
+    range("limits.close_timeout_ms", l.close_timeout_ms, 100, MAX_TIMEOUT_MS)?;
     queue_holds_the_largest_message(c)?;
 
-    range(
-        "heartbeat.ping_interval_ms",
-        c.heartbeat.ping_interval_ms,
-        100,
-        MAX_TIMEOUT_MS,
-    )?;
-    range(
-        "heartbeat.pong_timeout_ms",
-        c.heartbeat.pong_timeout_ms,
-        1,
-        MAX_TIMEOUT_MS,
-    )?;
+    range("heartbeat.ping_interval_ms", c.heartbeat.ping_interval_ms, 100, MAX_TIMEOUT_MS)?;
+    range("heartbeat.pong_timeout_ms", c.heartbeat.pong_timeout_ms, 1, MAX_TIMEOUT_MS)?;
 
     range("drain.window_ms", c.drain.window_ms, 0, MAX_DRAIN_WINDOW_MS)?;
     if !DRAIN_CLOSE_CODES.contains(&c.drain.close_code) {
-        return Err(ConfigError::new(
-            "drain.close_code",
-            c.drain.close_code,
-            "must be one of 1000, 1001, 1012, 1013",
-        ));
+        return Err(ConfigError::new("drain.close_code", c.drain.close_code, "must be one of 1000, 1001, 1012, 1013"));
     }
 
     validate_channels(c)?;
@@ -163,10 +121,9 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
 /// not, is closed with 1013 the moment it is published.
 fn queue_holds_the_largest_message(c: &Config) -> Result<(), ConfigError> {
     let l = &c.limits;
-    for (key, accepted) in [
-        ("limits.max_publish_bytes", l.max_publish_bytes),
-        ("limits.max_message_bytes", l.max_message_bytes),
-    ] {
+    for (key, accepted) in
+        [("limits.max_publish_bytes", l.max_publish_bytes), ("limits.max_message_bytes", l.max_message_bytes)]
+    {
         let needed = accepted + MSG_FRAME_OVERHEAD + QUEUE_CONTROL_RESERVE;
         if needed > l.queue_max_bytes {
             return Err(ConfigError::new(
@@ -178,8 +135,7 @@ fn queue_holds_the_largest_message(c: &Config) -> Result<(), ConfigError> {
                      {QUEUE_CONTROL_RESERVE} for control frames = {needed}), so every subscriber \
                      of such a message would be closed with 1013: raise limits.queue_max_bytes to \
                      at least {needed} or lower {key} to at most {}",
-                    l.queue_max_bytes
-                        .saturating_sub(MSG_FRAME_OVERHEAD + QUEUE_CONTROL_RESERVE)
+                    l.queue_max_bytes.saturating_sub(MSG_FRAME_OVERHEAD + QUEUE_CONTROL_RESERVE)
                 ),
             ));
         }
@@ -246,9 +202,7 @@ pub(super) fn warnings(c: &Config, memory_bytes: Option<u64>) -> Vec<ConfigError
              connections behind one will be cut",
         ));
     }
-    let drain_ms = c.drain.window_ms
-        + l.close_timeout_ms
-            .min(crate::server::tick::DRAIN_CLOSE_WAIT_MS);
+    let drain_ms = c.drain.window_ms + l.close_timeout_ms.min(crate::server::tick::DRAIN_CLOSE_WAIT_MS);
     if drain_ms >= SHIPPED_UNIT_STOP_TIMEOUT_MS {
         out.push(ConfigError::new(
             "drain.window_ms",
@@ -293,20 +247,13 @@ fn validate_channels(c: &Config) -> Result<(), ConfigError> {
         let key = format!("channels[{i}].pattern");
         let p = rule.pattern.as_bytes();
         if p.is_empty() || p.len() > MAX_PATTERN_BYTES {
-            return Err(ConfigError::new(
-                key,
-                quoted(&rule.pattern),
-                "must be 1 to 128 bytes",
-            ));
+            return Err(ConfigError::new(key, quoted(&rule.pattern), "must be 1 to 128 bytes"));
         }
         if let Some(&bad) = p.iter().find(|&&b| !pattern_char(b)) {
             return Err(ConfigError::new(
                 key,
                 quoted(&rule.pattern),
-                format!(
-                    "character {:?} not allowed; use [A-Za-z0-9._:-] and the wildcards * and ?",
-                    bad as char
-                ),
+                format!("character {:?} not allowed; use [A-Za-z0-9._:-] and the wildcards * and ?", bad as char),
             ));
         }
         // A rule after an identical or match-everything rule can never be chosen: almost
@@ -325,12 +272,7 @@ fn validate_channels(c: &Config) -> Result<(), ConfigError> {
                 ),
             ));
         }
-        range(
-            &format!("channels[{i}].history"),
-            rule.history,
-            0,
-            MAX_HISTORY,
-        )?;
+        range(&format!("channels[{i}].history"), rule.history, 0, MAX_HISTORY)?;
     }
     Ok(())
 }
@@ -345,9 +287,7 @@ fn validate_origins(c: &Config) -> Result<(), ConfigError> {
             .split_once("://")
             .map(|(scheme, rest)| {
                 !scheme.is_empty()
-                    && scheme
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
+                    && scheme.bytes().all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
                     && !rest.is_empty()
                     && !rest.contains('/')
             })

@@ -10,9 +10,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 const LEN: usize = 29;
 
 const DAYS: [&[u8; 3]; 7] = [b"Thu", b"Fri", b"Sat", b"Sun", b"Mon", b"Tue", b"Wed"];
-const MONTHS: [&[u8; 3]; 12] = [
-    b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov", b"Dec",
-];
+const MONTHS: [&[u8; 3]; 12] =
+    [b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov", b"Dec"];
 
 thread_local! {
     /// The second last formatted and its text.
@@ -48,9 +47,7 @@ pub fn imf_fixdate(unix_secs: u64) -> [u8; LEN] {
 
 /// Appends `Date: <now>\r\n`.
 pub(super) fn push_date_header(out: &mut Vec<u8>) {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let text = CACHE.with(|c| {
         let (secs, text) = c.get();
         if secs == now {
@@ -110,9 +107,6 @@ mod tests {
         let mut a = Vec::new();
         push_date_header(&mut a);
         let t = std::str::from_utf8(&a).unwrap();
-        assert!(
-            t.starts_with("Date: ") && t.ends_with(" GMT\r\n") && t.len() == 6 + LEN + 2,
-            "{t:?}"
-        );
+        assert!(t.starts_with("Date: ") && t.ends_with(" GMT\r\n") && t.len() == 6 + LEN + 2, "{t:?}");
     }
 }

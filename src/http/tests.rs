@@ -5,46 +5,29 @@ use super::*;
 fn text(v: &[u8]) -> String {
     let t = std::str::from_utf8(v).expect("UTF-8");
     let (status, rest) = t.split_once("\r\n").expect("status line");
-    let date = rest
-        .strip_prefix("Date: ")
-        .unwrap_or_else(|| panic!("no Date after the status line: {t:?}"));
+    let date = rest.strip_prefix("Date: ").unwrap_or_else(|| panic!("no Date after the status line: {t:?}"));
     let (value, rest) = date.split_once("\r\n").expect("Date line");
-    assert!(
-        value.len() == 29 && value.ends_with(" GMT"),
-        "Date {value:?}"
-    );
+    assert!(value.len() == 29 && value.ends_with(" GMT"), "Date {value:?}");
     assert!(!rest.contains("\r\nDate:"), "two Date lines: {t:?}");
     format!("{status}\r\n{rest}")
 }
 
 #[test]
 fn plain_response() {
-    let out = response(
-        200,
-        "application/json",
-        b"{\"seq\":1}",
-        &[("X-A", "1")],
-        true,
-    );
+    let out = response(200, "application/json", b"{\"seq\":1}", &[("X-A", "1")], true);
     assert_eq!(
         text(&out),
         "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 9\r\n\
          Connection: keep-alive\r\nX-A: 1\r\n\r\n{\"seq\":1}"
     );
     let out = response(404, "", b"", &[], false);
-    assert_eq!(
-        text(&out),
-        "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    );
+    assert_eq!(text(&out), "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
 }
 
 #[test]
 fn bodiless_statuses_and_unknown_reason() {
     let out = response(204, "text/plain", b"ignored", &[], true);
-    assert_eq!(
-        text(&out),
-        "HTTP/1.1 204 No Content\r\nContent-Type: text/plain\r\nConnection: keep-alive\r\n\r\n"
-    );
+    assert_eq!(text(&out), "HTTP/1.1 204 No Content\r\nContent-Type: text/plain\r\nConnection: keep-alive\r\n\r\n");
     let out = response(599, "", b"x", &[], false);
     assert!(text(&out).starts_with("HTTP/1.1 599 \r\nContent-Length: 1\r\n"));
     assert_eq!(reason_phrase(431), "Request Header Fields Too Large");
@@ -63,17 +46,7 @@ fn response_head_announces_a_length() {
 
 #[test]
 fn header_injection_is_dropped() {
-    let out = response(
-        200,
-        "",
-        b"",
-        &[
-            ("X-Evil", "a\r\nSet-Cookie: x"),
-            ("X\nB", "v"),
-            ("X-Ok", "v"),
-        ],
-        true,
-    );
+    let out = response(200, "", b"", &[("X-Evil", "a\r\nSet-Cookie: x"), ("X\nB", "v"), ("X-Ok", "v")], true);
     let t = &text(&out);
     assert!(!t.contains("Evil") && !t.contains("Set-Cookie") && !t.contains("X\nB"));
     assert!(t.contains("X-Ok: v\r\n"));
@@ -87,10 +60,7 @@ fn json_error_response() {
     assert!(head.starts_with("HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"));
     assert!(head.contains(&format!("Content-Length: {}", body.len())));
     let v: serde_json::Value = serde_json::from_str(body).unwrap();
-    assert_eq!(
-        v,
-        serde_json::json!({"error": "body is not JSON: \"x\" at line 1\n"})
-    );
+    assert_eq!(v, serde_json::json!({"error": "body is not JSON: \"x\" at line 1\n"}));
 }
 
 #[test]
@@ -101,27 +71,19 @@ fn rejections() {
         "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 20\r\n\
          Connection: close\r\n\r\nmissing Host header\n"
     );
-    let out = handshake_rejection(
-        HttpError::new(426, "unsupported Sec-WebSocket-Version"),
-        &[],
-    );
+    let out = handshake_rejection(HttpError::new(426, "unsupported Sec-WebSocket-Version"), &[]);
     let t = &text(&out);
     assert!(t.starts_with("HTTP/1.1 426 Upgrade Required\r\n"));
-    assert!(
-        t.contains("\r\nSec-WebSocket-Version: 13\r\n") && t.contains("\r\nConnection: close\r\n")
-    );
+    assert!(t.contains("\r\nSec-WebSocket-Version: 13\r\n") && t.contains("\r\nConnection: close\r\n"));
     assert!(t.contains("\r\nUpgrade: websocket\r\n"));
-    let out = handshake_rejection(
-        HttpError::new(503, "too many connections"),
-        &[("Retry-After", "5")],
-    );
+    let out = handshake_rejection(HttpError::new(503, "too many connections"), &[("Retry-After", "5")]);
     let t = &text(&out);
     assert!(t.starts_with("HTTP/1.1 503 Service Unavailable\r\n"));
     assert!(t.contains("\r\nRetry-After: 5\r\n") && t.ends_with("\r\n\r\ntoo many connections\n"));
     assert!(!t.contains("Sec-WebSocket-Version"));
     let t = handshake_rejection(HttpError::new(431, "request head too large"), &[]);
     let t = t.as_slice();
-    assert!(text(&t).starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"));
+    assert!(text(t).starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"));
 }
 
 #[test]
@@ -152,8 +114,7 @@ fn query_params() {
 
 #[test]
 fn chunked_bodies() {
-    let enc =
-        b"4\r\nWiki\r\n5;ext=1\r\npedia\r\nE \r\n in\r\n\r\nchunks.\r\n0\r\nX-T: 1\r\n\r\nNEXT";
+    let enc = b"4\r\nWiki\r\n5;ext=1\r\npedia\r\nE \r\n in\r\n\r\nchunks.\r\n0\r\nX-T: 1\r\n\r\nNEXT";
     let (body, used) = decode_chunked(enc, 1024).unwrap().unwrap();
     assert_eq!(body, b"Wikipedia in\r\n\r\nchunks.");
     assert_eq!(&enc[used..], b"NEXT");
@@ -185,16 +146,13 @@ fn chunked_errors() {
 }
 
 fn parsed(head: &str) -> Request {
-    crate::ws::handshake::parse_request(head.as_bytes(), 8192)
-        .expect("valid head")
-        .expect("complete head")
+    crate::ws::handshake::parse_request(head.as_bytes(), 8192).expect("valid head").expect("complete head")
 }
 
 #[test]
 fn expectations() {
     let with = |version: &str, expect: Option<&str>| {
-        let mut head =
-            format!("POST /publish/x HTTP/{version}\r\nHost: h\r\nContent-Length: 5\r\n");
+        let mut head = format!("POST /publish/x HTTP/{version}\r\nHost: h\r\nContent-Length: 5\r\n");
         if let Some(e) = expect {
             head.push_str(&format!("Expect: {e}\r\n"));
         }

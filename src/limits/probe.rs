@@ -41,9 +41,8 @@ pub struct Readings {
 pub fn read(proc_root: &Path) -> Readings {
     let file = |rel: &str| std::fs::read_to_string(proc_root.join(rel)).ok();
     let number = |rel: &str| file(rel).and_then(|s| first_u64(&s));
-    let (nofile_soft, nofile_hard) = file("self/limits")
-        .and_then(|s| parse_nofile(&s))
-        .map_or((None, None), |(s, h)| (Some(s), Some(h)));
+    let (nofile_soft, nofile_hard) =
+        file("self/limits").and_then(|s| parse_nofile(&s)).map_or((None, None), |(s, h)| (Some(s), Some(h)));
     let meminfo = file("meminfo").unwrap_or_default();
     Readings {
         nofile_soft,
@@ -67,10 +66,7 @@ fn cores(proc_root: &Path) -> usize {
     }
     match std::fs::read_to_string(proc_root.join("cpuinfo")) {
         Ok(s) => {
-            let n = s
-                .lines()
-                .filter(|l| l.split(':').next().is_some_and(|k| k.trim() == "processor"))
-                .count();
+            let n = s.lines().filter(|l| l.split(':').next().is_some_and(|k| k.trim() == "processor")).count();
             if n == 0 {
                 parallelism()
             } else {
@@ -108,9 +104,7 @@ fn limit_value(s: &str) -> Option<u64> {
 /// `Max open files            1024                 1048576              files     `
 /// (the name itself contains spaces, so the values are the two fields after it).
 pub fn parse_nofile(limits: &str) -> Option<(u64, u64)> {
-    let rest = limits
-        .lines()
-        .find_map(|l| l.strip_prefix("Max open files"))?;
+    let rest = limits.lines().find_map(|l| l.strip_prefix("Max open files"))?;
     let mut fields = rest.split_whitespace();
     let soft = limit_value(fields.next()?)?;
     let hard = limit_value(fields.next()?)?;
@@ -119,9 +113,7 @@ pub fn parse_nofile(limits: &str) -> Option<(u64, u64)> {
 
 /// A `meminfo` field in bytes (`MemTotal:       16318412 kB`).
 pub fn meminfo_bytes(meminfo: &str, field: &str) -> Option<u64> {
-    let line = meminfo
-        .lines()
-        .find(|l| l.split(':').next() == Some(field))?;
+    let line = meminfo.lines().find(|l| l.split(':').next() == Some(field))?;
     let mut parts = line.split(':').nth(1)?.split_whitespace();
     let n: u64 = parts.next()?.parse().ok()?;
     Some(match parts.next() {

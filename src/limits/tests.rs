@@ -71,24 +71,13 @@ fn fake(b: &Box_) -> FakeProc {
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, text).unwrap();
     };
-    put(
-        "self/limits",
-        &LIMITS
-            .replace("NOFILE_SOFT", b.nofile.0)
-            .replace("NOFILE_HARD", b.nofile.1),
-    );
+    put("self/limits", &LIMITS.replace("NOFILE_SOFT", b.nofile.0).replace("NOFILE_HARD", b.nofile.1));
     put("sys/fs/file-max", &format!("{}\n", b.file_max));
     put("sys/fs/file-nr", "1000\t0\t2097152\n");
     put("sys/fs/nr_open", &format!("{}\n", b.nr_open));
-    put(
-        "sys/net/ipv4/ip_local_port_range",
-        &format!("{}\n", b.ports),
-    );
+    put("sys/net/ipv4/ip_local_port_range", &format!("{}\n", b.ports));
     put("sys/net/core/somaxconn", &format!("{}\n", b.somaxconn));
-    put(
-        "sys/net/ipv4/tcp_max_syn_backlog",
-        &format!("{}\n", b.syn_backlog),
-    );
+    put("sys/net/ipv4/tcp_max_syn_backlog", &format!("{}\n", b.syn_backlog));
     put(
         "meminfo",
         &format!(
@@ -96,16 +85,16 @@ fn fake(b: &Box_) -> FakeProc {
             b.mem_total_kb, b.mem_available_kb
         ),
     );
-    put("cpuinfo", "processor\t: 0\nmodel name\t: x\n\nprocessor\t: 1\nmodel name\t: x\n\nprocessor\t: 2\n\nprocessor\t: 3\n");
+    put(
+        "cpuinfo",
+        "processor\t: 0\nmodel name\t: x\n\nprocessor\t: 1\nmodel name\t: x\n\nprocessor\t: 2\n\nprocessor\t: 3\n",
+    );
     FakeProc { root }
 }
 
 fn run(b: &Box_, tweak: impl FnOnce(&mut CheckOptions)) -> (bool, String) {
     let f = fake(b);
-    let mut opts = CheckOptions {
-        proc_root: f.root.clone(),
-        ..CheckOptions::default()
-    };
+    let mut opts = CheckOptions { proc_root: f.root.clone(), ..CheckOptions::default() };
     tweak(&mut opts);
     let mut out = Vec::new();
     let ok = check_limits(&opts, &mut out).unwrap();
@@ -114,13 +103,9 @@ fn run(b: &Box_, tweak: impl FnOnce(&mut CheckOptions)) -> (bool, String) {
 
 #[test]
 fn parses_real_looking_proc_self_limits() {
-    let text = LIMITS
-        .replace("NOFILE_SOFT", "1024")
-        .replace("NOFILE_HARD", "524288");
+    let text = LIMITS.replace("NOFILE_SOFT", "1024").replace("NOFILE_HARD", "524288");
     assert_eq!(parse_nofile(&text), Some((1024, 524288)));
-    let text = LIMITS
-        .replace("NOFILE_SOFT", "unlimited")
-        .replace("NOFILE_HARD", "unlimited");
+    let text = LIMITS.replace("NOFILE_SOFT", "unlimited").replace("NOFILE_HARD", "unlimited");
     assert_eq!(parse_nofile(&text), Some((u64::MAX, u64::MAX)));
     assert_eq!(parse_nofile("Limit Soft Hard\n"), None);
     assert_eq!(parse_nofile("Max open files  lots  many  files\n"), None);
@@ -158,12 +143,7 @@ fn tuned_box_reaches_one_million() {
     assert!(ok, "{out}");
     assert!(out.contains("target 1000000: reachable"), "{out}");
     // nofile hard 1048576 less the fd reserve is the tightest bound after max_connections.
-    assert!(
-        out.contains(
-            "capacity: 1000000 connections per process (bound by max_connections (default))"
-        ),
-        "{out}"
-    );
+    assert!(out.contains("capacity: 1000000 connections per process (bound by max_connections (default))"), "{out}");
     assert!(!out.contains("<- change"), "{out}");
     assert!(!out.contains("change these lines"), "{out}");
 }
@@ -183,10 +163,7 @@ fn low_limits_fail_and_print_exact_lines() {
     let (ok, out) = run(&b, |_| {});
     assert!(!ok, "{out}");
     assert!(out.contains("target 1000000: NOT reachable"), "{out}");
-    assert!(
-        out.contains("capacity: 19744 connections per process (bound by nofile soft/hard)"),
-        "{out}"
-    );
+    assert!(out.contains("capacity: 19744 connections per process (bound by nofile soft/hard)"), "{out}");
     for line in [
         "change these lines:",
         "# /etc/security/limits.d/tether.conf",
@@ -204,19 +181,12 @@ fn low_limits_fail_and_print_exact_lines() {
     }
     // nr_open 1048576 already allows LimitNOFILE=1048576.
     assert!(!out.contains("fs.nr_open ="), "{out}");
-    assert!(
-        out.contains("28232 per client source IP, 36 IPs for the target"),
-        "{out}"
-    );
+    assert!(out.contains("28232 per client source IP, 36 IPs for the target"), "{out}");
 }
 
 #[test]
 fn nr_open_below_recommended_nofile_is_raised_too() {
-    let b = Box_ {
-        nofile: ("1024", "4096"),
-        nr_open: "1000000",
-        ..tuned()
-    };
+    let b = Box_ { nofile: ("1024", "4096"), nr_open: "1000000", ..tuned() };
     let (ok, out) = run(&b, |_| {});
     assert!(!ok, "{out}");
     assert!(out.contains("fs.nr_open = 2097152\n"), "{out}");
@@ -225,17 +195,11 @@ fn nr_open_below_recommended_nofile_is_raised_too() {
 
 #[test]
 fn memory_can_be_the_bound() {
-    let b = Box_ {
-        mem_available_kb: 2 << 20,
-        ..tuned()
-    };
+    let b = Box_ { mem_available_kb: 2 << 20, ..tuned() };
     let (ok, out) = run(&b, |_| {});
     assert!(!ok, "{out}");
     // 2 GiB / 6144 B per connection.
-    assert!(
-        out.contains("capacity: 349525 connections per process (bound by memory available/total)"),
-        "{out}"
-    );
+    assert!(out.contains("capacity: 349525 connections per process (bound by memory available/total)"), "{out}");
     // With the measured figures overridden to 1 KiB total, it fits.
     let (ok, out) = run(&b, |o| {
         o.per_conn_user_bytes = 512;
@@ -246,31 +210,18 @@ fn memory_can_be_the_bound() {
 
 #[test]
 fn config_max_connections_caps_and_is_named() {
-    let config = Config {
-        max_connections: 50_000,
-        ..Config::default()
-    };
+    let config = Config { max_connections: 50_000, ..Config::default() };
     let (ok, out) = run(&tuned(), |o| o.config = Some(config));
     assert!(!ok, "{out}");
-    assert!(
-        out.contains("# /etc/tether/tether.toml\nmax_connections = 1000000\n"),
-        "{out}"
-    );
+    assert!(out.contains("# /etc/tether/tether.toml\nmax_connections = 1000000\n"), "{out}");
 }
 
 #[test]
 fn small_target_on_a_small_box_passes_with_advice() {
-    let b = Box_ {
-        nofile: ("20000", "20000"),
-        somaxconn: "4096",
-        ..tuned()
-    };
+    let b = Box_ { nofile: ("20000", "20000"), somaxconn: "4096", ..tuned() };
     let (ok, out) = run(&b, |o| o.target = 19_000);
     assert!(ok, "{out}");
-    assert!(
-        out.contains("recommended changes (not required for this target):"),
-        "{out}"
-    );
+    assert!(out.contains("recommended changes (not required for this target):"), "{out}");
     assert!(out.contains("net.core.somaxconn = 65535"), "{out}");
     assert!(!out.contains("LimitNOFILE"), "{out}");
 }
@@ -280,10 +231,7 @@ fn missing_files_are_unreadable_not_fatal() {
     let f = fake(&tuned());
     std::fs::remove_file(f.root.join("sys/net/core/somaxconn")).unwrap();
     std::fs::remove_file(f.root.join("sys/fs/file-max")).unwrap();
-    let opts = CheckOptions {
-        proc_root: f.root.clone(),
-        ..CheckOptions::default()
-    };
+    let opts = CheckOptions { proc_root: f.root.clone(), ..CheckOptions::default() };
     let mut out = Vec::new();
     assert!(check_limits(&opts, &mut out).unwrap());
     let out = String::from_utf8(out).unwrap();
@@ -312,24 +260,15 @@ fn cli_args_build_options() {
     };
     let o = args.to_options().unwrap();
     assert_eq!(o.config.unwrap().max_connections, 20000);
-    assert_eq!(
-        (o.target, o.per_conn_user_bytes, o.per_conn_kernel_bytes),
-        (10, 1, 2)
-    );
-    let bad = CheckLimitsArgs {
-        config: Some(Path::new("/nonexistent/tether.toml").into()),
-        ..args
-    };
+    assert_eq!((o.target, o.per_conn_user_bytes, o.per_conn_kernel_bytes), (10, 1, 2));
+    let bad = CheckLimitsArgs { config: Some(Path::new("/nonexistent/tether.toml").into()), ..args };
     assert!(bad.to_options().is_err());
 }
 
 #[test]
 fn real_proc_does_not_fail() {
     let mut out = Vec::new();
-    let opts = CheckOptions {
-        target: 1,
-        ..CheckOptions::default()
-    };
+    let opts = CheckOptions { target: 1, ..CheckOptions::default() };
     check_limits(&opts, &mut out).unwrap();
     assert!(String::from_utf8(out).unwrap().contains("capacity:"));
 }
@@ -337,45 +276,25 @@ fn real_proc_does_not_fail() {
 #[test]
 fn needed_column_shows_minimums_never_above_a_sufficient_current_value() {
     // A box with more than the target needs everywhere: no row may claim more is needed.
-    let b = Box_ {
-        nofile: ("4194304", "4194304"),
-        file_max: "9000000",
-        nr_open: "4194304",
-        ..tuned()
-    };
+    let b = Box_ { nofile: ("4194304", "4194304"), file_max: "9000000", nr_open: "4194304", ..tuned() };
     let (ok, out) = run(&b, |o| o.target = 20_000);
     assert!(ok, "{out}");
     assert!(out.contains("needed for target"), "{out}");
-    assert!(
-        !out.contains("recommended  "),
-        "the column is not 'recommended': {out}"
-    );
-    assert!(
-        out.contains(">= 20256 hard"),
-        "nofile: target + reserved fds: {out}"
-    );
+    assert!(!out.contains("recommended  "), "the column is not 'recommended': {out}");
+    assert!(out.contains(">= 20256 hard"), "nofile: target + reserved fds: {out}");
     for row in ["nofile soft/hard", "fs.nr_open", "fs.file-max"] {
         let line = out.lines().find(|l| l.starts_with(row)).unwrap();
         assert!(!line.contains("<- "), "{line}");
     }
     // 64,512 ports per source IP hold 20,000 connections: one IP, singular.
-    assert!(
-        out.contains("64512 per client source IP, 1 IP for the target"),
-        "{out}"
-    );
+    assert!(out.contains("64512 per client source IP, 1 IP for the target"), "{out}");
 }
 
 #[test]
 fn advisory_rows_are_marked_advised_not_change() {
-    let b = Box_ {
-        somaxconn: "4096",
-        ..tuned()
-    };
+    let b = Box_ { somaxconn: "4096", ..tuned() };
     let (ok, out) = run(&b, |o| o.target = 19_000);
     assert!(ok, "{out}");
-    let line = out
-        .lines()
-        .find(|l| l.starts_with("net.core.somaxconn"))
-        .unwrap();
+    let line = out.lines().find(|l| l.starts_with("net.core.somaxconn")).unwrap();
     assert!(line.ends_with("<- advised"), "{line}");
 }

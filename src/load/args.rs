@@ -252,9 +252,7 @@ pub struct WsUrl {
 /// Parses and resolves `ws://host[:port][/path]` (port 80 by default). `wss://` is refused:
 /// the load generator speaks plain TCP only.
 pub fn parse_ws_url(url: &str) -> Result<WsUrl, String> {
-    let rest = url
-        .strip_prefix("ws://")
-        .ok_or_else(|| format!("{url:?}: only ws:// URLs are supported"))?;
+    let rest = url.strip_prefix("ws://").ok_or_else(|| format!("{url:?}: only ws:// URLs are supported"))?;
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),

@@ -111,7 +111,8 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
                     None => format!("{{\"op\":\"sub\",\"ch\":\"{}\"}}", channels[ch]).into_bytes(),
                 };
                 let source = sources.as_ref().map(|s| s.pick(index));
-                let sub = Subscriber { url: url.clone(), source, hello, ch, raw: raw.is_some(), syn: SynOpts::default() };
+                let sub =
+                    Subscriber { url: url.clone(), source, hello, ch, raw: raw.is_some(), syn: SynOpts::default() };
                 let (tally, shared) = (tally.clone(), shared.clone());
                 tasks.push(tokio::task::spawn_local(sub.run(permit, tally, shared)));
             }
@@ -203,7 +204,12 @@ struct Controlled {
 }
 
 /// Waits for the subscribers, publishes, waits for the deliveries, stops the subscribers.
-async fn control(args: FanoutArgs, url: WsUrl, channels: Vec<String>, shared: Arc<Shared>) -> Result<Controlled, String> {
+async fn control(
+    args: FanoutArgs,
+    url: WsUrl,
+    channels: Vec<String>,
+    shared: Arc<Shared>,
+) -> Result<Controlled, String> {
     let (subs, slow) = (args.subs, args.non_readers);
     let all_in = || {
         shared.ready.load(Ordering::Relaxed) + shared.failed.load(Ordering::Relaxed) >= subs
@@ -217,7 +223,12 @@ async fn control(args: FanoutArgs, url: WsUrl, channels: Vec<String>, shared: Ar
     result
 }
 
-async fn publish_phase(args: &FanoutArgs, url: &WsUrl, channels: &[String], shared: &Shared) -> Result<Controlled, String> {
+async fn publish_phase(
+    args: &FanoutArgs,
+    url: &WsUrl,
+    channels: &[String],
+    shared: &Shared,
+) -> Result<Controlled, String> {
     let ready = shared.ready.load(Ordering::Relaxed) as u64;
     let raw = args.raw.is_some();
     if raw && args.rate <= 0.0 {
@@ -242,7 +253,11 @@ async fn publish_phase(args: &FanoutArgs, url: &WsUrl, channels: &[String], shar
         let sum: u64 = out.final_seqs.iter().enumerate().map(|(c, &f)| f * per_channel(c) as u64).sum();
         let live = sum.saturating_sub(shared.head_sum.load(Ordering::Relaxed));
         // Only subscribers that got in can receive anything.
-        if ready as usize == args.subs { live } else { live.min(ready * out.acked) }
+        if ready as usize == args.subs {
+            live
+        } else {
+            live.min(ready * out.acked)
+        }
     };
     // Set once, right here; a second set cannot happen.
     let _ = shared.finals.set(out.final_seqs.clone());

@@ -73,7 +73,8 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
             let begin = Instant::now();
             for (j, index) in share(args.conns, proc_index, procs, t, threads).enumerate() {
                 if per_thread_rate > 0.0 {
-                    tokio::time::sleep_until((begin + Duration::from_secs_f64(j as f64 / per_thread_rate)).into()).await;
+                    tokio::time::sleep_until((begin + Duration::from_secs_f64(j as f64 / per_thread_rate)).into())
+                        .await;
                 }
                 let Ok(permit) = gate.clone().acquire_owned().await else { break };
                 let url = urls[index % urls.len()].clone();
@@ -212,4 +213,3 @@ async fn hold(conn: &mut WsConn) -> ConnError {
         }
     }
 }
-

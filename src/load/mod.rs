@@ -194,7 +194,13 @@ pub(crate) fn proc_slot(common: &CommonArgs) -> (usize, usize) {
 
 /// The global connection indices `0..total` that thread `thread` of `threads` in process
 /// `proc_index` of `procs` owns (round-robin at both levels, so every index has one owner).
-pub(crate) fn share(total: usize, proc_index: usize, procs: usize, thread: usize, threads: usize) -> impl Iterator<Item = usize> {
+pub(crate) fn share(
+    total: usize,
+    proc_index: usize,
+    procs: usize,
+    thread: usize,
+    threads: usize,
+) -> impl Iterator<Item = usize> {
     (proc_index..total).step_by(procs.max(1)).skip(thread).step_by(threads.max(1))
 }
 

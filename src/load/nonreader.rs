@@ -77,7 +77,12 @@ impl NonReaderTally {
 
 /// Runs one non-reader: subscribe (counted in `shared.nr_ready` / `nr_failed`), stay silent
 /// until the run stops, then drain and record the outcome in `tally`.
-pub(super) async fn run(sub: Subscriber, permit: OwnedSemaphorePermit, tally: Rc<RefCell<NonReaderTally>>, shared: Arc<Shared>) {
+pub(super) async fn run(
+    sub: Subscriber,
+    permit: OwnedSemaphorePermit,
+    tally: Rc<RefCell<NonReaderTally>>,
+    shared: Arc<Shared>,
+) {
     let opened = sub.open().await;
     drop(permit);
     let (mut conn, head) = match opened {

@@ -88,7 +88,8 @@ pub fn run_children(procs: usize, scenario: &str, order: &[&str], max_keys: &[&s
     }
     let mut report = aggregate(scenario, &reports, max_keys);
     // Children's JSON objects come back with sorted keys; restore the scenario's order.
-    let rank = |k: &str| if k == "scenario" { 0 } else { order.iter().position(|o| *o == k).map_or(usize::MAX, |p| p + 1) };
+    let rank =
+        |k: &str| if k == "scenario" { 0 } else { order.iter().position(|o| *o == k).map_or(usize::MAX, |p| p + 1) };
     report.fields.sort_by_key(|(k, _)| rank(k));
     report.set("procs", procs);
     ok &= report.get("errors").and_then(Value::as_u64) == Some(0);

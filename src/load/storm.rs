@@ -181,7 +181,8 @@ struct Controlled {
 
 async fn control(args: &StormArgs, url: &WsUrl, channels: &[String], shared: &Shared) -> Result<Controlled, String> {
     let n = args.conns;
-    wait_until(Duration::MAX, || shared.ready.load(Ordering::Relaxed) + shared.failed.load(Ordering::Relaxed) >= n).await;
+    wait_until(Duration::MAX, || shared.ready.load(Ordering::Relaxed) + shared.failed.load(Ordering::Relaxed) >= n)
+        .await;
     let ready = shared.ready.load(Ordering::Relaxed);
     let mut http = HttpPublisher::connect(url).await.map_err(|e| format!("priming publish: {e}"))?;
     for (k, ch) in channels.iter().enumerate() {

@@ -124,7 +124,8 @@ fn latency_quantiles_in_ms() {
 #[test]
 fn child_reports_aggregate() {
     let a = serde_json::json!({"scenario":"idle","connections":10,"errors":1,"connect_s":1.5,"procs":1,"error_kinds":{"refused":1}});
-    let b = serde_json::json!({"scenario":"idle","connections":12,"errors":0,"connect_s":2.5,"procs":1,"error_kinds":{}});
+    let b =
+        serde_json::json!({"scenario":"idle","connections":12,"errors":0,"connect_s":2.5,"procs":1,"error_kinds":{}});
     let r = aggregate("idle", &[a, b], &["connect_s"]);
     assert_eq!(r.get("connections"), Some(&serde_json::json!(22)));
     assert_eq!(r.get("errors"), Some(&serde_json::json!(1)));

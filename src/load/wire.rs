@@ -222,9 +222,10 @@ impl WsConn {
             return Err(ConnError::Status(code));
         }
         let expected = accept_key(&key);
-        let accept_ok = response.headers.iter().any(|h| {
-            h.name.eq_ignore_ascii_case("sec-websocket-accept") && h.value == expected.as_bytes()
-        });
+        let accept_ok = response
+            .headers
+            .iter()
+            .any(|h| h.name.eq_ignore_ascii_case("sec-websocket-accept") && h.value == expected.as_bytes());
         if !accept_ok {
             return Err(ConnError::Protocol("wrong Sec-WebSocket-Accept"));
         }
@@ -233,11 +234,7 @@ impl WsConn {
     }
 
     /// [`WsConn::connect`] with a deadline covering TCP connect and handshake.
-    pub async fn connect_within(
-        url: &WsUrl,
-        source: Option<IpAddr>,
-        deadline: Duration,
-    ) -> Result<WsConn, ConnError> {
+    pub async fn connect_within(url: &WsUrl, source: Option<IpAddr>, deadline: Duration) -> Result<WsConn, ConnError> {
         WsConn::connect_opts_within(url, source, SynOpts::default(), deadline).await
     }
 
@@ -381,7 +378,12 @@ impl WsConn {
                 0x8 => {
                     let code = (payload.len() >= 2).then(|| u16::from_be_bytes([payload[0], payload[1]]));
                     // Echo the code (§5.5.1); the caller flushes `out` before reporting the close.
-                    out.extend_from_slice(&encode_client_frame(0x8, true, &payload[..payload.len().min(2)], rand::random()));
+                    out.extend_from_slice(&encode_client_frame(
+                        0x8,
+                        true,
+                        &payload[..payload.len().min(2)],
+                        rand::random(),
+                    ));
                     return Err(ConnError::Closed(code));
                 }
                 _ => return Err(ConnError::Protocol("unexpected opcode")),

@@ -20,8 +20,7 @@ fn sub_with_and_without_resume() {
         }
         other => panic!("{other:?}"),
     }
-    match op(r#" {"ch":"prices.EUR-USD","from":0,"epoch":"e\"1","op":"sub","extra":[1]} "#).unwrap()
-    {
+    match op(r#" {"ch":"prices.EUR-USD","from":0,"epoch":"e\"1","op":"sub","extra":[1]} "#).unwrap() {
         ClientOp::Sub { ch, from, epoch } => {
             assert_eq!(ch, "prices.EUR-USD");
             assert_eq!(from, Some(0));
@@ -56,17 +55,8 @@ fn pub_keeps_id_and_compacts_data() {
         }
         other => panic!("{other:?}"),
     }
-    for (data, want) in [
-        ("null", "null"),
-        ("\"s\"", "\"s\""),
-        ("-1e3", "-1e3"),
-        ("[ ]", "[]"),
-    ] {
-        match op(&format!(
-            r#"{{"op":"pub","ch":"c","id":"\u0041","data":{data}}}"#
-        ))
-        .unwrap()
-        {
+    for (data, want) in [("null", "null"), ("\"s\"", "\"s\""), ("-1e3", "-1e3"), ("[ ]", "[]")] {
+        match op(&format!(r#"{{"op":"pub","ch":"c","id":"\u0041","data":{data}}}"#)).unwrap() {
             ClientOp::Pub { id, data, .. } => assert_eq!((id.as_str(), data.get()), ("A", want)),
             other => panic!("{other:?}"),
         }
@@ -75,20 +65,10 @@ fn pub_keeps_id_and_compacts_data() {
 
 #[test]
 fn bad_json() {
-    for text in [
-        "",
-        "{",
-        "{\"op\":\"sub\",}",
-        "nope",
-        "{\"op\":\"sub\"} x",
-        "\u{FEFF}{}",
-    ] {
+    for text in ["", "{", "{\"op\":\"sub\",}", "nope", "{\"op\":\"sub\"} x", "\u{FEFF}{}"] {
         assert_eq!(err(text).code, codes::BAD_JSON, "{text:?}");
     }
-    assert_eq!(
-        parse_client_op(b"{\"op\":\"\xff\"}").unwrap_err().code,
-        codes::BAD_JSON
-    );
+    assert_eq!(parse_client_op(b"{\"op\":\"\xff\"}").unwrap_err().code, codes::BAD_JSON);
 }
 
 #[test]
@@ -100,48 +80,20 @@ fn bad_request_for_non_objects_and_fields() {
         (r#"{"op":"sub"}"#, "missing ch"),
         (r#"{"op":"unsub","ch":7}"#, "ch must be a string"),
         (r#"{"op":"sub","ch":null}"#, "ch must be a string"),
-        (
-            r#"{"op":"sub","ch":"a","from":-1}"#,
-            "from must be a non-negative integer",
-        ),
-        (
-            r#"{"op":"sub","ch":"a","from":1.5}"#,
-            "from must be a non-negative integer",
-        ),
-        (
-            r#"{"op":"sub","ch":"a","from":"3"}"#,
-            "from must be a non-negative integer",
-        ),
-        (
-            r#"{"op":"sub","ch":"a","from":18446744073709551616}"#,
-            "from must be a non-negative integer",
-        ),
-        (
-            r#"{"op":"sub","ch":"a","epoch":1}"#,
-            "epoch must be a string",
-        ),
+        (r#"{"op":"sub","ch":"a","from":-1}"#, "from must be a non-negative integer"),
+        (r#"{"op":"sub","ch":"a","from":1.5}"#, "from must be a non-negative integer"),
+        (r#"{"op":"sub","ch":"a","from":"3"}"#, "from must be a non-negative integer"),
+        (r#"{"op":"sub","ch":"a","from":18446744073709551616}"#, "from must be a non-negative integer"),
+        (r#"{"op":"sub","ch":"a","epoch":1}"#, "epoch must be a string"),
         (r#"{"op":"pub","ch":"a","data":1}"#, "missing id"),
-        (
-            r#"{"op":"pub","ch":"a","id":1,"data":1}"#,
-            "id must be a string",
-        ),
-        (
-            r#"{"op":"pub","ch":"a","id":null,"data":1}"#,
-            "id must be a string",
-        ),
-        (
-            r#"{"op":"pub","ch":"a","id":"","data":1}"#,
-            "id must be 1-128 bytes",
-        ),
+        (r#"{"op":"pub","ch":"a","id":1,"data":1}"#, "id must be a string"),
+        (r#"{"op":"pub","ch":"a","id":null,"data":1}"#, "id must be a string"),
+        (r#"{"op":"pub","ch":"a","id":"","data":1}"#, "id must be 1-128 bytes"),
         (r#"{"op":"pub","ch":"a","id":"x"}"#, "missing data"),
     ];
     for (text, reason) in cases {
         let e = err(text);
-        assert_eq!(
-            (e.code, e.reason.as_str()),
-            (codes::BAD_REQUEST, reason),
-            "{text}"
-        );
+        assert_eq!((e.code, e.reason.as_str()), (codes::BAD_REQUEST, reason), "{text}");
     }
     let dup = err(r#"{"op":"sub","op":"pub","ch":"a"}"#);
     assert_eq!(dup.code, codes::BAD_REQUEST);
@@ -153,21 +105,11 @@ fn bad_op() {
         (r#"{"ch":"a"}"#, "missing op"),
         (r#"{"op":1,"ch":"a"}"#, "op must be a string"),
         (r#"{"op":null}"#, "op must be a string"),
-        (
-            r#"{"op":"publish","ch":"a"}"#,
-            "unknown op \"publish\"; expected sub, unsub or pub",
-        ),
-        (
-            r#"{"op":"SUB","ch":"a"}"#,
-            "unknown op \"SUB\"; expected sub, unsub or pub",
-        ),
+        (r#"{"op":"publish","ch":"a"}"#, "unknown op \"publish\"; expected sub, unsub or pub"),
+        (r#"{"op":"SUB","ch":"a"}"#, "unknown op \"SUB\"; expected sub, unsub or pub"),
     ] {
         let e = err(text);
-        assert_eq!(
-            (e.code, e.reason.as_str()),
-            (codes::BAD_OP, reason),
-            "{text}"
-        );
+        assert_eq!((e.code, e.reason.as_str()), (codes::BAD_OP, reason), "{text}");
     }
     let long = format!(r#"{{"op":"{}"}}"#, "x".repeat(33));
     assert_eq!(err(&long).reason, "unknown op; expected sub, unsub or pub");
@@ -193,16 +135,10 @@ fn errors_echo_a_readable_id() {
     assert_eq!(e.id.as_deref(), Some(""));
     // Unreadable or oversized ids are not echoed.
     assert_eq!(err(r#"{"op":"pub","ch":"a","id":5,"data":1}"#).id, None);
-    let long = format!(
-        r#"{{"op":"pub","ch":"a","id":"{}","data":1}}"#,
-        "i".repeat(129)
-    );
+    let long = format!(r#"{{"op":"pub","ch":"a","id":"{}","data":1}}"#, "i".repeat(129));
     let e = err(&long);
     assert_eq!((e.reason.as_str(), e.id), ("id must be 1-128 bytes", None));
-    let max = format!(
-        r#"{{"op":"pub","ch":"a","id":"{}","data":1}}"#,
-        "i".repeat(128)
-    );
+    let max = format!(r#"{{"op":"pub","ch":"a","id":"{}","data":1}}"#, "i".repeat(128));
     assert!(op(&max).is_ok());
     assert_eq!(err("{").id, None);
 }
@@ -223,23 +159,15 @@ fn channel_name_boundaries() {
     assert!(valid_channel(&"a".repeat(128)));
     assert!(!valid_channel(&"a".repeat(129)));
     assert!(valid_channel("AZaz09._:-"));
-    for bad in [
-        "a b", "a/b", "a*", "a\"", "a\\", "ä", "a\n", "a\0", "#", "a,b", "a+b",
-    ] {
+    for bad in ["a b", "a/b", "a*", "a\"", "a\\", "ä", "a\n", "a\0", "#", "a,b", "a+b"] {
         assert!(!valid_channel(bad), "{bad:?}");
     }
 }
 
 #[test]
 fn server_texts_are_exact() {
-    assert_eq!(
-        s(msg_json("news", 42, r#"{"a":1}"#)),
-        r#"{"op":"msg","ch":"news","seq":42,"data":{"a":1}}"#
-    );
-    assert_eq!(
-        s(subscribed_json("news", 0, "e1", None)),
-        r#"{"op":"subscribed","ch":"news","seq":0,"epoch":"e1"}"#
-    );
+    assert_eq!(s(msg_json("news", 42, r#"{"a":1}"#)), r#"{"op":"msg","ch":"news","seq":42,"data":{"a":1}}"#);
+    assert_eq!(s(subscribed_json("news", 0, "e1", None)), r#"{"op":"subscribed","ch":"news","seq":0,"epoch":"e1"}"#);
     assert_eq!(
         s(subscribed_json("news", 9, "e1", Some(true))),
         r#"{"op":"subscribed","ch":"news","seq":9,"epoch":"e1","recovered":true}"#
@@ -256,18 +184,9 @@ fn server_texts_are_exact() {
         s(reset_json("n", 0, "e3", ResetReason::Epoch, 0)),
         r#"{"op":"reset","ch":"n","seq":0,"epoch":"e3","reason":"epoch","oldest":0}"#
     );
-    assert_eq!(
-        s(ack_json("m-1", "news", 7)),
-        r#"{"op":"ack","id":"m-1","ch":"news","seq":7}"#
-    );
-    assert_eq!(
-        s(error_json("bad_op", "unknown op", None)),
-        r#"{"op":"error","code":"bad_op","reason":"unknown op"}"#
-    );
-    assert_eq!(
-        s(error_json("bad_op", "x", Some("7"))),
-        r#"{"op":"error","code":"bad_op","reason":"x","id":"7"}"#
-    );
+    assert_eq!(s(ack_json("m-1", "news", 7)), r#"{"op":"ack","id":"m-1","ch":"news","seq":7}"#);
+    assert_eq!(s(error_json("bad_op", "unknown op", None)), r#"{"op":"error","code":"bad_op","reason":"unknown op"}"#);
+    assert_eq!(s(error_json("bad_op", "x", Some("7"))), r#"{"op":"error","code":"bad_op","reason":"x","id":"7"}"#);
     assert_eq!(s(seq_json(u64::MAX)), r#"{"seq":18446744073709551615}"#);
 }
 
@@ -284,9 +203,7 @@ fn weird_strings_are_escaped() {
         ack_json("i", weird, 1),
     ] {
         let v: serde_json::Value = serde_json::from_slice(&text).expect("valid JSON");
-        let found = ["id", "reason", "epoch", "ch"]
-            .iter()
-            .any(|k| v[k] == weird);
+        let found = ["id", "reason", "epoch", "ch"].iter().any(|k| v[k] == weird);
         assert!(found, "{}", s(text));
         assert!(!text.contains(&b'\n'), "one line");
     }
@@ -317,9 +234,7 @@ fn msg_frame_headers_by_payload_length() {
         assert!(header.is_final && header.mask.is_none());
         assert_eq!(
             header.opcode,
-            tungstenite::protocol::frame::coding::OpCode::Data(
-                tungstenite::protocol::frame::coding::Data::Text
-            )
+            tungstenite::protocol::frame::coding::OpCode::Data(tungstenite::protocol::frame::coding::Data::Text)
         );
         assert_eq!(len as usize, payload);
         let header_len = cursor.position() as usize;
@@ -335,24 +250,15 @@ fn msg_frame_headers_by_payload_length() {
 
 #[test]
 fn compaction() {
-    assert!(matches!(
-        compact_json(r#"{"a":[1,"b c"]}"#),
-        Cow::Borrowed(_)
-    ));
-    assert_eq!(
-        compact_json(" { \"a b\" :\t[ 1 ,\r\n\"\\\" x\" ] } "),
-        r#"{"a b":[1,"\" x"]}"#
-    );
+    assert!(matches!(compact_json(r#"{"a":[1,"b c"]}"#), Cow::Borrowed(_)));
+    assert_eq!(compact_json(" { \"a b\" :\t[ 1 ,\r\n\"\\\" x\" ] } "), r#"{"a b":[1,"\" x"]}"#);
     assert_eq!(compact_json(r#"[ "\\", " " ]"#), r#"["\\"," "]"#);
     assert_eq!(compact_json("\"é 😀 \""), "\"é 😀 \"");
 }
 
 #[test]
 fn publish_body() {
-    assert_eq!(
-        parse_publish_body(b" {\"hello\": 1}\n").unwrap().get(),
-        r#"{"hello":1}"#
-    );
+    assert_eq!(parse_publish_body(b" {\"hello\": 1}\n").unwrap().get(), r#"{"hello":1}"#);
     assert_eq!(parse_publish_body(b"42").unwrap().get(), "42");
     assert_eq!(parse_publish_body(b"null").unwrap().get(), "null");
     for bad in [&b""[..], b"hello", b"{\"a\":}", b"1 2", b"\xff"] {
@@ -376,14 +282,7 @@ fn msg_frame_overhead_is_the_worst_case() {
     let longest_ch = "c".repeat(MAX_CHANNEL_BYTES);
     let worst = msg_frame(&longest_ch, u64::MAX, &data);
     assert_eq!(worst.len() - data.len(), MSG_FRAME_OVERHEAD);
-    for (ch, seq, data) in [
-        ("a", 1, "1"),
-        ("news", 12_345, "{}"),
-        (longest_ch.as_str(), u64::MAX, "\"\""),
-    ] {
-        assert!(
-            msg_frame(ch, seq, data).len() - data.len() <= MSG_FRAME_OVERHEAD,
-            "{ch} {seq} {data}"
-        );
+    for (ch, seq, data) in [("a", 1, "1"), ("news", 12_345, "{}"), (longest_ch.as_str(), u64::MAX, "\"\"")] {
+        assert!(msg_frame(ch, seq, data).len() - data.len() <= MSG_FRAME_OVERHEAD, "{ch} {seq} {data}");
     }
 }

@@ -100,7 +100,10 @@ impl Request {
     /// The channel the request is about.
     pub fn channel(&self) -> &str {
         match self {
-            Request::Publish { ch, .. } | Request::Subscribe { ch, .. } | Request::Unsubscribe { ch, .. } | Request::Fetch { ch, .. } => ch,
+            Request::Publish { ch, .. }
+            | Request::Subscribe { ch, .. }
+            | Request::Unsubscribe { ch, .. }
+            | Request::Fetch { ch, .. } => ch,
         }
     }
 }
@@ -260,7 +263,8 @@ impl Bus {
     /// Queues for `cores` cores (one per ordered pair).
     pub fn new(cores: usize) -> Bus {
         let doorbells: Arc<[Doorbell]> = (0..cores).map(|_| Doorbell::default()).collect();
-        let mut senders: Vec<Vec<Option<Sender<BusMsg>>>> = (0..cores).map(|_| (0..cores).map(|_| None).collect()).collect();
+        let mut senders: Vec<Vec<Option<Sender<BusMsg>>>> =
+            (0..cores).map(|_| (0..cores).map(|_| None).collect()).collect();
         let mut receivers: Vec<Vec<(u16, Receiver<BusMsg>)>> = (0..cores).map(|_| Vec::new()).collect();
         for (src, row) in senders.iter_mut().enumerate() {
             for (dst, slot) in row.iter_mut().enumerate() {
@@ -427,7 +431,8 @@ impl Router {
     /// writing then stop being read until it clears, so an offered load above capacity turns
     /// into backpressure on the publishers instead of a growing backlog.
     pub fn overloaded(&self) -> bool {
-        self.local.len() > QUEUE_CAPACITY || self.shared.metrics.iter().any(|m| m.bus_spilled.load(Ordering::Relaxed) > 0)
+        self.local.len() > QUEUE_CAPACITY
+            || self.shared.metrics.iter().any(|m| m.bus_spilled.load(Ordering::Relaxed) > 0)
     }
 }
 

@@ -21,12 +21,12 @@ use super::broker::{memory::MemoryBroker, Broker, Request};
 use super::bus::{ConnRef, ConnRow, CoreMsg, Endpoint, PublishResult, Router};
 use super::local::LocalChannels;
 use super::metrics::{CoreMetrics, HandshakeFailure};
-use crate::config::Overflow;
 use super::session::queue::MAX_IOV;
 use super::session::replay::Fetch;
 use super::session::{ConnId, Ctx, Flags, ReapReason, Session, SessionConfig, State, Tick};
 use super::timer::{TimerWheel, TICK_MS};
 use super::{io as sock, Shared};
+use crate::config::Overflow;
 use crate::protocol::{self, ClientOp};
 use crate::ws::codec::{self, CloseCode};
 
@@ -155,7 +155,13 @@ impl CoreState {
             local: LocalChannels::default(),
             broker: Box::new(MemoryBroker::new(shared.clone())),
             router: Router::new(me, ep, shared.clone()),
-            clock: Clock { start, wheel: TimerWheel::new(4096, 0), fired: Vec::new(), last_sweep: 0, cfg: SessionConfig::new(cfg) },
+            clock: Clock {
+                start,
+                wheel: TimerWheel::new(4096, 0),
+                fired: Vec::new(),
+                last_sweep: 0,
+                cfg: SessionConfig::new(cfg),
+            },
             drain: Drain::default(),
             active_chan: None,
             inspects: Vec::new(),
@@ -373,7 +379,13 @@ impl CoreState {
         });
         if timed_out == Some(true) {
             let fd = self.conn(id).map(|s| s.fd);
-            super::events::handshake_failed(self.me, fd, HandshakeFailure::Timeout, 0, "no complete request head in time");
+            super::events::handshake_failed(
+                self.me,
+                fd,
+                HandshakeFailure::Timeout,
+                0,
+                "no complete request head in time",
+            );
         }
     }
 

@@ -31,12 +31,7 @@ enum Kind {
     Accept = 3,
 }
 
-const KIND_NAMES: [&str; 4] = [
-    "handshake failure",
-    "reap",
-    "overflow close",
-    "accept error",
-];
+const KIND_NAMES: [&str; 4] = ["handshake failure", "reap", "overflow close", "accept error"];
 
 struct State {
     epoch: Instant,
@@ -77,21 +72,9 @@ fn admit(kind: Kind, level: Level, core: usize) -> bool {
 fn summary(level: Level, core: usize, kind: Kind, n: u64) {
     let what = KIND_NAMES[kind as usize];
     match level {
-        Level::WARN => tracing::warn!(
-            core,
-            suppressed = n,
-            "suppressed {n} similar lines ({what})"
-        ),
-        Level::INFO => tracing::info!(
-            core,
-            suppressed = n,
-            "suppressed {n} similar lines ({what})"
-        ),
-        _ => tracing::debug!(
-            core,
-            suppressed = n,
-            "suppressed {n} similar lines ({what})"
-        ),
+        Level::WARN => tracing::warn!(core, suppressed = n, "suppressed {n} similar lines ({what})"),
+        Level::INFO => tracing::info!(core, suppressed = n, "suppressed {n} similar lines ({what})"),
+        _ => tracing::debug!(core, suppressed = n, "suppressed {n} similar lines ({what})"),
     }
 }
 
@@ -101,13 +84,7 @@ fn peer(fd: Option<RawFd>) -> String {
 }
 
 /// A request refused before (or instead of) an upgrade: `debug`, rate-limited.
-pub fn handshake_failed(
-    core: usize,
-    fd: Option<RawFd>,
-    why: HandshakeFailure,
-    status: u16,
-    reason: &str,
-) {
+pub fn handshake_failed(core: usize, fd: Option<RawFd>, why: HandshakeFailure, status: u16, reason: &str) {
     if tracing::enabled!(Level::DEBUG) && admit(Kind::Handshake, Level::DEBUG, core) {
         tracing::debug!(core, peer = %peer(fd), why = why.label(), status, reason, "handshake failed");
     }
@@ -156,12 +133,7 @@ pub fn flush_suppressed(core: usize) {
 
 /// This core begins its drain: `info`.
 pub fn drain_started(core: usize, connections: u64, window_ms: u64) {
-    tracing::info!(
-        core,
-        connections,
-        window_ms,
-        "drain started: closes spread over the window"
-    );
+    tracing::info!(core, connections, window_ms, "drain started: closes spread over the window");
 }
 
 /// The drain goes on: `info`, at most once a second per core.
@@ -169,29 +141,18 @@ pub fn drain_progress(core: usize, to_close: i64, open: i64) {
     STATE.with(|s| {
         let mut s = s.borrow_mut();
         let now = now_ms(&s);
-        if s.last_drain_line_ms
-            .is_some_and(|t| now.saturating_sub(t) < DRAIN_PROGRESS_EVERY_MS)
-        {
+        if s.last_drain_line_ms.is_some_and(|t| now.saturating_sub(t) < DRAIN_PROGRESS_EVERY_MS) {
             return;
         }
         s.last_drain_line_ms = Some(now);
-        tracing::info!(
-            core,
-            to_close = to_close.max(0),
-            open = open.max(0),
-            "draining"
-        );
+        tracing::info!(core, to_close = to_close.max(0), open = open.max(0), "draining");
     })
 }
 
 /// This core's drain is over (every peer answered, or the deadline passed): `info`.
 pub fn drain_done(core: usize, still_open: i64) {
     if still_open > 0 {
-        tracing::info!(
-            core,
-            still_open,
-            "drain deadline reached; the remaining connections are dropped"
-        );
+        tracing::info!(core, still_open, "drain deadline reached; the remaining connections are dropped");
     } else {
         tracing::info!(core, "drain done: every connection closed");
     }

@@ -51,7 +51,9 @@ impl CoreState {
     /// The broker answered the HTTP publish of `id`.
     pub fn answer_publish(&mut self, id: ConnId, result: PublishResult, keep_alive: bool) {
         let resp = match result {
-            PublishResult::Stored { seq } => http::response(200, "application/json", &protocol::seq_json(seq), &[], keep_alive),
+            PublishResult::Stored { seq } => {
+                http::response(200, "application/json", &protocol::seq_json(seq), &[], keep_alive)
+            }
             PublishResult::Refused(e) => http::error_response(409, &e.reason, &[], keep_alive),
         };
         self.send(id, resp, keep_alive);
@@ -79,23 +81,36 @@ impl CoreState {
         }
         if let Some(ch) = path.strip_prefix("/publish/") {
             if req.method != Method::Post {
-                return self.send(id, http::error_response(405, "use POST", &[("Allow", "POST")], keep_alive), keep_alive);
+                return self.send(
+                    id,
+                    http::error_response(405, "use POST", &[("Allow", "POST")], keep_alive),
+                    keep_alive,
+                );
             }
             return self.http_publish(id, req, ch, body);
         }
         let draining = self.shared.draining();
         let resp = match (req.method, path) {
-            (Method::Get | Method::Head, "/healthz") => http::response(200, "application/json", b"{\"status\":\"ok\"}", &[], keep_alive),
+            (Method::Get | Method::Head, "/healthz") => {
+                http::response(200, "application/json", b"{\"status\":\"ok\"}", &[], keep_alive)
+            }
             (Method::Get | Method::Head, "/readyz") if draining => {
                 http::response(503, "application/json", b"{\"status\":\"draining\"}", &[], keep_alive)
             }
-            (Method::Get | Method::Head, "/readyz") => http::response(200, "application/json", b"{\"status\":\"ready\"}", &[], keep_alive),
+            (Method::Get | Method::Head, "/readyz") => {
+                http::response(200, "application/json", b"{\"status\":\"ready\"}", &[], keep_alive)
+            }
             (Method::Get | Method::Head, "/metrics") => {
                 let text = metrics::render(&self.shared.metrics, draining);
                 http::response(200, "text/plain; version=0.0.4", text.as_bytes(), &[], keep_alive)
             }
             (Method::Get | Method::Head, "/connections") => {
-                let top = req.query.as_deref().and_then(|q| http::query_param(q, "top")).and_then(|t| t.parse().ok()).unwrap_or(10usize);
+                let top = req
+                    .query
+                    .as_deref()
+                    .and_then(|q| http::query_param(q, "top"))
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(10usize);
                 if let Some(s) = self.conn(id) {
                     s.await_answer(keep_alive);
                 }
@@ -153,7 +168,12 @@ impl CoreState {
         }
         if shared.open.fetch_add(1, Relaxed) >= shared.config.max_connections {
             shared.open.fetch_sub(1, Relaxed);
-            return self.reject(id, HttpError::new(503, "max_connections reached"), HandshakeFailure::OverCapacity, &retry);
+            return self.reject(
+                id,
+                HttpError::new(503, "max_connections reached"),
+                HandshakeFailure::OverCapacity,
+                &retry,
+            );
         }
         let m = self.metrics();
         m.upgraded.fetch_add(1, Relaxed);

@@ -10,8 +10,13 @@ impl CoreState {
     /// This core's `top` upgraded connections by queued bytes.
     pub fn inspect(&self, top: usize) -> Vec<ConnRow> {
         let now = self.clock.now();
-        let mut all: Vec<(usize, usize)> =
-            self.conns.slab.iter().filter(|(_, s)| s.flags.has(Flags::UPGRADED)).map(|(k, s)| (s.queue.bytes(), k)).collect();
+        let mut all: Vec<(usize, usize)> = self
+            .conns
+            .slab
+            .iter()
+            .filter(|(_, s)| s.flags.has(Flags::UPGRADED))
+            .map(|(k, s)| (s.queue.bytes(), k))
+            .collect();
         if all.len() > top && top > 0 {
             all.select_nth_unstable_by(top - 1, |a, b| b.0.cmp(&a.0));
         }
@@ -19,7 +24,11 @@ impl CoreState {
         all.iter()
             .map(|&(_, k)| {
                 let s = &self.conns.slab[k];
-                let since_drain = if s.queue.is_empty() { 0.0 } else { now.wrapping_sub(s.last_drained) as f64 * TICK_MS as f64 / 1000.0 };
+                let since_drain = if s.queue.is_empty() {
+                    0.0
+                } else {
+                    now.wrapping_sub(s.last_drained) as f64 * TICK_MS as f64 / 1000.0
+                };
                 ConnRow {
                     id: format!("{}:{}:{}", self.me, k, s.gen),
                     peer: s.peer().map_or_else(|| "?".into(), |p| p.to_string()),

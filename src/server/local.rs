@@ -54,7 +54,13 @@ impl LocalChannels {
             return i;
         }
         let name: Arc<str> = name.into();
-        let i = self.chans.insert(LocalChannel { name: name.clone(), subs: Vec::new(), dead: 0, pending: 0, overflow: overflow() }) as u32;
+        let i = self.chans.insert(LocalChannel {
+            name: name.clone(),
+            subs: Vec::new(),
+            dead: 0,
+            pending: 0,
+            overflow: overflow(),
+        }) as u32;
         self.by_name.insert(name, i);
         i
     }

@@ -38,8 +38,17 @@ pub enum HandshakeFailure {
     Aborted,
 }
 
-const FAILURE_NAMES: [&str; 9] =
-    ["bad_request", "version", "head_too_large", "timeout", "over_capacity", "rate_limited", "origin", "draining", "aborted"];
+const FAILURE_NAMES: [&str; 9] = [
+    "bad_request",
+    "version",
+    "head_too_large",
+    "timeout",
+    "over_capacity",
+    "rate_limited",
+    "origin",
+    "draining",
+    "aborted",
+];
 
 impl HandshakeFailure {
     /// The metric label (also used in log lines).
@@ -127,22 +136,76 @@ pub fn render(cores: &[CoreMetrics], draining: bool) -> String {
     let per_core = |f: &dyn Fn(&CoreMetrics) -> u64| {
         cores.iter().enumerate().map(move |(i, m)| (format!("core=\"{i}\""), f(m))).collect::<Vec<_>>().into_iter()
     };
-    counter(&mut out, "tether_connections", "gauge", "Open upgraded WebSocket connections.",
-        per_core(&|m| m.connections.load(Relaxed).max(0) as u64));
-    counter(&mut out, "tether_accepted_total", "counter", "TCP connections accepted.", per_core(&|m| m.accepted.load(Relaxed)));
-    counter(&mut out, "tether_upgraded_total", "counter", "WebSocket upgrades completed.", per_core(&|m| m.upgraded.load(Relaxed)));
-    counter(&mut out, "tether_messages_published_total", "counter", "Messages published (sequenced) on channels homed here.",
-        per_core(&|m| m.published.load(Relaxed)));
-    counter(&mut out, "tether_publish_duplicates_total", "counter", "Publishes answered from the dedup window.",
-        per_core(&|m| m.publish_duplicates.load(Relaxed)));
-    counter(&mut out, "tether_messages_delivered_total", "counter", "Frames queued to subscribers.",
-        per_core(&|m| m.delivered.load(Relaxed)));
-    counter(&mut out, "tether_pings_sent_total", "counter", "Heartbeat pings sent.", per_core(&|m| m.pings_sent.load(Relaxed)));
-    counter(&mut out, "tether_http_requests_total", "counter", "Plain HTTP requests served.", per_core(&|m| m.http_requests.load(Relaxed)));
-    counter(&mut out, "tether_drain_remaining", "gauge", "Connections the drain still has to close.",
-        per_core(&|m| m.drain_remaining.load(Relaxed).max(0) as u64));
-    counter(&mut out, "tether_bus_spilled", "gauge", "Cross-core messages waiting for queue space.",
-        per_core(&|m| m.bus_spilled.load(Relaxed).max(0) as u64));
+    counter(
+        &mut out,
+        "tether_connections",
+        "gauge",
+        "Open upgraded WebSocket connections.",
+        per_core(&|m| m.connections.load(Relaxed).max(0) as u64),
+    );
+    counter(
+        &mut out,
+        "tether_accepted_total",
+        "counter",
+        "TCP connections accepted.",
+        per_core(&|m| m.accepted.load(Relaxed)),
+    );
+    counter(
+        &mut out,
+        "tether_upgraded_total",
+        "counter",
+        "WebSocket upgrades completed.",
+        per_core(&|m| m.upgraded.load(Relaxed)),
+    );
+    counter(
+        &mut out,
+        "tether_messages_published_total",
+        "counter",
+        "Messages published (sequenced) on channels homed here.",
+        per_core(&|m| m.published.load(Relaxed)),
+    );
+    counter(
+        &mut out,
+        "tether_publish_duplicates_total",
+        "counter",
+        "Publishes answered from the dedup window.",
+        per_core(&|m| m.publish_duplicates.load(Relaxed)),
+    );
+    counter(
+        &mut out,
+        "tether_messages_delivered_total",
+        "counter",
+        "Frames queued to subscribers.",
+        per_core(&|m| m.delivered.load(Relaxed)),
+    );
+    counter(
+        &mut out,
+        "tether_pings_sent_total",
+        "counter",
+        "Heartbeat pings sent.",
+        per_core(&|m| m.pings_sent.load(Relaxed)),
+    );
+    counter(
+        &mut out,
+        "tether_http_requests_total",
+        "counter",
+        "Plain HTTP requests served.",
+        per_core(&|m| m.http_requests.load(Relaxed)),
+    );
+    counter(
+        &mut out,
+        "tether_drain_remaining",
+        "gauge",
+        "Connections the drain still has to close.",
+        per_core(&|m| m.drain_remaining.load(Relaxed).max(0) as u64),
+    );
+    counter(
+        &mut out,
+        "tether_bus_spilled",
+        "gauge",
+        "Cross-core messages waiting for queue space.",
+        per_core(&|m| m.bus_spilled.load(Relaxed).max(0) as u64),
+    );
     let labelled = |names: &[&str], label: &str, pick: &dyn Fn(&CoreMetrics, usize) -> u64| {
         let mut v = Vec::new();
         for (c, m) in cores.iter().enumerate() {
@@ -155,14 +218,34 @@ pub fn render(cores: &[CoreMetrics], draining: bool) -> String {
     let mut codes: Vec<String> = CLOSE_CODES.iter().map(|c| c.to_string()).collect();
     codes.push("other".into());
     let codes: Vec<&str> = codes.iter().map(|s| s.as_str()).collect();
-    counter(&mut out, "tether_closes_total", "counter", "WebSocket closes by close code (1006: ended without a close frame).",
-        labelled(&codes, "code", &|m, i| m.closes[i].load(Relaxed)));
-    counter(&mut out, "tether_handshake_failures_total", "counter", "Requests refused before or instead of an upgrade.",
-        labelled(&FAILURE_NAMES, "reason", &|m, i| m.handshake_failures[i].load(Relaxed)));
-    counter(&mut out, "tether_reaped_total", "counter", "Connections reaped, by reason.",
-        labelled(&ReapReason::ALL.map(ReapReason::as_str), "reason", &|m, i| m.reaped[i].load(Relaxed)));
-    counter(&mut out, "tether_overflow_total", "counter", "Outbound queue overflows, by policy.",
-        labelled(&OVERFLOW_POLICIES, "policy", &|m, i| m.overflow[i].load(Relaxed)));
+    counter(
+        &mut out,
+        "tether_closes_total",
+        "counter",
+        "WebSocket closes by close code (1006: ended without a close frame).",
+        labelled(&codes, "code", &|m, i| m.closes[i].load(Relaxed)),
+    );
+    counter(
+        &mut out,
+        "tether_handshake_failures_total",
+        "counter",
+        "Requests refused before or instead of an upgrade.",
+        labelled(&FAILURE_NAMES, "reason", &|m, i| m.handshake_failures[i].load(Relaxed)),
+    );
+    counter(
+        &mut out,
+        "tether_reaped_total",
+        "counter",
+        "Connections reaped, by reason.",
+        labelled(&ReapReason::ALL.map(ReapReason::as_str), "reason", &|m, i| m.reaped[i].load(Relaxed)),
+    );
+    counter(
+        &mut out,
+        "tether_overflow_total",
+        "counter",
+        "Outbound queue overflows, by policy.",
+        labelled(&OVERFLOW_POLICIES, "policy", &|m, i| m.overflow[i].load(Relaxed)),
+    );
     let _ = writeln!(out, "# HELP tether_overflow_queue_bytes Outbound queue size at overflow.\n# TYPE tether_overflow_queue_bytes histogram");
     let mut cumulative = 0u64;
     for (b, ub) in QUEUE_BUCKETS.iter().enumerate() {
@@ -172,6 +255,10 @@ pub fn render(cores: &[CoreMetrics], draining: bool) -> String {
     }
     let sum: u64 = cores.iter().map(|m| m.overflow_queue_bytes_sum.load(Relaxed)).sum();
     let _ = writeln!(out, "tether_overflow_queue_bytes_sum {sum}\ntether_overflow_queue_bytes_count {cumulative}");
-    let _ = writeln!(out, "# HELP tether_draining 1 while the server drains.\n# TYPE tether_draining gauge\ntether_draining {}", draining as u8);
+    let _ = writeln!(
+        out,
+        "# HELP tether_draining 1 while the server drains.\n# TYPE tether_draining gauge\ntether_draining {}",
+        draining as u8
+    );
     out
 }

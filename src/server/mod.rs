@@ -64,8 +64,8 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use monoio::net::TcpListener;
 
-pub use self::session::ConnId;
 use self::core::CoreState;
+pub use self::session::ConnId;
 use crate::config::Config;
 use crate::ws::codec::CloseCode;
 use bus::{Bus, Doorbell, Endpoint};
@@ -160,11 +160,7 @@ impl Server {
                 Err(_) => return Err(std::io::Error::other("a core thread died while starting")),
             }
         }
-        Ok(Server {
-            shared,
-            addr,
-            threads,
-        })
+        Ok(Server { shared, addr, threads })
     }
 
     /// The bound address (with the real port when `listen` had port 0).
@@ -208,10 +204,7 @@ impl Server {
 /// probe stays bound (not listening) until our listeners listen, which it does not hinder,
 /// and picks the port when `addr` has port 0. Two processes started in the same instant can
 /// both pass the probe; one started while another serves cannot.
-fn bind_listeners(
-    addr: SocketAddr,
-    cores: usize,
-) -> std::io::Result<(SocketAddr, Vec<std::net::TcpListener>)> {
+fn bind_listeners(addr: SocketAddr, cores: usize) -> std::io::Result<(SocketAddr, Vec<std::net::TcpListener>)> {
     let named = |e: std::io::Error| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}"));
     let probe = socket_for(addr).map_err(named)?;
     match probe.bind(&addr.into()) {
@@ -224,11 +217,7 @@ fn bind_listeners(
         }
         Err(e) => return Err(named(e)),
     }
-    let bound = probe
-        .local_addr()
-        .map_err(named)?
-        .as_socket()
-        .unwrap_or(addr);
+    let bound = probe.local_addr().map_err(named)?.as_socket().unwrap_or(addr);
     let mut listeners = Vec::with_capacity(cores);
     for _ in 0..cores {
         listeners.push(bind_reuseport(bound).map_err(named)?);
@@ -269,9 +258,7 @@ fn pin_to_cpu(i: usize) -> std::io::Result<usize> {
         if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut allowed) != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &allowed))
-            .collect();
+        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &allowed)).collect();
         let Some(&cpu) = cpus.get(i % cpus.len().max(1)) else {
             return Err(std::io::Error::other("empty CPU affinity mask"));
         };
@@ -298,10 +285,7 @@ fn core_thread(
             tracing::warn!(core = i, error = %e, "cannot pin the core thread to a CPU; the scheduler may move it")
         }
     }
-    let rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
-        .with_entries(16_384)
-        .enable_timer()
-        .build();
+    let rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new().with_entries(16_384).enable_timer().build();
     let mut rt = match rt {
         Ok(rt) => rt,
         Err(e) => {
@@ -389,26 +373,16 @@ pub fn raise_nofile() -> std::io::Result<Nofile> {
         }
         let before = r.rlim_cur;
         if before < r.rlim_max {
-            let raised = libc::rlimit {
-                rlim_cur: r.rlim_max,
-                rlim_max: r.rlim_max,
-            };
+            let raised = libc::rlimit { rlim_cur: r.rlim_max, rlim_max: r.rlim_max };
             if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
                 let e = std::io::Error::last_os_error();
                 return Err(std::io::Error::new(
                     e.kind(),
-                    format!(
-                        "setrlimit(RLIMIT_NOFILE, {}) failed, soft limit stays {before}: {e}",
-                        r.rlim_max
-                    ),
+                    format!("setrlimit(RLIMIT_NOFILE, {}) failed, soft limit stays {before}: {e}", r.rlim_max),
                 ));
             }
         }
-        Ok(Nofile {
-            before,
-            soft: r.rlim_max,
-            hard: r.rlim_max,
-        })
+        Ok(Nofile { before, soft: r.rlim_max, hard: r.rlim_max })
     }
 }
 

@@ -89,7 +89,8 @@ impl CoreState {
         let chan = self.local.find(ch);
         // Answers from one home come back in request order, so this one answers the oldest
         // request still waiting for this channel (pending or cancelled).
-        let entry = chan.and_then(|chan| self.conns.get(id)?.subs.iter().position(|e| e.chan == chan && !e.is_active()));
+        let entry =
+            chan.and_then(|chan| self.conns.get(id)?.subs.iter().position(|e| e.chan == chan && !e.is_active()));
         let (Some(chan), Some(i)) = (chan, entry) else {
             // The connection left meanwhile: release the home's interest.
             return self.unsubscribe_at_home(ch.clone());
@@ -103,7 +104,11 @@ impl CoreState {
             self.unsubscribe_at_home(ch.clone());
             self.tidy(chan);
             if !cancelled {
-                let e = protocol::error_json(codes::BAD_REQUEST, &format!("from is beyond the head of {ch} ({head})"), None);
+                let e = protocol::error_json(
+                    codes::BAD_REQUEST,
+                    &format!("from is beyond the head of {ch} ({head})"),
+                    None,
+                );
                 self.reply(id, codec::text_frame(&e));
             }
             return;
@@ -120,7 +125,9 @@ impl CoreState {
             s.subs[i].pos = pos;
             s.enqueue(ctx, codec::text_frame(&first), NO_CHAN, None);
             match resume {
-                Resume::Recovered { from, frames, until } => s.start_replay(ctx, chan, ch.clone(), epoch.into(), from, frames, until),
+                Resume::Recovered { from, frames, until } => {
+                    s.start_replay(ctx, chan, ch.clone(), epoch.into(), from, frames, until)
+                }
                 _ => None,
             }
         });

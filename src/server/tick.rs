@@ -110,8 +110,13 @@ pub fn start_drain(st: &mut CoreState) {
     }
     let now = st.clock.now();
     let window = ticks(st.shared.config.drain.window_ms).max(1) as u64;
-    let open: Vec<ConnId> =
-        st.conns.slab.iter().filter(|(_, s)| s.state() == State::Open).map(|(k, s)| ConnId { key: k as u32, gen: s.gen }).collect();
+    let open: Vec<ConnId> = st
+        .conns
+        .slab
+        .iter()
+        .filter(|(_, s)| s.state() == State::Open)
+        .map(|(k, s)| ConnId { key: k as u32, gen: s.gen })
+        .collect();
     let n = open.len() as u64;
     st.metrics().drain_remaining.fetch_add(n as i64, Relaxed);
     super::events::drain_started(st.me, n, st.shared.config.drain.window_ms);

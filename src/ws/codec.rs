@@ -22,11 +22,11 @@ use tungstenite::protocol::frame::coding::{Control, Data};
 use tungstenite::protocol::frame::FrameHeader;
 
 pub use encode::{
-    close_frame, decode_server_frame, encode_client_frame, encode_frame, encode_frame_into,
-    header_len, ping_frame, pong_frame, text_frame, text_frame_with,
+    close_frame, decode_server_frame, encode_client_frame, encode_frame, encode_frame_into, header_len, ping_frame,
+    pong_frame, text_frame, text_frame_with,
 };
-pub use tungstenite::protocol::frame::coding::{CloseCode, OpCode};
 use mask::apply_mask;
+pub use tungstenite::protocol::frame::coding::{CloseCode, OpCode};
 use utf8::Utf8Carry;
 
 /// Largest control-frame payload (§5.5).
@@ -55,20 +55,12 @@ impl Violation {
     const UNMASKED: Self = Self::protocol("client frame is not masked");
     const FRAGMENTED_CONTROL: Self = Self::protocol("fragmented control frame");
     const CONTROL_TOO_LONG: Self = Self::protocol("control frame payload over 125 bytes");
-    const STRAY_CONTINUATION: Self =
-        Self::protocol("continuation frame without a message in progress");
-    const INTERLEAVED_MESSAGE: Self =
-        Self::protocol("new data frame while a fragmented message is in progress");
+    const STRAY_CONTINUATION: Self = Self::protocol("continuation frame without a message in progress");
+    const INTERLEAVED_MESSAGE: Self = Self::protocol("new data frame while a fragmented message is in progress");
     const CLOSE_ONE_BYTE: Self = Self::protocol("close frame payload of 1 byte");
     const BAD_CLOSE_CODE: Self = Self::protocol("close code not allowed on the wire");
-    const INVALID_UTF8: Self = Violation {
-        code: CloseCode::Invalid,
-        reason: "invalid UTF-8 in text",
-    };
-    const MESSAGE_TOO_BIG: Self = Violation {
-        code: CloseCode::Size,
-        reason: "message too big",
-    };
+    const INVALID_UTF8: Self = Violation { code: CloseCode::Invalid, reason: "invalid UTF-8 in text" };
+    const MESSAGE_TOO_BIG: Self = Violation { code: CloseCode::Size, reason: "message too big" };
 }
 
 /// One complete client message or control frame, payload unmasked.
@@ -189,18 +181,14 @@ impl Decoder {
                 Kind::Control(control)
             }
             OpCode::Data(Data::Continue) => match &self.assembly {
-                Some(assembly) => Kind::Data {
-                    text: assembly.text,
-                },
+                Some(assembly) => Kind::Data { text: assembly.text },
                 None => return Err(Violation::STRAY_CONTINUATION),
             },
             OpCode::Data(data @ (Data::Text | Data::Binary)) => {
                 if self.assembly.is_some() {
                     return Err(Violation::INTERLEAVED_MESSAGE);
                 }
-                Kind::Data {
-                    text: data == Data::Text,
-                }
+                Kind::Data { text: data == Data::Text }
             }
             OpCode::Data(Data::Reserved(_)) | OpCode::Control(Control::Reserved(_)) => {
                 return Err(Violation::RESERVED_OPCODE)
@@ -228,9 +216,7 @@ impl Decoder {
         let checked = std::mem::take(&mut self.checked).min(payload.len());
         let message = match kind {
             Kind::Control(control) => Some(control_message(control, payload, header.mask)?),
-            Kind::Data { text } => {
-                self.absorb(text, header.is_final, payload, header.mask, checked)?
-            }
+            Kind::Data { text } => self.absorb(text, header.is_final, payload, header.mask, checked)?,
         };
         Ok((total, message))
     }
@@ -253,21 +239,14 @@ impl Decoder {
             }
             return Ok(Some(data_message(text, buf)));
         }
-        let assembly = self.assembly.get_or_insert_with(|| {
-            Box::new(Assembly {
-                text,
-                buf: Vec::new(),
-            })
-        });
+        let assembly = self.assembly.get_or_insert_with(|| Box::new(Assembly { text, buf: Vec::new() }));
         let offset = assembly.buf.len();
         assembly.buf.extend_from_slice(payload);
         if let Some(mask) = mask {
             apply_mask(&mut assembly.buf[offset..], mask, 0);
         }
         if text {
-            self.utf8
-                .feed(&assembly.buf[offset + checked..])
-                .map_err(|_| Violation::INVALID_UTF8)?;
+            self.utf8.feed(&assembly.buf[offset + checked..]).map_err(|_| Violation::INVALID_UTF8)?;
         }
         if !is_final {
             return Ok(None);
@@ -295,11 +274,7 @@ impl Decoder {
     /// UTF-8-checks the part of an incomplete text frame that has arrived (`available` is the
     /// payload prefix), unmasking into a stack buffer since `input` is read-only. Only bytes not
     /// checked by an earlier call are looked at, so a frame trickling in costs O(length) overall.
-    fn check_partial_text(
-        &mut self,
-        available: &[u8],
-        mask: Option<[u8; 4]>,
-    ) -> Result<(), Violation> {
+    fn check_partial_text(&mut self, available: &[u8], mask: Option<[u8; 4]>) -> Result<(), Violation> {
         let from = self.checked.min(available.len());
         let mut scratch = [0u8; 512];
         let mut offset = from;
@@ -342,20 +317,13 @@ fn data_message(text: bool, buf: Vec<u8>) -> Message {
 }
 
 /// Builds a ping, pong or close message, applying the close-frame payload rules (§5.5.1, §7.4).
-fn control_message(
-    control: Control,
-    payload: &[u8],
-    mask: Option<[u8; 4]>,
-) -> Result<Message, Violation> {
+fn control_message(control: Control, payload: &[u8], mask: Option<[u8; 4]>) -> Result<Message, Violation> {
     let payload = Bytes::from(unmasked_copy(payload, mask));
     match control {
         Control::Ping => Ok(Message::Ping(payload)),
         Control::Pong => Ok(Message::Pong(payload)),
         _ => match payload.len() {
-            0 => Ok(Message::Close {
-                code: None,
-                reason: Bytes::new(),
-            }),
+            0 => Ok(Message::Close { code: None, reason: Bytes::new() }),
             1 => Err(Violation::CLOSE_ONE_BYTE),
             _ => {
                 let code = u16::from_be_bytes([payload[0], payload[1]]);
@@ -366,10 +334,7 @@ fn control_message(
                 if std::str::from_utf8(&reason).is_err() {
                     return Err(Violation::INVALID_UTF8);
                 }
-                Ok(Message::Close {
-                    code: Some(CloseCode::from(code)),
-                    reason,
-                })
+                Ok(Message::Close { code: Some(CloseCode::from(code)), reason })
             }
         },
     }

@@ -133,9 +133,7 @@ pub fn parse_request(buf: &[u8], max_head_bytes: usize) -> Result<Option<Request
                 Ok(None)
             };
         }
-        Err(httparse::Error::TooManyHeaders) => {
-            return Err(HttpError::new(431, "too many header fields"))
-        }
+        Err(httparse::Error::TooManyHeaders) => return Err(HttpError::new(431, "too many header fields")),
         Err(_) => return Err(HttpError::bad("malformed request head")),
     };
     if head_len > max_head_bytes {
@@ -156,11 +154,7 @@ pub fn parse_request(buf: &[u8], max_head_bytes: usize) -> Result<Option<Request
         None => (target, None),
     };
     // `http://host?q` has an empty path, which RFC 9112 §3.2.2 reads as "/".
-    let path = if path.is_empty() {
-        "/".to_owned()
-    } else {
-        path.to_owned()
-    };
+    let path = if path.is_empty() { "/".to_owned() } else { path.to_owned() };
 
     let mut req = Request {
         method,
@@ -262,18 +256,11 @@ pub fn parse_request(buf: &[u8], max_head_bytes: usize) -> Result<Option<Request
             return Err(HttpError::bad("chunked applied more than once"));
         }
         if transfer_codings.len() > 1 {
-            return Err(HttpError::new(
-                501,
-                "only the chunked transfer coding is supported",
-            ));
+            return Err(HttpError::new(501, "only the chunked transfer coding is supported"));
         }
         req.chunked = true;
     }
-    req.keep_alive = if minor_version >= 1 {
-        !conn_close
-    } else {
-        conn_keep_alive && !conn_close
-    };
+    req.keep_alive = if minor_version >= 1 { !conn_close } else { conn_keep_alive && !conn_close };
     Ok(Some(req))
 }
 
@@ -308,13 +295,8 @@ pub fn check_upgrade(req: &Request) -> Result<String, HttpError> {
     if !req.connection_upgrade {
         return Err(HttpError::bad("missing Connection: upgrade"));
     }
-    let key = req
-        .ws_key
-        .as_deref()
-        .ok_or(HttpError::bad("missing Sec-WebSocket-Key"))?;
-    let nonce_ok = base64::engine::general_purpose::STANDARD
-        .decode(key)
-        .is_ok_and(|nonce| nonce.len() == 16);
+    let key = req.ws_key.as_deref().ok_or(HttpError::bad("missing Sec-WebSocket-Key"))?;
+    let nonce_ok = base64::engine::general_purpose::STANDARD.decode(key).is_ok_and(|nonce| nonce.len() == 16);
     if !nonce_ok {
         return Err(HttpError::bad("bad Sec-WebSocket-Key"));
     }
@@ -327,8 +309,7 @@ pub fn check_upgrade(req: &Request) -> Result<String, HttpError> {
 /// The full `101 Switching Protocols` response head (RFC 6455 §4.2.2), ending in CRLFCRLF.
 /// No subprotocol or extension is negotiated.
 pub fn switching_protocols(accept: &str) -> Vec<u8> {
-    const HEAD: &str =
-        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n";
+    const HEAD: &str = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n";
     let mut out = Vec::with_capacity(HEAD.len() + 22 + accept.len() + 4);
     out.extend_from_slice(HEAD.as_bytes());
     out.extend_from_slice(b"Sec-WebSocket-Accept: ");
@@ -342,8 +323,7 @@ pub fn switching_protocols(accept: &str) -> Vec<u8> {
 fn split_absolute_form(target: &str) -> (&str, Option<&str>) {
     let rest = ["http://", "https://"].iter().find_map(|scheme| {
         let head = target.get(..scheme.len())?;
-        head.eq_ignore_ascii_case(scheme)
-            .then(|| &target[scheme.len()..])
+        head.eq_ignore_ascii_case(scheme).then(|| &target[scheme.len()..])
     });
     let Some(rest) = rest else {
         return (target, None);
@@ -375,10 +355,7 @@ fn valid_host(v: &str) -> bool {
 
 /// Comma-separated list elements, trimmed, empty ones skipped (RFC 9110 §5.6.1).
 fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
-    value
-        .split(|&b| b == b',')
-        .map(trim_ows)
-        .filter(|t| !t.is_empty())
+    value.split(|&b| b == b',').map(trim_ows).filter(|t| !t.is_empty())
 }
 
 /// Strips optional whitespace (SP / HTAB, RFC 9110 §5.6.3) from both ends.
@@ -404,9 +381,7 @@ fn combine(slot: &mut Option<String>, value: &str) {
 }
 
 fn unquote(v: &str) -> &str {
-    v.strip_prefix('"')
-        .and_then(|s| s.strip_suffix('"'))
-        .unwrap_or(v)
+    v.strip_prefix('"').and_then(|s| s.strip_suffix('"')).unwrap_or(v)
 }
 
 /// `Content-Length` (RFC 9110 §8.6): digits only (no sign), or a list of identical values.
@@ -417,10 +392,7 @@ fn content_length(value: &[u8]) -> Result<usize, HttpError> {
         if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
             return Err(bad);
         }
-        let n: usize = std::str::from_utf8(part)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or(bad)?;
+        let n: usize = std::str::from_utf8(part).ok().and_then(|s| s.parse().ok()).ok_or(bad)?;
         if result.is_some_and(|prev| prev != n) {
             return Err(HttpError::bad("conflicting Content-Length"));
         }

@@ -206,7 +206,8 @@ impl Metrics {
 
 /// Extracts `N` from `{"seq":N}`.
 pub fn seq_of_reply(body: &[u8]) -> u64 {
-    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_else(|e| panic!("reply {:?}: {e}", String::from_utf8_lossy(body)));
+    let v: serde_json::Value =
+        serde_json::from_slice(body).unwrap_or_else(|e| panic!("reply {:?}: {e}", String::from_utf8_lossy(body)));
     v["seq"].as_u64().unwrap_or_else(|| panic!("no seq in {v}"))
 }
 
@@ -217,7 +218,8 @@ pub async fn connect(addr: SocketAddr) -> TcpStream {
 
 /// Connects with `SO_RCVBUF` set before `connect` (so the window scale reflects it).
 pub async fn connect_small_rcvbuf(addr: SocketAddr, rcvbuf: usize) -> TcpStream {
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, Some(socket2::Protocol::TCP)).unwrap();
+    let sock =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, Some(socket2::Protocol::TCP)).unwrap();
     sock.set_recv_buffer_size(rcvbuf).unwrap();
     sock.connect_timeout(&addr.into(), STEP).expect("connect");
     sock.set_nonblocking(true).unwrap();
@@ -236,10 +238,15 @@ pub async fn read_head(s: &mut TcpStream) -> (u16, String, Vec<u8>) {
     loop {
         if let Some(end) = find(&buf, b"\r\n\r\n") {
             let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-            let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("bad status line in {head:?}"));
+            let status = head
+                .split(' ')
+                .nth(1)
+                .and_then(|c| c.parse().ok())
+                .unwrap_or_else(|| panic!("bad status line in {head:?}"));
             return (status, head, buf[end + 4..].to_vec());
         }
-        let n = tokio::time::timeout(STEP, s.read(&mut chunk)).await.expect("response head timed out").expect("read head");
+        let n =
+            tokio::time::timeout(STEP, s.read(&mut chunk)).await.expect("response head timed out").expect("read head");
         assert!(n > 0, "connection closed before a full response head; got {:?}", String::from_utf8_lossy(&buf));
         buf.extend_from_slice(&chunk[..n]);
     }
@@ -263,7 +270,8 @@ async fn read_response(s: &mut TcpStream) -> (u16, String, Vec<u8>) {
     let len: usize = header(&head, "content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
     let mut chunk = [0u8; 8192];
     while body.len() < len {
-        let n = tokio::time::timeout(STEP, s.read(&mut chunk)).await.expect("response body timed out").expect("read body");
+        let n =
+            tokio::time::timeout(STEP, s.read(&mut chunk)).await.expect("response body timed out").expect("read body");
         assert!(n > 0, "connection closed mid-body");
         body.extend_from_slice(&chunk[..n]);
     }
@@ -272,9 +280,16 @@ async fn read_response(s: &mut TcpStream) -> (u16, String, Vec<u8>) {
 }
 
 /// One HTTP/1.1 request on a fresh connection (`Connection: close`).
-pub async fn http_request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String, Vec<u8>) {
+pub async fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String, Vec<u8>) {
     let mut s = connect(addr).await;
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    let mut req =
+        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -469,7 +484,8 @@ impl RawWs {
 
 /// Fast extraction of `"seq":N` from a server `msg` frame without parsing the (large) data.
 pub fn msg_seq(payload: &[u8]) -> u64 {
-    let at = find(payload, b"\"seq\":").unwrap_or_else(|| panic!("no seq in {:?}", String::from_utf8_lossy(&payload[..payload.len().min(200)])));
+    let at = find(payload, b"\"seq\":")
+        .unwrap_or_else(|| panic!("no seq in {:?}", String::from_utf8_lossy(&payload[..payload.len().min(200)])));
     payload[at + 6..].iter().take_while(|b| b.is_ascii_digit()).fold(0u64, |n, d| n * 10 + (d - b'0') as u64)
 }
 

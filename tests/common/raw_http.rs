@@ -84,14 +84,7 @@ impl RawHttp {
                 self.buf.extend_from_slice(&chunk[..n]);
                 Some(n)
             }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                None
-            }
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => None,
             // A reset counts as the end of the stream.
             Err(_) => Some(0),
         }
@@ -105,50 +98,29 @@ impl RawHttp {
                 break end;
             }
             match self.fill(deadline) {
-                Some(0) => panic!(
-                    "connection ended before a full response head; got {:?}",
-                    String::from_utf8_lossy(&self.buf)
-                ),
+                Some(0) => {
+                    panic!("connection ended before a full response head; got {:?}", String::from_utf8_lossy(&self.buf))
+                }
                 Some(_) => {}
-                None => panic!(
-                    "no full response head within {STEP:?}; got {:?}",
-                    String::from_utf8_lossy(&self.buf)
-                ),
+                None => panic!("no full response head within {STEP:?}; got {:?}", String::from_utf8_lossy(&self.buf)),
             }
         };
         let head = String::from_utf8_lossy(&self.buf[..end]).into_owned();
         self.buf.drain(..end + 4);
         let mut parts = head.splitn(3, ' ');
         let version = parts.next().unwrap_or_default().to_owned();
-        let status: u16 = parts
-            .next()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or_else(|| panic!("bad status line in {head:?}"));
-        let mut r = Response {
-            version,
-            status,
-            head,
-            body: Vec::new(),
-        };
-        let bodiless =
-            head_request || (100..200).contains(&status) || status == 204 || status == 304;
+        let status: u16 =
+            parts.next().and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("bad status line in {head:?}"));
+        let mut r = Response { version, status, head, body: Vec::new() };
+        let bodiless = head_request || (100..200).contains(&status) || status == 204 || status == 304;
         if !bodiless {
-            let len: usize = r
-                .headers("content-length")
-                .first()
-                .map(|v| v.parse().expect("Content-Length"))
-                .unwrap_or(0);
+            let len: usize =
+                r.headers("content-length").first().map(|v| v.parse().expect("Content-Length")).unwrap_or(0);
             while self.buf.len() < len {
                 match self.fill(deadline) {
-                    Some(0) => panic!(
-                        "connection ended mid-content ({} of {len} bytes)",
-                        self.buf.len()
-                    ),
+                    Some(0) => panic!("connection ended mid-content ({} of {len} bytes)", self.buf.len()),
                     Some(_) => {}
-                    None => panic!(
-                        "content incomplete after {STEP:?} ({} of {len} bytes)",
-                        self.buf.len()
-                    ),
+                    None => panic!("content incomplete after {STEP:?} ({} of {len} bytes)", self.buf.len()),
                 }
             }
             r.body = self.buf.drain(..len).collect();
@@ -171,11 +143,7 @@ impl RawHttp {
                 Some(_) => {}
             }
         }
-        assert!(
-            self.buf.is_empty(),
-            "expected nothing, got {:?}",
-            String::from_utf8_lossy(&self.buf)
-        );
+        assert!(self.buf.is_empty(), "expected nothing, got {:?}", String::from_utf8_lossy(&self.buf));
     }
 
     /// Reads until the server ends the connection (within `limit`) and returns whatever came
@@ -186,10 +154,7 @@ impl RawHttp {
             match self.fill(deadline) {
                 Some(0) => return std::mem::take(&mut self.buf),
                 Some(_) => {}
-                None => panic!(
-                    "connection still open after {limit:?}; got {:?}",
-                    String::from_utf8_lossy(&self.buf)
-                ),
+                None => panic!("connection still open after {limit:?}; got {:?}", String::from_utf8_lossy(&self.buf)),
             }
         }
     }

@@ -122,7 +122,12 @@ impl Drop for Relay {
 
 /// Copies one direction until EOF, an error, or a cut. On a cut, SO_LINGER 0 makes the close
 /// of each socket a RST; the socket closes when both of its halves are dropped.
-async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, cut: &mut watch::Receiver<u64>, watch: Option<(Arc<Mutex<Vec<Relayed>>>, usize)>) {
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    cut: &mut watch::Receiver<u64>,
+    watch: Option<(Arc<Mutex<Vec<Relayed>>>, usize)>,
+) {
     let mut buf = vec![0u8; 64 * 1024];
     let mut watch = watch;
     loop {
@@ -155,7 +160,8 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, cut: &mut watch::
 
 /// A fresh path in the temp dir for an output file (removed first if it exists).
 pub fn temp_path(name: &str) -> PathBuf {
-    let p = std::env::temp_dir().join(format!("tether-it-{}-{name}-{}.jsonl", std::process::id(), rand::random::<u32>()));
+    let p =
+        std::env::temp_dir().join(format!("tether-it-{}-{name}-{}.jsonl", std::process::id(), rand::random::<u32>()));
     let _ = std::fs::remove_file(&p);
     p
 }
@@ -168,7 +174,8 @@ pub struct SubProc {
 
 impl SubProc {
     pub fn start(url: &str, ch: &str, file: &Path) -> SubProc {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(file.with_extension("stderr")).expect("sub log");
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(file.with_extension("stderr")).expect("sub log");
         let child = Command::new(env!("CARGO_BIN_EXE_tether"))
             .args(["sub", url, ch, "--from", "0", "--append-to"])
             .arg(file)
@@ -225,7 +232,8 @@ pub fn read_seqs(file: &Path, ch: &str) -> Vec<u64> {
     let text = std::fs::read_to_string(file).unwrap_or_default();
     text.lines()
         .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("line {l:?} is not JSON: {e}"));
+            let v: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("line {l:?} is not JSON: {e}"));
             assert_eq!(v["op"], "msg", "line {l}");
             assert_eq!(v["ch"], ch, "line {l}");
             let seq = v["seq"].as_u64().unwrap_or_else(|| panic!("no seq in {l}"));
@@ -244,7 +252,9 @@ pub fn last_seq(file: &Path) -> u64 {
     };
     let start = bytes[..end].iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
     let line = &bytes[start..end];
-    find(line, b"\"seq\":").map_or(0, |at| line[at + 6..].iter().take_while(|b| b.is_ascii_digit()).fold(0, |n, d| n * 10 + u64::from(d - b'0')))
+    find(line, b"\"seq\":").map_or(0, |at| {
+        line[at + 6..].iter().take_while(|b| b.is_ascii_digit()).fold(0, |n, d| n * 10 + u64::from(d - b'0'))
+    })
 }
 
 /// Waits until the file's last line has seq `want`.
@@ -269,7 +279,15 @@ pub fn assert_exactly_once(seqs: &[u64], n: u64) {
     }
     let missing: Vec<u64> = (1..=n).filter(|&s| seen[s as usize] == 0).collect();
     let dups: Vec<u64> = (1..=n).filter(|&s| seen[s as usize] > 1).collect();
-    assert!(missing.is_empty() && dups.is_empty(), "{} lines; missing {} (first {:?}), duplicated {} (first {:?})", seqs.len(), missing.len(), &missing[..missing.len().min(10)], dups.len(), &dups[..dups.len().min(10)]);
+    assert!(
+        missing.is_empty() && dups.is_empty(),
+        "{} lines; missing {} (first {:?}), duplicated {} (first {:?})",
+        seqs.len(),
+        missing.len(),
+        &missing[..missing.len().min(10)],
+        dups.len(),
+        &dups[..dups.len().min(10)]
+    );
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "lines out of order");
     assert_eq!(seqs.len() as u64, n);
 }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::server::bus::Resume;
 use crate::protocol::ResetReason;
+use crate::server::bus::Resume;
 
 /// Home core of a channel: FNV-1a of its name modulo the core count. Deterministic, so every
 /// core computes the same home without asking.
@@ -191,7 +191,14 @@ impl Homes {
     /// Publishes `data` (raw JSON) on `ch`: assigns the next seq, encodes the frame once,
     /// keeps it in history. A publish `id` seen within the dedup window returns its original
     /// seq and no frame.
-    pub fn publish(&mut self, ch: &str, id: Option<&str>, data: &[u8], history_cap: usize, now_ms: u64) -> (Published, Arc<str>) {
+    pub fn publish(
+        &mut self,
+        ch: &str,
+        id: Option<&str>,
+        data: &[u8],
+        history_cap: usize,
+        now_ms: u64,
+    ) -> (Published, Arc<str>) {
         if let Some(id) = id {
             if let Some(seq) = self.dedup.get(ch, id, now_ms) {
                 let name = self.channel(ch, history_cap).name.clone();
@@ -230,7 +237,9 @@ impl Homes {
         c.interest[core] += 1;
         let resume = match from {
             None => Resume::Live,
-            Some(_) if epoch.is_some_and(|e| e != &*c.epoch) => Resume::Reset { reason: ResetReason::Epoch, oldest: c.oldest() },
+            Some(_) if epoch.is_some_and(|e| e != &*c.epoch) => {
+                Resume::Reset { reason: ResetReason::Epoch, oldest: c.oldest() }
+            }
             Some(f) if f > c.head => Resume::Ahead,
             Some(f) if f + 1 < c.oldest() => Resume::Reset { reason: ResetReason::Evicted, oldest: c.oldest() },
             Some(f) => Resume::Recovered { from: f, frames: c.batch(f, c.head), until: c.head },
@@ -265,7 +274,8 @@ impl Homes {
     /// channel names. Returns how many were dropped.
     pub fn sweep(&mut self, now_ms: u64, idle_ms: u64) -> usize {
         let before = self.chans.len();
-        self.chans.retain(|_, c| c.interest.iter().any(|n| *n > 0) || now_ms.saturating_sub(c.last_publish_ms) < idle_ms);
+        self.chans
+            .retain(|_, c| c.interest.iter().any(|n| *n > 0) || now_ms.saturating_sub(c.last_publish_ms) < idle_ms);
         before - self.chans.len()
     }
 }
@@ -329,10 +339,18 @@ mod tests {
             Resume::Recovered { frames, .. } => assert_eq!(frames.len(), 4),
             r => panic!("{r:?}"),
         }
-        assert!(matches!(h.subscribe("a", 0, Some(5), None, 4).3, Resume::Reset { reason: ResetReason::Evicted, oldest: 7 }));
-        assert!(matches!(h.subscribe("a", 0, Some(10), Some("other"), 4).3, Resume::Reset { reason: ResetReason::Epoch, .. }));
+        assert!(matches!(
+            h.subscribe("a", 0, Some(5), None, 4).3,
+            Resume::Reset { reason: ResetReason::Evicted, oldest: 7 }
+        ));
+        assert!(matches!(
+            h.subscribe("a", 0, Some(10), Some("other"), 4).3,
+            Resume::Reset { reason: ResetReason::Epoch, .. }
+        ));
         assert!(matches!(h.subscribe("a", 0, Some(11), None, 4).3, Resume::Ahead));
-        assert!(matches!(h.subscribe("a", 0, Some(10), None, 4).3, Resume::Recovered { ref frames, .. } if frames.is_empty()));
+        assert!(
+            matches!(h.subscribe("a", 0, Some(10), None, 4).3, Resume::Recovered { ref frames, .. } if frames.is_empty())
+        );
     }
 
     #[test]

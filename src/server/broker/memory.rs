@@ -43,7 +43,10 @@ impl Broker for MemoryBroker {
                         metrics.published.fetch_add(1, Relaxed);
                         if let Some(c) = self.homes.get(&ch) {
                             for core in c.interested() {
-                                router.to_core(core, CoreMsg::Deliver { ch: name.clone(), seq: p.seq, frame: frame.clone() });
+                                router.to_core(
+                                    core,
+                                    CoreMsg::Deliver { ch: name.clone(), seq: p.seq, frame: frame.clone() },
+                                );
                             }
                         }
                     }
@@ -58,8 +61,10 @@ impl Broker for MemoryBroker {
             }
             Request::Subscribe { ch, conn, from, epoch } => {
                 let cap = self.shared.config.channel_rule(&ch).history;
-                let (name, head, epoch, resume) = self.homes.subscribe(&ch, conn.core as usize, from, epoch.as_deref(), cap);
-                router.to_core(conn.core as usize, CoreMsg::Subscribed { ch: name, conn: conn.id, head, epoch, resume });
+                let (name, head, epoch, resume) =
+                    self.homes.subscribe(&ch, conn.core as usize, from, epoch.as_deref(), cap);
+                router
+                    .to_core(conn.core as usize, CoreMsg::Subscribed { ch: name, conn: conn.id, head, epoch, resume });
             }
             Request::Unsubscribe { ch, core } => self.homes.unsubscribe(&ch, core as usize),
             Request::Fetch { ch, conn, after, until } => {

@@ -14,10 +14,10 @@
 pub mod home;
 pub mod memory;
 
-pub use super::bus::Request;
-use super::bus::Router;
 #[cfg(doc)]
 use super::bus::CoreMsg;
+pub use super::bus::Request;
+use super::bus::Router;
 
 /// The home side of channels.
 ///

@@ -425,7 +425,11 @@ impl Session {
                 }
             },
             Message::Binary(_) => {
-                let e = protocol::error_json(codes::BAD_REQUEST, "binary frames are not part of protocol v1; send JSON text", None);
+                let e = protocol::error_json(
+                    codes::BAD_REQUEST,
+                    "binary frames are not part of protocol v1; send JSON text",
+                    None,
+                );
                 self.reply(ctx, codec::text_frame(&e));
             }
             Message::Ping(p) => {
@@ -573,7 +577,12 @@ impl Session {
                 replay::Held::Queued => return true,
                 replay::Held::Overflow => {
                     ctx.metrics.overflow(0, self.queue.bytes() as u64);
-                    self.close(ctx, CloseCode::Again, &CloseReason::slow("replay backlog").to_json(), ReapReason::Overflow);
+                    self.close(
+                        ctx,
+                        CloseCode::Again,
+                        &CloseReason::slow("replay backlog").to_json(),
+                        ReapReason::Overflow,
+                    );
                     return false;
                 }
                 replay::Held::NotReplaying => {}
@@ -583,7 +592,10 @@ impl Session {
             queue::Offer::Queued => true,
             queue::Offer::Dropped => false,
             queue::Offer::Overflow => {
-                let limit = format!("queue_max_bytes={},queue_max_messages={}", ctx.cfg.queue_max_bytes, ctx.cfg.queue_max_messages);
+                let limit = format!(
+                    "queue_max_bytes={},queue_max_messages={}",
+                    ctx.cfg.queue_max_bytes, ctx.cfg.queue_max_messages
+                );
                 self.close(ctx, CloseCode::Again, &CloseReason::slow(limit).to_json(), ReapReason::Overflow);
                 false
             }

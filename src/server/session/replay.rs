@@ -92,9 +92,28 @@ impl Session {
     /// Begins replaying `ch` (local channel `chan`): `frames` are seqs `from+1 ..`, up to
     /// `until`. Returns a fetch for the next batch when the first one does not reach `until`.
     #[allow(clippy::too_many_arguments)]
-    pub fn start_replay(&mut self, ctx: &Ctx, chan: u32, ch: Arc<str>, epoch: Arc<str>, from: u64, frames: Vec<Bytes>, until: u64) -> Option<Fetch> {
+    pub fn start_replay(
+        &mut self,
+        ctx: &Ctx,
+        chan: u32,
+        ch: Arc<str>,
+        epoch: Arc<str>,
+        from: u64,
+        frames: Vec<Bytes>,
+        until: u64,
+    ) -> Option<Fetch> {
         let fetched = from + frames.len() as u64;
-        let r = Replay { chan, ch, epoch, backlog: frames.into(), fetched, until, fetching: false, live: VecDeque::new(), live_bytes: 0 };
+        let r = Replay {
+            chan,
+            ch,
+            epoch,
+            backlog: frames.into(),
+            fetched,
+            until,
+            fetching: false,
+            live: VecDeque::new(),
+            live_bytes: 0,
+        };
         self.replays.get_or_insert_with(Default::default).push(r);
         self.pump_replay(ctx).1
     }

@@ -156,10 +156,7 @@ pub fn decode_server_frame(input: &[u8]) -> Result<Option<(usize, bool, u8, Byte
         }
     }
     let start = cursor.position() as usize;
-    let total = match usize::try_from(len)
-        .ok()
-        .and_then(|len| start.checked_add(len))
-    {
+    let total = match usize::try_from(len).ok().and_then(|len| start.checked_add(len)) {
         Some(total) => total,
         None => return Err(Violation::MESSAGE_TOO_BIG),
     };
@@ -167,10 +164,5 @@ pub fn decode_server_frame(input: &[u8]) -> Result<Option<(usize, bool, u8, Byte
         return Ok(None);
     }
     let payload = Bytes::copy_from_slice(&input[start..total]);
-    Ok(Some((
-        total,
-        header.is_final,
-        u8::from(header.opcode),
-        payload,
-    )))
+    Ok(Some((total, header.is_final, u8::from(header.opcode), payload)))
 }

@@ -8,9 +8,7 @@
 pub(crate) fn apply_mask(buf: &mut [u8], mask: [u8; 4], offset: usize) {
     let mut key = mask;
     key.rotate_left(offset % 4);
-    let word = u64::from_ne_bytes([
-        key[0], key[1], key[2], key[3], key[0], key[1], key[2], key[3],
-    ]);
+    let word = u64::from_ne_bytes([key[0], key[1], key[2], key[3], key[0], key[1], key[2], key[3]]);
     let mut words = buf.chunks_exact_mut(8);
     for chunk in &mut words {
         let mut bytes = [0u8; 8];

@@ -24,10 +24,7 @@ fn req(head: &str) -> Request {
 /// `Host: h` added after the request line when `lines` has no `Host` (HTTP/1.1 requires one).
 fn head_of(lines: &[&str]) -> String {
     let mut lines = lines.to_vec();
-    if !lines
-        .iter()
-        .any(|l| l.to_ascii_lowercase().starts_with("host:"))
-    {
+    if !lines.iter().any(|l| l.to_ascii_lowercase().starts_with("host:")) {
         lines.insert(1.min(lines.len()), "Host: h");
     }
     let mut s = lines.join("\r\n");
@@ -67,10 +64,7 @@ fn head_len_excludes_following_body_bytes() {
 fn every_strict_prefix_is_incomplete() {
     let head = upgrade_head("");
     for end in 0..head.len() {
-        assert!(
-            matches!(parse(&head[..end]), Ok(None)),
-            "prefix of {end} bytes"
-        );
+        assert!(matches!(parse(&head[..end]), Ok(None)), "prefix of {end} bytes");
     }
 }
 
@@ -82,15 +76,8 @@ fn oversize_heads_get_431() {
     assert_eq!(parse_request(partial, 40).unwrap_err().status, 431);
     assert!(matches!(parse_request(partial, 41), Ok(None)));
     // Complete, but longer than the limit.
-    assert_eq!(
-        parse_request(head.as_bytes(), head.len() - 1)
-            .unwrap_err()
-            .status,
-        431
-    );
-    assert!(parse_request(head.as_bytes(), head.len())
-        .unwrap()
-        .is_some());
+    assert_eq!(parse_request(head.as_bytes(), head.len() - 1).unwrap_err().status, 431);
+    assert!(parse_request(head.as_bytes(), head.len()).unwrap().is_some());
     // A header that never ends.
     let mut endless = b"GET / HTTP/1.1\r\nX-Junk: ".to_vec();
     endless.resize(9000, b'a');
@@ -100,16 +87,10 @@ fn oversize_heads_get_431() {
 #[test]
 fn header_count_limit() {
     let fields = |n: usize| (0..n).map(|i| format!("X-H{i}: v\r\n")).collect::<String>();
-    let ok = format!(
-        "GET / HTTP/1.1\r\nHost: h\r\n{}\r\n",
-        fields(MAX_HEADERS - 1)
-    );
+    let ok = format!("GET / HTTP/1.1\r\nHost: h\r\n{}\r\n", fields(MAX_HEADERS - 1));
     assert!(parse(&ok).unwrap().is_some());
     let too_many = format!("GET / HTTP/1.1\r\nHost: h\r\n{}\r\n", fields(MAX_HEADERS));
-    assert_eq!(
-        parse(&too_many).unwrap_err(),
-        HttpError::new(431, "too many header fields")
-    );
+    assert_eq!(parse(&too_many).unwrap_err(), HttpError::new(431, "too many header fields"));
 }
 
 #[test]
@@ -143,33 +124,17 @@ fn methods() {
 
 #[test]
 fn header_token_lists() {
-    let r = req(&head_of(&[
-        "GET /ws HTTP/1.1",
-        "Connection: keep-alive, Upgrade",
-        "Upgrade: h2c, WebSocket",
-    ]));
+    let r = req(&head_of(&["GET /ws HTTP/1.1", "Connection: keep-alive, Upgrade", "Upgrade: h2c, WebSocket"]));
     assert!(r.connection_upgrade && r.upgrade_websocket && r.keep_alive);
 
-    let r = req(&head_of(&[
-        "GET /ws HTTP/1.1",
-        "Connection: keep-alive",
-        "Connection: upgrade",
-    ]));
+    let r = req(&head_of(&["GET /ws HTTP/1.1", "Connection: keep-alive", "Connection: upgrade"]));
     assert!(r.connection_upgrade);
 
     // Tokens are whole list elements, not substrings.
-    let r = req(&head_of(&[
-        "GET /ws HTTP/1.1",
-        "Connection: upgraded",
-        "Upgrade: websockets",
-    ]));
+    let r = req(&head_of(&["GET /ws HTTP/1.1", "Connection: upgraded", "Upgrade: websockets"]));
     assert!(!r.connection_upgrade && !r.upgrade_websocket);
 
-    let r = req(&head_of(&[
-        "GET /ws HTTP/1.1",
-        "Connection: ,, upgrade ,",
-        "Upgrade:websocket",
-    ]));
+    let r = req(&head_of(&["GET /ws HTTP/1.1", "Connection: ,, upgrade ,", "Upgrade:websocket"]));
     assert!(r.connection_upgrade && r.upgrade_websocket);
 }
 
@@ -203,29 +168,16 @@ fn content_length_rules() {
     assert_eq!(cl(&["1048576"]), Ok(Some(1_048_576)));
     assert_eq!(cl(&["5, 5"]), Ok(Some(5)));
     assert_eq!(cl(&["5", "5"]), Ok(Some(5)));
-    for bad in [
-        &["+5"][..],
-        &["-1"],
-        &["0x10"],
-        &["5, 6"],
-        &["5", "6"],
-        &["99999999999999999999999"],
-    ] {
+    for bad in [&["+5"][..], &["-1"], &["0x10"], &["5, 6"], &["5", "6"], &["99999999999999999999999"]] {
         assert_eq!(cl(bad).unwrap_err().status, 400, "{bad:?}");
     }
 }
 
 #[test]
 fn transfer_encoding_rules() {
-    let r = req(&head_of(&[
-        "POST /p HTTP/1.1",
-        "Transfer-Encoding: chunked",
-    ]));
+    let r = req(&head_of(&["POST /p HTTP/1.1", "Transfer-Encoding: chunked"]));
     assert!(r.chunked && r.content_length.is_none());
-    let r = req(&head_of(&[
-        "POST /p HTTP/1.1",
-        "Transfer-Encoding: Chunked",
-    ]));
+    let r = req(&head_of(&["POST /p HTTP/1.1", "Transfer-Encoding: Chunked"]));
     assert!(r.chunked);
     // A coding tether cannot decode (RFC 9112 §6.1: 501).
     let gzip = head_of(&["POST /p HTTP/1.1", "Transfer-Encoding: gzip, chunked"]);
@@ -234,11 +186,7 @@ fn transfer_encoding_rules() {
         head_of(&["POST /p HTTP/1.1", "Transfer-Encoding: chunked, chunked"]),
         head_of(&["POST /p HTTP/1.1", "Transfer-Encoding: chunked, gzip"]),
         head_of(&["POST /p HTTP/1.1", "Transfer-Encoding: gzip"]),
-        head_of(&[
-            "POST /p HTTP/1.1",
-            "Transfer-Encoding: chunked",
-            "Content-Length: 3",
-        ]),
+        head_of(&["POST /p HTTP/1.1", "Transfer-Encoding: chunked", "Content-Length: 3"]),
         head_of(&["POST /p HTTP/1.0", "Transfer-Encoding: chunked"]),
     ] {
         assert_eq!(parse(&bad).unwrap_err().status, 400, "{bad:?}");
@@ -248,57 +196,25 @@ fn transfer_encoding_rules() {
 #[test]
 fn host_rules() {
     // RFC 9112 §3.2: HTTP/1.1 needs exactly one valid Host; HTTP/1.0 may omit it.
-    assert_eq!(
-        parse("GET / HTTP/1.1\r\n\r\n").unwrap_err(),
-        HttpError::new(400, "missing Host header")
-    );
-    assert_eq!(
-        parse("GET http://h/ HTTP/1.1\r\n\r\n").unwrap_err(),
-        HttpError::new(400, "missing Host header")
-    );
+    assert_eq!(parse("GET / HTTP/1.1\r\n\r\n").unwrap_err(), HttpError::new(400, "missing Host header"));
+    assert_eq!(parse("GET http://h/ HTTP/1.1\r\n\r\n").unwrap_err(), HttpError::new(400, "missing Host header"));
     assert!(req("GET / HTTP/1.0\r\n\r\n").host.is_none());
-    for good in [
-        "",
-        "example.com",
-        "example.com:8080",
-        "127.0.0.1:80",
-        "[::1]:8080",
-        "[::1]",
-        "a%41b",
-    ] {
+    for good in ["", "example.com", "example.com:8080", "127.0.0.1:80", "[::1]:8080", "[::1]", "a%41b"] {
         let r = req(&format!("GET / HTTP/1.1\r\nHost: {good}\r\n\r\n"));
         assert_eq!(r.host.as_deref(), Some(good), "{good:?}");
     }
-    for bad in [
-        "a b", "a/b", "user@h", "h:80x", "[::1", "[]:80", "h?q", "[::1]x",
-    ] {
+    for bad in ["a b", "a/b", "user@h", "h:80x", "[::1", "[]:80", "h?q", "[::1]x"] {
         let head = format!("GET / HTTP/1.1\r\nHost: {bad}\r\n\r\n");
-        assert_eq!(
-            parse(&head).unwrap_err(),
-            HttpError::new(400, "invalid Host header"),
-            "{bad:?}"
-        );
+        assert_eq!(parse(&head).unwrap_err(), HttpError::new(400, "invalid Host header"), "{bad:?}");
     }
     let twice = head_of(&["GET / HTTP/1.1", "Host: a", "Host: b"]);
-    assert_eq!(
-        parse(&twice).unwrap_err(),
-        HttpError::new(400, "repeated Host header")
-    );
+    assert_eq!(parse(&twice).unwrap_err(), HttpError::new(400, "repeated Host header"));
     // Absolute form: the target's authority replaces Host (RFC 9112 §3.2.2).
-    let r = req(&head_of(&[
-        "GET http://Node-1:8080/publish/x?q=1 HTTP/1.1",
-        "Host: ignored",
-    ]));
-    assert_eq!(
-        (r.path.as_str(), r.query.as_deref()),
-        ("/publish/x", Some("q=1"))
-    );
+    let r = req(&head_of(&["GET http://Node-1:8080/publish/x?q=1 HTTP/1.1", "Host: ignored"]));
+    assert_eq!((r.path.as_str(), r.query.as_deref()), ("/publish/x", Some("q=1")));
     assert_eq!(r.host.as_deref(), Some("Node-1:8080"));
     let r = req(&head_of(&["GET HTTPS://h?x HTTP/1.1"]));
-    assert_eq!(
-        (r.path.as_str(), r.query.as_deref(), r.host.as_deref()),
-        ("/", Some("x"), Some("h"))
-    );
+    assert_eq!((r.path.as_str(), r.query.as_deref(), r.host.as_deref()), ("/", Some("x"), Some("h")));
     let r = req(&head_of(&["OPTIONS * HTTP/1.1", "Host: h"]));
     assert_eq!((r.method, r.path.as_str()), (Method::Other, "*"));
 }
@@ -332,13 +248,7 @@ fn upgrade_with(change: impl Fn(&str) -> Option<String>) -> Result<String, HttpE
 }
 
 fn replace(prefix: &'static str, with: &'static str) -> impl Fn(&str) -> Option<String> {
-    move |l: &str| {
-        Some(if l.starts_with(prefix) {
-            with.to_owned()
-        } else {
-            l.to_owned()
-        })
-    }
+    move |l: &str| Some(if l.starts_with(prefix) { with.to_owned() } else { l.to_owned() })
 }
 
 fn drop_line(prefix: &'static str) -> impl Fn(&str) -> Option<String> {
@@ -348,81 +258,37 @@ fn drop_line(prefix: &'static str) -> impl Fn(&str) -> Option<String> {
 #[test]
 fn each_upgrade_rule_is_checked() {
     let bad = |reason| Err(HttpError::new(400, reason));
-    assert_eq!(
-        upgrade_with(replace("GET", "POST /ws HTTP/1.1")),
-        bad("method must be GET")
-    );
-    assert_eq!(
-        upgrade_with(replace("GET", "GET /ws HTTP/1.0")),
-        bad("HTTP/1.1 required")
-    );
+    assert_eq!(upgrade_with(replace("GET", "POST /ws HTTP/1.1")), bad("method must be GET"));
+    assert_eq!(upgrade_with(replace("GET", "GET /ws HTTP/1.0")), bad("HTTP/1.1 required"));
     // An HTTP/1.1 request without Host is refused by the parser already (RFC 9112 §3.2).
     let no_host = upgrade_head("").replace("Host: example.com\r\n", "");
-    assert_eq!(
-        parse(&no_host).map(|_| ()),
-        bad("missing Host header").map(|_: String| ())
-    );
-    assert_eq!(
-        upgrade_with(drop_line("Upgrade")),
-        bad("missing Upgrade: websocket")
-    );
-    assert_eq!(
-        upgrade_with(replace("Upgrade", "Upgrade: h2c")),
-        bad("missing Upgrade: websocket")
-    );
-    assert_eq!(
-        upgrade_with(drop_line("Connection")),
-        bad("missing Connection: upgrade")
-    );
-    assert_eq!(
-        upgrade_with(replace("Connection", "Connection: keep-alive")),
-        bad("missing Connection: upgrade")
-    );
-    assert_eq!(
-        upgrade_with(drop_line("Sec-WebSocket-Key")),
-        bad("missing Sec-WebSocket-Key")
-    );
+    assert_eq!(parse(&no_host).map(|_| ()), bad("missing Host header").map(|_: String| ()));
+    assert_eq!(upgrade_with(drop_line("Upgrade")), bad("missing Upgrade: websocket"));
+    assert_eq!(upgrade_with(replace("Upgrade", "Upgrade: h2c")), bad("missing Upgrade: websocket"));
+    assert_eq!(upgrade_with(drop_line("Connection")), bad("missing Connection: upgrade"));
+    assert_eq!(upgrade_with(replace("Connection", "Connection: keep-alive")), bad("missing Connection: upgrade"));
+    assert_eq!(upgrade_with(drop_line("Sec-WebSocket-Key")), bad("missing Sec-WebSocket-Key"));
     for key in [
         "Sec-WebSocket-Key: not base64!!",
-        "Sec-WebSocket-Key: AAAAAAAAAAAAAAAAAAAA", // 15 bytes
+        "Sec-WebSocket-Key: AAAAAAAAAAAAAAAAAAAA",     // 15 bytes
         "Sec-WebSocket-Key: AAAAAAAAAAAAAAAAAAAAAAA=", // 17 bytes
-        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ", // unpadded
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ",   // unpadded
         "Sec-WebSocket-Key: ",
     ] {
-        assert_eq!(
-            upgrade_with(replace("Sec-WebSocket-Key", key)),
-            bad("bad Sec-WebSocket-Key"),
-            "{key}"
-        );
+        assert_eq!(upgrade_with(replace("Sec-WebSocket-Key", key)), bad("bad Sec-WebSocket-Key"), "{key}");
     }
-    let key_twice = |l: &str| {
-        Some(if l.starts_with("Sec-WebSocket-Key") {
-            format!("{l}\r\n{l}")
-        } else {
-            l.to_owned()
-        })
-    };
+    let key_twice =
+        |l: &str| Some(if l.starts_with("Sec-WebSocket-Key") { format!("{l}\r\n{l}") } else { l.to_owned() });
     assert_eq!(upgrade_with(key_twice), bad("bad Sec-WebSocket-Key"));
 }
 
 #[test]
 fn wrong_or_missing_version_gets_426() {
     let unsupported = Err(HttpError::new(426, "unsupported Sec-WebSocket-Version"));
-    for v in [
-        "Sec-WebSocket-Version: 8",
-        "Sec-WebSocket-Version: 13, 8",
-        "Sec-WebSocket-Version: 14",
-    ] {
-        assert_eq!(
-            upgrade_with(replace("Sec-WebSocket-Version", v)),
-            unsupported,
-            "{v}"
-        );
+    for v in ["Sec-WebSocket-Version: 8", "Sec-WebSocket-Version: 13, 8", "Sec-WebSocket-Version: 14"] {
+        assert_eq!(upgrade_with(replace("Sec-WebSocket-Version", v)), unsupported, "{v}");
     }
-    assert_eq!(
-        upgrade_with(drop_line("Sec-WebSocket-Version")),
-        unsupported
-    );
+    assert_eq!(upgrade_with(drop_line("Sec-WebSocket-Version")), unsupported);
 }
 
 #[test]

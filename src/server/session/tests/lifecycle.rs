@@ -84,14 +84,16 @@ fn requests_are_handed_up_and_malformed_ones_answered_with_an_error() {
 #[test]
 fn only_http_open_and_closing_by_us_read_input() {
     let http = State::Http(HttpPhase::default());
-    let reads = [http, State::Open, State::ClosingByUs, State::Finishing, State::Lingering, State::Closed].map(State::can_read);
+    let reads =
+        [http, State::Open, State::ClosingByUs, State::Finishing, State::Lingering, State::Closed].map(State::can_read);
     assert_eq!(reads, [true, true, true, false, false, false]);
 }
 
 #[test]
 fn only_open_writes_new_frames() {
     let http = State::Http(HttpPhase { served: true, keep_alive: true, ..HttpPhase::default() });
-    let writes = [http, State::Open, State::ClosingByUs, State::Finishing, State::Lingering, State::Closed].map(State::can_write);
+    let writes = [http, State::Open, State::ClosingByUs, State::Finishing, State::Lingering, State::Closed]
+        .map(State::can_write);
     assert_eq!(writes, [false, true, false, false, false, false]);
 }
 

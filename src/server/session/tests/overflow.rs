@@ -18,7 +18,10 @@ fn disconnect_overflow_keeps_the_partly_written_front_and_closes_with_1013() {
     let (code, reason) = close_of(&f[1].1);
     assert_eq!(code, 1013);
     assert!(reason.contains(r#""reason":"slow""#) && reason.contains(r#""retry_after_ms":"#), "{reason}");
-    assert_eq!(CloseReason::parse(&reason).and_then(|r| r.limit).as_deref(), Some("queue_max_bytes=65536,queue_max_messages=4"));
+    assert_eq!(
+        CloseReason::parse(&reason).and_then(|r| r.limit).as_deref(),
+        Some("queue_max_bytes=65536,queue_max_messages=4")
+    );
     assert_eq!(sim.metric(r#"tether_overflow_total{core="0",policy="disconnect"}"#), 1);
     assert_eq!(sim.metric(r#"tether_closes_total{core="0",code="1013"}"#), 1);
 }
@@ -86,4 +89,3 @@ fn reply_overflowing_the_byte_limit_closes_like_disconnect() {
 }
 
 // ---- resume replay ----
-

@@ -73,7 +73,10 @@ fn evicted_history_sends_a_reset_then_the_held_live_frames() {
     let ops: Vec<_> = texts.iter().map(|v| v["op"].as_str().unwrap_or("").to_string()).collect();
     assert_eq!(ops, ["msg", "msg", "reset", "msg", "msg"]);
     let reset = &texts[2];
-    assert_eq!((reset["reason"].as_str(), reset["seq"].as_u64(), reset["oldest"].as_u64()), (Some("evicted"), Some(10), Some(7)));
+    assert_eq!(
+        (reset["reason"].as_str(), reset["seq"].as_u64(), reset["oldest"].as_u64()),
+        (Some("evicted"), Some(10), Some(7))
+    );
     assert_eq!(seqs_of(&out, "a"), [1, 2, 11, 12]);
 }
 
@@ -179,4 +182,3 @@ fn held_frames_under_drop_oldest_keep_the_newest() {
 }
 
 // ---- drain ----
-
