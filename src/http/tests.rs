@@ -120,7 +120,6 @@ fn rejections() {
     assert!(t.contains("\r\nRetry-After: 5\r\n") && t.ends_with("\r\n\r\ntoo many connections\n"));
     assert!(!t.contains("Sec-WebSocket-Version"));
     let t = handshake_rejection(HttpError::new(431, "request head too large"), &[]);
-    let t = t.as_slice();
     assert!(text(&t).starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"));
 }
 
