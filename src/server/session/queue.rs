@@ -100,13 +100,22 @@ impl OutQueue {
                 }
                 Overflow::Conflate => {
                     ctx.metrics.overflow(2, self.bytes as u64);
+                    // Only the newest message of the channel is worth sending: every older one
+                    // still queued goes (the partly written front stays: cutting it would
+                    // corrupt the stream).
                     let start = usize::from(self.offset > 0);
-                    let Some(i) = (start..self.frames.len()).rev().find(|&i| self.frames[i].chan == chan) else {
+                    let mut i = start;
+                    while i < self.frames.len() {
+                        if self.frames[i].chan == chan {
+                            let o = self.frames.remove(i).expect("index checked");
+                            self.bytes -= o.frame.len() as u32;
+                        } else {
+                            i += 1;
+                        }
+                    }
+                    if !self.fits(ctx, frame.len()) {
                         return Offer::Dropped;
-                    };
-                    self.bytes = self.bytes - self.frames[i].frame.len() as u32 + frame.len() as u32;
-                    self.frames[i].frame = frame;
-                    return Offer::Queued;
+                    }
                 }
             }
         }

@@ -74,14 +74,23 @@ impl Session {
         let Some(r) = self.replays.as_mut().and_then(|rs| rs.iter_mut().find(|r| r.chan == chan)) else {
             return Held::NotReplaying;
         };
-        if r.live.len() >= ctx.cfg.queue_max_messages || r.live_bytes + frame.len() > ctx.cfg.queue_max_bytes {
-            let dropped = match policy.unwrap_or(Overflow::Disconnect) {
+        let (max_msgs, max_bytes) = (ctx.cfg.queue_max_messages, ctx.cfg.queue_max_bytes);
+        let full = |r: &Replay| r.live.len() >= max_msgs || r.live_bytes + frame.len() > max_bytes;
+        if full(r) {
+            // The held frames are all of this channel: drop the oldest until the new one fits
+            // (`drop-oldest`), or keep none but the new one (`conflate`).
+            match policy.unwrap_or(Overflow::Disconnect) {
                 Overflow::Disconnect => return Held::Overflow,
-                Overflow::DropOldest => r.live.pop_front(),
-                Overflow::Conflate => r.live.pop_back(),
-            };
-            if let Some(f) = dropped {
-                r.live_bytes -= f.len();
+                Overflow::DropOldest => {
+                    while full(r) {
+                        let Some(f) = r.live.pop_front() else { break };
+                        r.live_bytes -= f.len();
+                    }
+                }
+                Overflow::Conflate => {
+                    r.live.clear();
+                    r.live_bytes = 0;
+                }
             }
         }
         r.live_bytes += frame.len();

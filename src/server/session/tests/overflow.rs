@@ -51,13 +51,15 @@ fn drop_oldest_with_no_older_frame_of_the_channel_drops_the_new_one() {
 }
 
 #[test]
-fn conflate_replaces_the_newest_queued_frame_of_the_channel() {
+fn conflate_keeps_only_the_newest_frame_of_the_channel() {
     let sim = Sim::new(SessionConfig { queue_max_messages: 4, ..cfg() });
     let mut s = sim.open(0, &mut rng());
-    let mut out = queue_behind_partial_front(&sim, &mut s, &[("b", 1, 1), ("a", 0, 2), ("b", 1, 2)]);
-    assert!(s.enqueue(&sim.at(2), msg("a", 3), 0, Some(Overflow::Conflate)));
+    let mut out = queue_behind_partial_front(&sim, &mut s, &[("a", 0, 2), ("b", 1, 1), ("a", 0, 3)]);
+    assert!(s.enqueue(&sim.at(2), msg("a", 4), 0, Some(Overflow::Conflate)));
     out.extend(write_all(&mut s, 2));
-    assert_eq!(msgs(&out), pairs(&[("a", 1), ("b", 1), ("a", 3), ("b", 2)]));
+    // Every older queued frame of `a` is gone, not just the newest one: a ticker that starts
+    // reading again gets the current value, not a backlog of stale ones.
+    assert_eq!(msgs(&out), pairs(&[("a", 1), ("b", 1), ("a", 4)]));
     assert_eq!(sim.metric(r#"tether_overflow_total{core="0",policy="conflate"}"#), 1);
 }
 

@@ -182,3 +182,21 @@ fn held_frames_under_drop_oldest_keep_the_newest() {
 }
 
 // ---- drain ----
+
+#[test]
+fn held_frames_under_conflate_keep_only_the_newest() {
+    let sim = Sim::new(SessionConfig { queue_max_messages: 2, ..cfg() });
+    let mut s = sim.open(0, &mut rng());
+    assert!(start(&mut s, &sim.at(1), 0, history("a", 1..=1), 5).is_some());
+    for seq in 6..=8 {
+        assert!(s.enqueue(&sim.at(2), msg("a", seq), 0, Some(Overflow::Conflate)));
+    }
+    s.replay_batch(&sim.at(3), "a", history("a", 2..=5), None);
+    let mut out = Vec::new();
+    for now in 4..20 {
+        out.extend(write_all(&mut s, now));
+        s.pump_replay(&sim.at(now));
+    }
+    // History in full, then only the newest live value once the held ones overflowed.
+    assert_eq!(seqs_of(&out, "a"), [1, 2, 3, 4, 5, 8]);
+}
