@@ -14,11 +14,16 @@
 //! clock (`session/tests.rs`).
 //!
 //! # Layout
-//! - this file: the record, its lifecycle ([`State`], [`Flags`]), input, timeouts, closes;
+//! - this file: the record, its lifecycle ([`State`], [`Flags`]), WebSocket input, output,
+//!   closes;
+//! - `http.rs`: plain HTTP requests in, answers and the upgrade out;
+//! - `deadlines.rs`: the one deadline (handshake, heartbeat, close, drain);
 //! - [`queue`]: the outbound queue of shared frames and the overflow policies;
 //! - [`reap`]: why a connection ended;
 //! - [`replay`]: resume replay paced by the queue, and live frames held behind it.
 
+mod deadlines;
+mod http;
 pub mod queue;
 pub mod reap;
 pub mod replay;
@@ -30,7 +35,6 @@ use std::os::fd::RawFd;
 use std::task::Waker;
 
 use bytes::Bytes;
-use rand::Rng;
 use smallvec::SmallVec;
 use tungstenite::protocol::frame::coding::Data;
 
@@ -43,7 +47,6 @@ use crate::config::Config;
 use crate::protocol::close::{CloseCode, CloseReason};
 use crate::protocol::{self, codes, ClientOp};
 use crate::ws::codec::{self, Decoder, Message, OpCode, Violation};
-use crate::ws::handshake::{self, HttpError, Request};
 
 /// A point in time on a core's clock, in ticks of [`TICK_MS`] milliseconds since the core
 /// started. Wraps after ~497 days; compare with `wrapping_sub`.
@@ -447,122 +450,6 @@ impl Session {
         }
     }
 
-    // ---- HTTP ----
-
-    /// The next complete HTTP request held in the input (head and body), in order; `None`
-    /// while it is incomplete, or while an earlier answer waits (for the socket or another
-    /// core). An `Err` is a request to refuse (400, 413, 417, 431 …) and close after.
-    ///
-    /// A request with `Expect: 100-continue` whose content has not all arrived gets
-    /// `100 Continue` queued right after its head (RFC 9110 §10.1.1), once.
-    pub fn next_request(&mut self, cfg: &SessionConfig) -> Option<Result<(Request, Vec<u8>), HttpError>> {
-        let State::Http(phase) = self.state else { return None };
-        if phase.awaiting || self.flags.has(Flags::WANT_WRITE) || self.pending_in.is_empty() {
-            if self.pending_in.is_empty() && self.pending_in.capacity() > 0 {
-                self.pending_in = Vec::new();
-            }
-            return None;
-        }
-        let req = match handshake::parse_request(&self.pending_in, cfg.max_header_bytes) {
-            Ok(None) => return None,
-            Ok(Some(r)) => r,
-            Err(e) => return Some(Err(e)),
-        };
-        let expect = crate::http::expectation(&req);
-        if let crate::http::Expectation::Failed(e) = expect {
-            return Some(Err(e));
-        }
-        let body_area = &self.pending_in[req.head_len..];
-        let (body, consumed) = if req.chunked {
-            match crate::http::decode_chunked(body_area, cfg.max_publish_bytes) {
-                Ok(None) => return self.send_continue(expect),
-                Ok(Some((b, n))) => (b, req.head_len + n),
-                Err(e) => return Some(Err(e)),
-            }
-        } else {
-            let len = req.content_length.unwrap_or(0);
-            if len > cfg.max_publish_bytes {
-                return Some(Err(HttpError::new(413, "request body larger than limits.max_publish_bytes")));
-            }
-            if body_area.len() < len {
-                return self.send_continue(expect);
-            }
-            (body_area[..len].to_vec(), req.head_len + len)
-        };
-        self.pending_in.drain(..consumed);
-        if let State::Http(p) = &mut self.state {
-            p.continued = false;
-            p.head = req.method == handshake::Method::Head;
-        }
-        Some(Ok((req, body)))
-    }
-
-    /// Queues `100 Continue` for a request that expects it, once; the request stays
-    /// incomplete (`None`).
-    fn send_continue<T>(&mut self, expect: crate::http::Expectation) -> Option<T> {
-        if let State::Http(p) = &mut self.state {
-            if expect == crate::http::Expectation::Continue && !p.continued {
-                p.continued = true;
-                self.queue.push(Bytes::from_static(crate::http::CONTINUE), NO_CHAN);
-            }
-        }
-        None
-    }
-
-    /// The answer to the current request waits for another core; `keep_alive` as requested.
-    pub fn await_answer(&mut self, keep_alive: bool) {
-        if let State::Http(p) = &mut self.state {
-            p.awaiting = true;
-            p.keep_alive = keep_alive;
-        }
-    }
-
-    /// Whether the current request waits for another core's answer, and its keep-alive.
-    pub fn awaiting(&self) -> Option<bool> {
-        match self.state {
-            State::Http(p) if p.awaiting => Some(p.keep_alive),
-            _ => None,
-        }
-    }
-
-    /// Queues an HTTP response. Without keep-alive the connection finishes after it (and the
-    /// input still held is dropped); with it, the idle deadline restarts. HTTP answers are not
-    /// bounded by the queue limits: the I/O owner stops reading while they wait for the socket.
-    pub fn respond(&mut self, ctx: &Ctx, resp: Vec<u8>, keep_alive: bool) {
-        let State::Http(p) = &mut self.state else { return };
-        p.served = true;
-        let resp = if std::mem::take(&mut p.head) { crate::http::head_only(resp) } else { resp };
-        if std::mem::take(&mut p.awaiting) {
-            // The I/O owner stopped reading while the answer was awaited: resume it.
-            self.wake();
-        }
-        self.queue.push(Bytes::from(resp), NO_CHAN);
-        if keep_alive {
-            self.deadline = ctx.now.wrapping_add(ctx.cfg.handshake_timeout);
-        } else {
-            self.pending_in = Vec::new();
-            self.finish(ctx);
-        }
-    }
-
-    /// RFC 6455 §4.2.2: queues the 101 `response`, becomes a WebSocket connection (an `/echo`
-    /// one with `echo`) and schedules its first heartbeat. Frames the client sent right behind
-    /// its request head stay in the input: feed them with `handle_bytes(ctx, &[], …)`.
-    pub fn upgrade(&mut self, ctx: &Ctx, response: Vec<u8>, echo: bool, rng: &mut impl Rng) {
-        self.state = State::Open;
-        self.flags.set(Flags::UPGRADED);
-        if echo {
-            self.flags.set(Flags::ECHO);
-        }
-        self.queue.push(Bytes::from(response), NO_CHAN);
-        self.first_ping(ctx, rng);
-    }
-
-    /// Whether input is held that the session has not consumed yet.
-    pub fn has_pending_input(&self) -> bool {
-        !self.pending_in.is_empty()
-    }
-
     // ---- output ----
 
     /// Queues `frame` under the overflow policy `policy` (`None` for replies, which overflow
@@ -669,103 +556,6 @@ impl Session {
     fn finish(&mut self, ctx: &Ctx) {
         self.state = State::Finishing;
         self.deadline = ctx.now.wrapping_add(ctx.cfg.close_timeout);
-    }
-
-    // ---- deadlines ----
-
-    /// The tick of this connection's next deadline. The caller files it in its timer wheel
-    /// and calls [`Session::handle_timeout`] when it comes.
-    pub fn poll_timeout(&self) -> Tick {
-        self.deadline
-    }
-
-    /// Schedules the drain close of this connection at `at` (an open connection only).
-    pub fn start_drain(&mut self, at: Tick) {
-        if self.state == State::Open {
-            self.flags.set(Flags::DRAIN);
-            self.deadline = at;
-        }
-    }
-
-    /// The deadline came (at `ctx.now`): the handshake or idle timeout of HTTP, the drain
-    /// close (`drain`: the code of the drain in progress), the heartbeat (ping, or the reap of
-    /// a peer that did not answer within the pong timeout), or the close-handshake deadline.
-    /// A call before the deadline does nothing.
-    pub fn handle_timeout(&mut self, ctx: &Ctx, drain: Option<CloseCode>, rng: &mut impl Rng) {
-        if !reached(ctx.now, self.deadline) {
-            return;
-        }
-        match self.state {
-            State::Http(p) => {
-                if p.served {
-                    // An idle keep-alive connection.
-                    self.kill(ReapReason::Eof);
-                } else {
-                    ctx.metrics.handshake_failure(super::metrics::HandshakeFailure::Timeout);
-                    self.kill(ReapReason::HandshakeTimeout);
-                }
-            }
-            State::Open if self.flags.has(Flags::DRAIN) => {
-                // A per-connection random hint: clients take it as the floor of their next
-                // wait, so a common value would line them all up again; a random one spreads
-                // their return over DRAIN_RETRY_SPREAD_MS even when the drain window is short.
-                let code = drain.unwrap_or(CloseCode::Restart);
-                let reason = CloseReason::drain(code, rng.random_range(0..=DRAIN_RETRY_SPREAD_MS));
-                ctx.metrics.drain_remaining.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                self.flags.clear(Flags::DRAIN);
-                self.close(ctx, code, &reason.to_json(), ReapReason::Drain);
-            }
-            State::Open => self.heartbeat(ctx),
-            State::ClosingByUs | State::Finishing | State::Lingering => self.kill(ReapReason::CloseTimeout),
-            State::Closed => {}
-        }
-    }
-
-    /// Pings when the interval has passed since the last ping; reaps a peer that stayed
-    /// silent for the pong timeout after one (any inbound byte clears the wait).
-    fn heartbeat(&mut self, ctx: &Ctx) {
-        let (now, interval, pong) = (ctx.now, ctx.cfg.ping_interval, ctx.cfg.pong_timeout);
-        let awaiting = self.flags.has(Flags::AWAIT_PONG);
-        if awaiting && reached(now, self.ping_sent.wrapping_add(pong)) {
-            self.kill(ReapReason::PongTimeout);
-            return;
-        }
-        self.queue.shrink_idle();
-        if !awaiting && reached(now, self.ping_sent.wrapping_add(interval)) {
-            self.ping_sent = now;
-            self.flags.set(Flags::AWAIT_PONG);
-            ctx.metrics.pings_sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.reply(ctx, PING.clone());
-            if !self.state.can_write() {
-                return;
-            }
-        }
-        // Next look: the next ping time, or the pong deadline if that comes first. A pong
-        // clears AWAIT_PONG without moving the deadline, so the ping time must be a candidate
-        // even while a pong is awaited.
-        let ping_due = self.ping_sent.wrapping_add(interval);
-        let mut next = ping_due;
-        if self.flags.has(Flags::AWAIT_PONG) {
-            let pong_due = self.ping_sent.wrapping_add(pong);
-            if !reached(now, ping_due) && !reached(ping_due, pong_due) {
-                next = ping_due;
-            } else {
-                next = pong_due;
-            }
-        }
-        self.deadline = if reached(now, next) { now.wrapping_add(1) } else { next };
-    }
-
-    /// Schedules the first heartbeat of a connection that just upgraded at a random point in
-    /// `[interval/2, 3·interval/2)`: the phase is uniform over a whole interval, so connections
-    /// opened together are pinged evenly rather than in lock-step (or in half-interval
-    /// bursts), and a fresh connection is not pinged in its first moments (conformance suites
-    /// count every frame).
-    fn first_ping(&mut self, ctx: &Ctx, rng: &mut impl Rng) {
-        let interval = ctx.cfg.ping_interval;
-        let offset = interval.div_ceil(2) + rng.random_range(0..interval);
-        self.ping_sent = ctx.now.wrapping_add(offset).wrapping_sub(interval);
-        self.deadline = ctx.now.wrapping_add(offset);
     }
 }
 

@@ -85,15 +85,7 @@ impl OutQueue {
                 Overflow::DropOldest => {
                     ctx.metrics.overflow(1, self.bytes as u64);
                     // The front may be partly written: never drop it.
-                    let mut i = 1;
-                    while !self.fits(ctx, frame.len()) && i < self.frames.len() {
-                        if self.frames[i].chan == chan {
-                            let o = self.frames.remove(i).expect("index checked");
-                            self.bytes -= o.frame.len() as u32;
-                        } else {
-                            i += 1;
-                        }
-                    }
+                    self.remove_of_channel(chan, 1, |q| q.fits(ctx, frame.len()));
                     if !self.fits(ctx, frame.len()) {
                         return Offer::Dropped;
                     }
@@ -103,16 +95,7 @@ impl OutQueue {
                     // Only the newest message of the channel is worth sending: every older one
                     // still queued goes (the partly written front stays: cutting it would
                     // corrupt the stream).
-                    let start = usize::from(self.offset > 0);
-                    let mut i = start;
-                    while i < self.frames.len() {
-                        if self.frames[i].chan == chan {
-                            let o = self.frames.remove(i).expect("index checked");
-                            self.bytes -= o.frame.len() as u32;
-                        } else {
-                            i += 1;
-                        }
-                    }
+                    self.remove_of_channel(chan, usize::from(self.offset > 0), |_| false);
                     if !self.fits(ctx, frame.len()) {
                         return Offer::Dropped;
                     }
@@ -121,6 +104,20 @@ impl OutQueue {
         }
         self.push(frame, chan);
         Offer::Queued
+    }
+
+    /// Removes the frames of local channel `chan` from index `from` on, oldest first, until
+    /// `enough` says so.
+    fn remove_of_channel(&mut self, chan: u32, from: usize, enough: impl Fn(&Self) -> bool) {
+        let mut i = from;
+        while i < self.frames.len() && !enough(self) {
+            if self.frames[i].chan == chan {
+                let o = self.frames.remove(i).expect("index checked");
+                self.bytes -= o.frame.len() as u32;
+            } else {
+                i += 1;
+            }
+        }
     }
 
     /// Drops every queued frame except the unwritten rest of a partly written front frame

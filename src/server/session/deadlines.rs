@@ -1,0 +1,107 @@
+//! The session's one deadline: handshake and idle timeouts, heartbeats (the ping, and the reap
+//! of a peer that does not answer), close-handshake deadlines and the staggered drain close.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use rand::Rng;
+
+use super::{reached, Ctx, Flags, ReapReason, Session, State, Tick, DRAIN_RETRY_SPREAD_MS, PING};
+use crate::protocol::close::{CloseCode, CloseReason};
+use crate::server::metrics::HandshakeFailure;
+
+impl Session {
+    /// The tick of this connection's next deadline. The caller files it in its timer wheel
+    /// and calls [`Session::handle_timeout`] when it comes.
+    pub fn poll_timeout(&self) -> Tick {
+        self.deadline
+    }
+
+    /// Schedules the drain close of this connection at `at` (an open connection only).
+    pub fn start_drain(&mut self, at: Tick) {
+        if self.state == State::Open {
+            self.flags.set(Flags::DRAIN);
+            self.deadline = at;
+        }
+    }
+
+    /// The deadline came (at `ctx.now`): the handshake or idle timeout of HTTP, the drain
+    /// close (`drain`: the code of the drain in progress), the heartbeat (ping, or the reap of
+    /// a peer that did not answer within the pong timeout), or the close-handshake deadline.
+    /// A call before the deadline does nothing.
+    pub fn handle_timeout(&mut self, ctx: &Ctx, drain: Option<CloseCode>, rng: &mut impl Rng) {
+        if !reached(ctx.now, self.deadline) {
+            return;
+        }
+        match self.state {
+            State::Http(p) => {
+                if p.served {
+                    // An idle keep-alive connection.
+                    self.kill(ReapReason::Eof);
+                } else {
+                    ctx.metrics.handshake_failure(HandshakeFailure::Timeout);
+                    self.kill(ReapReason::HandshakeTimeout);
+                }
+            }
+            State::Open if self.flags.has(Flags::DRAIN) => {
+                // A per-connection random hint: clients take it as the floor of their next
+                // wait, so a common value would line them all up again; a random one spreads
+                // their return over DRAIN_RETRY_SPREAD_MS even when the drain window is short.
+                let code = drain.unwrap_or(CloseCode::Restart);
+                let reason = CloseReason::drain(code, rng.random_range(0..=DRAIN_RETRY_SPREAD_MS));
+                ctx.metrics.drain_remaining.fetch_sub(1, Relaxed);
+                self.flags.clear(Flags::DRAIN);
+                self.close(ctx, code, &reason.to_json(), ReapReason::Drain);
+            }
+            State::Open => self.heartbeat(ctx),
+            State::ClosingByUs | State::Finishing | State::Lingering => self.kill(ReapReason::CloseTimeout),
+            State::Closed => {}
+        }
+    }
+
+    /// Pings when the interval has passed since the last ping; reaps a peer that stayed
+    /// silent for the pong timeout after one (any inbound byte clears the wait).
+    fn heartbeat(&mut self, ctx: &Ctx) {
+        let (now, interval, pong) = (ctx.now, ctx.cfg.ping_interval, ctx.cfg.pong_timeout);
+        let awaiting = self.flags.has(Flags::AWAIT_PONG);
+        if awaiting && reached(now, self.ping_sent.wrapping_add(pong)) {
+            self.kill(ReapReason::PongTimeout);
+            return;
+        }
+        self.queue.shrink_idle();
+        if !awaiting && reached(now, self.ping_sent.wrapping_add(interval)) {
+            self.ping_sent = now;
+            self.flags.set(Flags::AWAIT_PONG);
+            ctx.metrics.pings_sent.fetch_add(1, Relaxed);
+            self.reply(ctx, PING.clone());
+            if !self.state.can_write() {
+                return;
+            }
+        }
+        // Next look: the next ping time, or the pong deadline if that comes first. A pong
+        // clears AWAIT_PONG without moving the deadline, so the ping time must be a candidate
+        // even while a pong is awaited.
+        let ping_due = self.ping_sent.wrapping_add(interval);
+        let mut next = ping_due;
+        if self.flags.has(Flags::AWAIT_PONG) {
+            let pong_due = self.ping_sent.wrapping_add(pong);
+            if !reached(now, ping_due) && !reached(ping_due, pong_due) {
+                next = ping_due;
+            } else {
+                next = pong_due;
+            }
+        }
+        self.deadline = if reached(now, next) { now.wrapping_add(1) } else { next };
+    }
+
+    /// Schedules the first heartbeat of a connection that just upgraded at a random point in
+    /// `[interval/2, 3·interval/2)`: the phase is uniform over a whole interval, so connections
+    /// opened together are pinged evenly rather than in lock-step (or in half-interval
+    /// bursts), and a fresh connection is not pinged in its first moments (conformance suites
+    /// count every frame).
+    pub(super) fn first_ping(&mut self, ctx: &Ctx, rng: &mut impl Rng) {
+        let interval = ctx.cfg.ping_interval;
+        let offset = interval.div_ceil(2) + rng.random_range(0..interval);
+        self.ping_sent = ctx.now.wrapping_add(offset).wrapping_sub(interval);
+        self.deadline = ctx.now.wrapping_add(offset);
+    }
+}
