@@ -57,6 +57,16 @@ fn session(slab: &mut Slab<Session>, id: ConnId) -> Option<&mut Session> {
     slab.get_mut(id.key as usize).filter(|s| s.gen == id.gen)
 }
 
+/// Files the deadline of session `id` in the timer wheel when it moved since it was last filed
+/// (an entry whose tick no longer matches `armed` is ignored when it fires).
+fn arm(wheel: &mut TimerWheel, id: ConnId, s: &mut Session) {
+    let due = s.poll_timeout();
+    if due != s.armed {
+        s.armed = due;
+        wheel.schedule(id, due);
+    }
+}
+
 impl Conns {
     /// The session `id`, if it is still the same connection.
     pub fn get(&mut self, id: ConnId) -> Option<&mut Session> {
@@ -195,11 +205,7 @@ impl CoreState {
         let ctx = Ctx { now, cfg: &self.clock.cfg, metrics: &self.shared.metrics[self.me] };
         let s = session(&mut self.conns.slab, id)?;
         let r = f(s, &ctx);
-        let due = s.poll_timeout();
-        if due != s.armed {
-            s.armed = due;
-            self.clock.wheel.schedule(id, due);
-        }
+        arm(&mut self.clock.wheel, id, s);
         if !s.queue.is_empty() && !s.flags.has(Flags::DIRTY) {
             s.flags.set(Flags::DIRTY);
             self.conns.dirty.push(id);
@@ -213,11 +219,7 @@ impl CoreState {
         let gen = self.conns.next_gen;
         let s = Session::new(gen, fd, self.clock.now(), &self.clock.cfg);
         let due = s.poll_timeout();
-        let key = self.conns.slab.insert(s) as u32;
-        let id = ConnId { key, gen };
-        if let Some(s) = self.conn(id) {
-            s.armed = due;
-        }
+        let id = ConnId { key: self.conns.slab.insert(s) as u32, gen };
         self.clock.wheel.schedule(id, due);
         id
     }
@@ -245,7 +247,7 @@ impl CoreState {
     /// Ends `id` at once (EOF, socket error).
     pub fn end(&mut self, id: ConnId, why: ReapReason) {
         if let Some(s) = self.conn(id) {
-            s.handle_eof(why);
+            s.kill(why);
         }
     }
 
@@ -307,6 +309,11 @@ impl CoreState {
     /// is asked to wait for writability; on an error the connection is reaped.
     pub fn flush(&mut self, id: ConnId) {
         let now = self.clock.now();
+        self.flush_at(id, now);
+    }
+
+    /// [`CoreState::flush`] at a tick read once for a whole pass of flushes.
+    fn flush_at(&mut self, id: ConnId, now: Tick) {
         let mut fetch = None;
         let ctx = Ctx { now, cfg: &self.clock.cfg, metrics: &self.shared.metrics[self.me] };
         let Some(s) = session(&mut self.conns.slab, id) else { return };
@@ -345,11 +352,7 @@ impl CoreState {
         if s.poll_fin(&ctx) {
             sock::shutdown_write(s.fd);
         }
-        let due = s.poll_timeout();
-        if due != s.armed {
-            s.armed = due;
-            self.clock.wheel.schedule(id, due);
-        }
+        arm(&mut self.clock.wheel, id, s);
         if let Some(f) = fetch {
             self.fetch(id, f);
         }
@@ -359,8 +362,9 @@ impl CoreState {
     pub fn flush_dirty(&mut self) {
         // Taken out (and given back, to keep its capacity) because flushing may queue more.
         let mut dirty = std::mem::take(&mut self.conns.dirty);
+        let now = self.clock.now();
         for id in dirty.drain(..) {
-            self.flush(id);
+            self.flush_at(id, now);
         }
         if self.conns.dirty.is_empty() {
             self.conns.dirty = dirty;

@@ -301,7 +301,8 @@ impl Session {
             decoder: Decoder::new(),
             pending_in: Vec::new(),
             deadline: now.wrapping_add(cfg.handshake_timeout),
-            armed: now,
+            // The core files this first deadline when it inserts the session.
+            armed: now.wrapping_add(cfg.handshake_timeout),
             ping_sent: now,
             last_drained: now,
             replays: None,
@@ -365,11 +366,6 @@ impl Session {
         }
     }
 
-    /// The peer closed TCP (`EOF`) or the socket failed.
-    pub fn handle_eof(&mut self, why: ReapReason) {
-        self.kill(why);
-    }
-
     fn decode(&mut self, ctx: &Ctx, data: &[u8], requests: &mut Vec<ClientOp>) {
         let mut pending = std::mem::take(&mut self.pending_in);
         let buf: &[u8] = if pending.is_empty() {
@@ -380,7 +376,7 @@ impl Session {
         };
         let mut pos = 0;
         while pos < buf.len() {
-            if !matches!(self.state, State::Open | State::ClosingByUs) {
+            if !self.state.can_read() {
                 pos = buf.len();
                 break;
             }
@@ -444,8 +440,8 @@ impl Session {
                 let code = code.unwrap_or(CloseCode::Normal);
                 ctx.metrics.close(code);
                 self.queue.push(codec::close_frame(code, ""), NO_CHAN);
-                self.state = State::Finishing;
                 self.reap.get_or_insert(ReapReason::Close);
+                self.finish(ctx);
             }
         }
     }
@@ -464,12 +460,7 @@ impl Session {
                 replay::Held::Queued => return true,
                 replay::Held::Overflow => {
                     ctx.metrics.overflow(0, self.queue.bytes() as u64);
-                    self.close(
-                        ctx,
-                        CloseCode::Again,
-                        &CloseReason::slow("replay backlog").to_json(),
-                        ReapReason::Overflow,
-                    );
+                    self.close_slow(ctx, "replay backlog".into());
                     return false;
                 }
                 replay::Held::NotReplaying => {}
@@ -483,10 +474,16 @@ impl Session {
                     "queue_max_bytes={},queue_max_messages={}",
                     ctx.cfg.queue_max_bytes, ctx.cfg.queue_max_messages
                 );
-                self.close(ctx, CloseCode::Again, &CloseReason::slow(limit).to_json(), ReapReason::Overflow);
+                self.close_slow(ctx, limit.into());
                 false
             }
         }
+    }
+
+    /// Closes a slow subscriber: 1013 with the [`CloseReason::slow`] naming `limit`, the queued
+    /// data dropped and the close frame first.
+    fn close_slow(&mut self, ctx: &Ctx, limit: std::borrow::Cow<'static, str>) {
+        self.close(ctx, CloseCode::Again, &CloseReason::slow(limit).to_json(), ReapReason::Overflow);
     }
 
     /// Queues a reply (ack, error, pong, subscribed …); it overflows like `disconnect`.
