@@ -45,6 +45,9 @@ pub mod codes {
     pub const ALREADY_SUBSCRIBED: &str = "already_subscribed";
     /// `unsub` for a channel this connection is not subscribed to.
     pub const NOT_SUBSCRIBED: &str = "not_subscribed";
+    /// The broker cannot serve the request now (Redis unreachable); the `error` carries
+    /// `retry_after_ms`, and retrying the same request (same `id`) later is safe.
+    pub const UNAVAILABLE: &str = "unavailable";
 }
 
 /// One client → server request (docs/protocol.md).
@@ -89,16 +92,24 @@ pub struct RequestError {
     pub reason: String,
     /// The request's `id`, when it could be read.
     pub id: Option<String>,
+    /// For a refusal that a later retry can overcome ([`codes::UNAVAILABLE`]): how long to
+    /// wait first, in milliseconds.
+    pub retry_after_ms: Option<u64>,
 }
 
 impl RequestError {
     fn new(code: &'static str, reason: impl Into<String>) -> Self {
-        Self { code, reason: reason.into(), id: None }
+        Self { code, reason: reason.into(), id: None, retry_after_ms: None }
     }
 
-    /// The `error` reply for this refusal ([`error_json`]).
+    /// A [`codes::UNAVAILABLE`] refusal: retry after `retry_after_ms` milliseconds.
+    pub fn unavailable(reason: impl Into<String>, retry_after_ms: u64) -> Self {
+        Self { code: codes::UNAVAILABLE, reason: reason.into(), id: None, retry_after_ms: Some(retry_after_ms) }
+    }
+
+    /// The `error` reply for this refusal ([`error_json`], plus `retry_after_ms` when set).
     pub fn to_json(&self) -> Vec<u8> {
-        error_json(self.code, &self.reason, self.id.as_deref())
+        error_json_retry(self.code, &self.reason, self.id.as_deref(), self.retry_after_ms)
     }
 }
 
@@ -365,7 +376,13 @@ pub fn ack_json(id: &str, ch: &str, seq: u64) -> Vec<u8> {
 
 /// `{"op":"error","code":CODE,"reason":REASON[,"id":ID]}`.
 pub fn error_json(code: &str, reason: &str, id: Option<&str>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(48 + code.len() + reason.len() + id.map_or(0, str::len));
+    error_json_retry(code, reason, id, None)
+}
+
+/// [`error_json`] with `"retry_after_ms":N` when `retry_after_ms` is given (an `unavailable`
+/// refusal: the client retries the same request after that many milliseconds).
+pub fn error_json_retry(code: &str, reason: &str, id: Option<&str>, retry_after_ms: Option<u64>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(72 + code.len() + reason.len() + id.map_or(0, str::len));
     out.extend_from_slice(b"{\"op\":\"error\",\"code\":");
     push_json_str(&mut out, code);
     out.extend_from_slice(b",\"reason\":");
@@ -373,6 +390,10 @@ pub fn error_json(code: &str, reason: &str, id: Option<&str>) -> Vec<u8> {
     if let Some(id) = id {
         out.extend_from_slice(b",\"id\":");
         push_json_str(&mut out, id);
+    }
+    if let Some(ms) = retry_after_ms {
+        out.extend_from_slice(b",\"retry_after_ms\":");
+        push_u64(&mut out, ms);
     }
     out.push(b'}');
     out

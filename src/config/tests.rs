@@ -124,7 +124,9 @@ fn every_range_check_names_key_and_value() {
         ("[heartbeat]\npong_timeout_ms = 86400001", "heartbeat.pong_timeout_ms", "86400001"),
         ("[limits]\nqueue_max_bytes = 1048576", "limits.queue_max_bytes", "1048576"),
         ("[limits]\nmax_publish_bytes = 4096\nqueue_max_bytes = 65536", "limits.queue_max_bytes", "65536"),
-        ("[broker]\nkind = \"redis\"", "broker.kind", "\"redis\""),
+        ("[broker]\nkind = \"redis\"\nkey_prefix = \"a{b\"", "broker.key_prefix", "\"a{b\""),
+        ("[broker]\nkind = \"redis\"\nhistory_ttl_ms = 10", "broker.history_ttl_ms", "10"),
+        ("[broker]\nkind = \"redis\"\nurls = [\"unix:///x\"]", "broker.urls[0]", "\"unix:///x\""),
         ("[dedup]\nmax_entries = 0", "dedup.max_entries", "0"),
         ("[[channels]]\npattern = \"a\"\nhistory = 10000001", "channels[0].history", "10000001"),
         ("[[channels]]\npattern = \"\"", "channels[0].pattern", "\"\""),
@@ -321,10 +323,16 @@ fn queue_must_hold_the_largest_accepted_message() {
 }
 
 #[test]
-fn redis_broker_is_refused_by_validation() {
-    let e = err("[broker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"");
-    assert_eq!(e.key, "broker.kind");
-    assert!(e.message.contains("not built yet"), "{e}");
+fn redis_broker_accepts_its_urls() {
+    for url in ["redis://127.0.0.1:6379/0", "rediss://cache:6380", "unix:///run/redis.sock"] {
+        let c = Config::from_toml_str(&format!("[broker]\nkind = \"redis\"\nurl = \"{url}\"")).unwrap();
+        assert_eq!(c.broker.cluster_urls(), None);
+    }
+    let c =
+        Config::from_toml_str("[broker]\nkind = \"redis\"\nurls = [\"redis://a:7000\", \"redis://b:7001\"]").unwrap();
+    assert_eq!(c.broker.cluster_urls().unwrap().len(), 2);
+    assert_eq!(c.broker.key_prefix, "tether:");
+    assert_eq!(c.broker.history_ttl_ms, 86_400_000);
 }
 
 #[test]

@@ -96,24 +96,45 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     range("dedup.window_ms", c.dedup.window_ms, 1000, MAX_TIMEOUT_MS)?;
     range("dedup.max_entries", c.dedup.max_entries, 1, usize::MAX)?;
 
-    if c.broker.kind == BrokerKind::Redis
-        && !(c.broker.url.starts_with("redis://") || c.broker.url.starts_with("rediss://"))
-    {
-        return Err(ConfigError::new(
-            "broker.url",
-            quoted(&c.broker.url),
-            "must start with redis:// or rediss:// when broker.kind = \"redis\"",
-        ));
-    }
     if c.broker.kind == BrokerKind::Redis {
-        return Err(ConfigError::new(
-            "broker.kind",
-            quoted("redis"),
-            "the Redis broker is not built yet; this build has only the embedded memory broker: remove [broker] or set kind = \"memory\"",
-        ));
+        validate_redis(&c.broker)?;
     }
 
     validate_origins(c)
+}
+
+/// `[broker]` with `kind = "redis"`: URL schemes, the key prefix, the timings.
+fn validate_redis(b: &super::Broker) -> Result<(), ConfigError> {
+    let scheme_ok = |u: &str, unix: bool| {
+        u.starts_with("redis://") || u.starts_with("rediss://") || (unix && u.starts_with("unix://"))
+    };
+    if b.urls.is_empty() && !scheme_ok(&b.url, !b.cluster) {
+        let want = if b.cluster { "redis:// or rediss://" } else { "redis://, rediss:// or unix://" };
+        return Err(ConfigError::new(
+            "broker.url",
+            quoted(&b.url),
+            format!("must start with {want} when broker.kind = \"redis\""),
+        ));
+    }
+    for (i, u) in b.urls.iter().enumerate() {
+        if !scheme_ok(u, false) {
+            return Err(ConfigError::new(
+                format!("broker.urls[{i}]"),
+                quoted(u),
+                "a cluster seed node must start with redis:// or rediss://",
+            ));
+        }
+    }
+    if b.key_prefix.contains(['{', '}']) {
+        return Err(ConfigError::new(
+            "broker.key_prefix",
+            quoted(&b.key_prefix),
+            "must not contain { or } (the channel name is the cluster hash tag)",
+        ));
+    }
+    range("broker.history_ttl_ms", b.history_ttl_ms, 60_000, 31_536_000_000)?;
+    range("broker.request_timeout_ms", b.request_timeout_ms, 100, 60_000)?;
+    Ok(())
 }
 
 /// The largest message the server accepts, as a `msg` frame, plus [`QUEUE_CONTROL_RESERVE`]

@@ -44,7 +44,7 @@ pub enum PublishResult {
         seq: u64,
     },
     /// Refused (a broker that cannot store it now).
-    Refused(RequestError),
+    Refused(Box<RequestError>),
 }
 
 /// A request about one channel, from a subscriber's or publisher's core to the channel's
@@ -167,6 +167,21 @@ pub enum CoreMsg {
         /// `Some(oldest kept seq)` when the rest of the replay was evicted from history.
         evicted: Option<u64>,
     },
+    /// The channel's numbering restarted (`reason` epoch: Redis came back empty) or a part of
+    /// it can no longer be delivered (`evicted`): every local subscriber of `ch` gets a
+    /// `reset` and continues with the seqs after `head`.
+    Reset {
+        /// Channel name.
+        ch: Arc<str>,
+        /// Deliveries continue with `head + 1`.
+        head: u64,
+        /// The channel's epoch from now on.
+        epoch: Arc<str>,
+        /// Why.
+        reason: crate::protocol::ResetReason,
+        /// Oldest seq still in history.
+        oldest: u64,
+    },
     /// `GET /connections`: list this core's `top` connections by queued bytes.
     Inspect {
         /// The HTTP connection that asked.
@@ -224,6 +239,9 @@ pub enum Resume {
     },
     /// `from` is beyond `head`: answer with an `error`.
     Ahead,
+    /// The broker cannot answer now (Redis unreachable): answer with this `error`
+    /// (`unavailable`, with `retry_after_ms`); the subscription is not made.
+    Unavailable(Box<RequestError>),
 }
 
 /// The wake-up half of a core, shared by every producer.

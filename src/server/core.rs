@@ -156,14 +156,21 @@ pub struct CoreState {
 }
 
 impl CoreState {
-    /// Fresh state for core `me`; `start` is the process's clock origin.
-    pub fn new(me: usize, shared: Arc<Shared>, ep: Endpoint, start: Instant) -> CoreState {
+    /// Fresh state for core `me` with `broker` (`None`: the memory broker); `start` is the
+    /// process's clock origin.
+    pub fn new(
+        me: usize,
+        shared: Arc<Shared>,
+        ep: Endpoint,
+        start: Instant,
+        broker: Option<Box<dyn Broker>>,
+    ) -> CoreState {
         let cfg = &shared.config;
         CoreState {
             me,
             conns: Conns::default(),
             local: LocalChannels::default(),
-            broker: Box::new(MemoryBroker::new(shared.clone())),
+            broker: broker.unwrap_or_else(|| Box::new(MemoryBroker::new(shared.clone()))),
             router: Router::new(me, ep, shared.clone()),
             clock: Clock {
                 start,
@@ -461,11 +468,16 @@ impl CoreState {
                 }
                 let json = match &result {
                     PublishResult::Stored { seq } => protocol::ack_json(id.as_deref().unwrap_or(""), &ch, *seq),
-                    PublishResult::Refused(e) => protocol::error_json(e.code, &e.reason, id.as_deref()),
+                    PublishResult::Refused(e) => {
+                        protocol::error_json_retry(e.code, &e.reason, id.as_deref(), e.retry_after_ms)
+                    }
                 };
                 self.reply(reply.id, codec::text_frame(&json));
             }
             CoreMsg::Subscribed { ch, conn, head, epoch, resume } => self.subscribed(&ch, conn, head, &epoch, resume),
+            CoreMsg::Reset { ch, head, epoch, reason, oldest } => {
+                self.reset_subscribers(&ch, head, &epoch, reason, oldest)
+            }
             CoreMsg::ReplayBatch { ch, conn, frames, evicted } => {
                 if let Some(Some(f)) = self.with_session(conn, |s, ctx| s.replay_batch(ctx, &ch, frames, evicted)) {
                     self.fetch(conn, f);

@@ -54,7 +54,14 @@ impl CoreState {
             PublishResult::Stored { seq } => {
                 http::response(200, "application/json", &protocol::seq_json(seq), &[], keep_alive)
             }
-            PublishResult::Refused(e) => http::error_response(409, &e.reason, &[], keep_alive),
+            PublishResult::Refused(e) => match e.retry_after_ms {
+                // The broker cannot store it now (Redis unreachable): RFC 9110 §15.6.4.
+                Some(ms) => {
+                    let secs = ms.div_ceil(1000).max(1).to_string();
+                    http::error_response(503, &e.reason, &[("Retry-After", &secs)], keep_alive)
+                }
+                None => http::error_response(409, &e.reason, &[], keep_alive),
+            },
         };
         self.send(id, resp, keep_alive);
         self.serve_pending(id);
@@ -97,11 +104,17 @@ impl CoreState {
             (Method::Get | Method::Head, "/readyz") if draining => {
                 http::response(503, "application/json", b"{\"status\":\"draining\"}", &[], keep_alive)
             }
+            (Method::Get | Method::Head, "/readyz")
+                if !self.shared.broker.up.load(std::sync::atomic::Ordering::Relaxed) =>
+            {
+                http::response(503, "application/json", b"{\"status\":\"broker_down\"}", &[], keep_alive)
+            }
             (Method::Get | Method::Head, "/readyz") => {
                 http::response(200, "application/json", b"{\"status\":\"ready\"}", &[], keep_alive)
             }
             (Method::Get | Method::Head, "/metrics") => {
-                let text = metrics::render(&self.shared.metrics, draining);
+                let mut text = metrics::render(&self.shared.metrics, draining);
+                self.shared.broker.render_into(&mut text, self.shared.config.broker.kind.as_str());
                 http::response(200, "text/plain; version=0.0.4", text.as_bytes(), &[], keep_alive)
             }
             (Method::Get | Method::Head, "/connections") => {

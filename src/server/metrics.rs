@@ -262,3 +262,101 @@ pub fn render(cores: &[CoreMetrics], draining: bool) -> String {
     );
     out
 }
+
+/// Upper bounds of `tether_broker_request_seconds`, in microseconds (the last is +Inf).
+pub const BROKER_BUCKETS_US: [u64; 13] =
+    [250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000, 2_500_000, u64::MAX];
+
+/// Kinds of broker errors, the `kind` label of `tether_broker_errors_total`.
+pub const BROKER_ERROR_KINDS: [&str; 4] = ["timeout", "connection", "script", "server"];
+
+/// The broker's process-wide counters, written by the Redis broker thread (the memory broker
+/// is always up and leaves the rest at zero).
+pub struct BrokerMetrics {
+    /// Whether publishes can be stored now: `tether_broker_up`, and `/readyz`.
+    pub up: std::sync::atomic::AtomicBool,
+    /// Command or pub/sub links re-established after a loss.
+    pub reconnects: AtomicU64,
+    /// Errors by kind (index into [`BROKER_ERROR_KINDS`]).
+    pub errors: [AtomicU64; 4],
+    /// Gaps in a channel's pub/sub stream filled from its history.
+    pub gap_repairs: AtomicU64,
+    /// Request latency histogram: counts per bucket of [`BROKER_BUCKETS_US`].
+    pub request_buckets: [AtomicU64; 13],
+    /// Sum of request latencies, in microseconds.
+    pub request_sum_us: AtomicU64,
+}
+
+impl BrokerMetrics {
+    /// Counters for a broker that is up (`up = true`) or not yet connected.
+    pub fn new(up: bool) -> BrokerMetrics {
+        BrokerMetrics {
+            up: std::sync::atomic::AtomicBool::new(up),
+            reconnects: AtomicU64::new(0),
+            errors: Default::default(),
+            gap_repairs: AtomicU64::new(0),
+            request_buckets: Default::default(),
+            request_sum_us: AtomicU64::new(0),
+        }
+    }
+
+    /// Records one request (a pipeline or a script call) that took `d`.
+    pub fn request(&self, d: std::time::Duration) {
+        let us = d.as_micros().min(u64::MAX as u128) as u64;
+        let b = BROKER_BUCKETS_US.iter().position(|ub| us <= *ub).unwrap_or(BROKER_BUCKETS_US.len() - 1);
+        self.request_buckets[b].fetch_add(1, Relaxed);
+        self.request_sum_us.fetch_add(us, Relaxed);
+    }
+
+    /// Counts one error of `kind` (index into [`BROKER_ERROR_KINDS`]).
+    pub fn error(&self, kind: usize) {
+        self.errors[kind.min(BROKER_ERROR_KINDS.len() - 1)].fetch_add(1, Relaxed);
+    }
+
+    /// Appends the broker metrics in the Prometheus text format; `kind` is `memory` or
+    /// `redis` (the `kind` label of `tether_broker_up`).
+    pub fn render_into(&self, out: &mut String, kind: &str) {
+        let up = self.up.load(Relaxed) as u64;
+        counter(
+            out,
+            "tether_broker_up",
+            "gauge",
+            "1 while the broker stores publishes.",
+            [(format!("kind=\"{kind}\""), up)].into_iter(),
+        );
+        let one = |out: &mut String, name: &str, kind: &str, help: &str, v: u64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+        };
+        one(
+            out,
+            "tether_broker_reconnects_total",
+            "counter",
+            "Broker links re-established after a loss.",
+            self.reconnects.load(Relaxed),
+        );
+        one(
+            out,
+            "tether_broker_gap_repairs_total",
+            "counter",
+            "Gaps in a channel's pub/sub stream filled from its history.",
+            self.gap_repairs.load(Relaxed),
+        );
+        counter(
+            out,
+            "tether_broker_errors_total",
+            "counter",
+            "Broker request errors, by kind.",
+            BROKER_ERROR_KINDS.iter().enumerate().map(|(i, k)| (format!("kind=\"{k}\""), self.errors[i].load(Relaxed))),
+        );
+        let _ = writeln!(out, "# HELP tether_broker_request_seconds Latency of broker requests (pipelines, scripts, reads).\n# TYPE tether_broker_request_seconds histogram");
+        let mut cumulative = 0u64;
+        for (b, ub) in BROKER_BUCKETS_US.iter().enumerate() {
+            cumulative += self.request_buckets[b].load(Relaxed);
+            let le = if *ub == u64::MAX { "+Inf".to_string() } else { format!("{}", *ub as f64 / 1e6) };
+            let _ = writeln!(out, "tether_broker_request_seconds_bucket{{le=\"{le}\"}} {cumulative}");
+        }
+        let sum = self.request_sum_us.load(Relaxed) as f64 / 1e6;
+        let _ =
+            writeln!(out, "tether_broker_request_seconds_sum {sum}\ntether_broker_request_seconds_count {cumulative}");
+    }
+}

@@ -66,7 +66,7 @@ use monoio::net::TcpListener;
 
 use self::core::CoreState;
 pub use self::session::ConnId;
-use crate::config::Config;
+use crate::config::{BrokerKind, Config};
 use crate::ws::codec::CloseCode;
 use bus::{Bus, Doorbell, Endpoint};
 use metrics::CoreMetrics;
@@ -89,6 +89,8 @@ pub struct Shared {
     drain: AtomicU16,
     /// Upgraded connections in the process (admission against `max_connections`).
     pub open: AtomicUsize,
+    /// The broker's state and counters (`tether_broker_*`; `/readyz` is 503 while it is down).
+    pub broker: metrics::BrokerMetrics,
 }
 
 impl Shared {
@@ -136,9 +138,21 @@ impl Server {
             doorbells: bus.doorbells.clone(),
             drain: AtomicU16::new(0),
             open: AtomicUsize::new(0),
+            broker: metrics::BrokerMetrics::new(config.broker.kind == BrokerKind::Memory),
             config,
         });
         let (addr, listeners) = bind_listeners(shared.config.listen, cores)?;
+        let mut brokers: Vec<Option<Box<dyn broker::Broker + Send>>> = match shared.config.broker.kind {
+            BrokerKind::Memory => (0..cores).map(|_| None).collect(),
+            BrokerKind::Redis => {
+                // rediss:// needs a TLS crypto provider; a second install is harmless.
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                broker::redis::start(shared.clone())?
+                    .into_iter()
+                    .map(|b| Some(Box::new(b) as Box<dyn broker::Broker + Send>))
+                    .collect()
+            }
+        };
         tracing::info!(%addr, listeners = cores, "listening (one SO_REUSEPORT listener per core)");
         let start = Instant::now();
         let endpoints = bus.into_endpoints();
@@ -147,9 +161,10 @@ impl Server {
         for (i, (listener, ep)) in listeners.into_iter().zip(endpoints).enumerate() {
             let shared = shared.clone();
             let ready = ready_tx.clone();
+            let broker = brokers[i].take();
             let t = std::thread::Builder::new()
                 .name(format!("tether-core-{i}"))
-                .spawn(move || core_thread(i, shared, listener, ep, start, ready))?;
+                .spawn(move || core_thread(i, shared, listener, ep, start, broker, ready))?;
             threads.push(t);
         }
         drop(ready_tx);
@@ -277,6 +292,7 @@ fn core_thread(
     listener: std::net::TcpListener,
     ep: Endpoint,
     start: Instant,
+    broker: Option<Box<dyn broker::Broker + Send>>,
     ready: std::sync::mpsc::Sender<std::io::Result<()>>,
 ) {
     match pin_to_cpu(i) {
@@ -306,7 +322,8 @@ fn core_thread(
                 return;
             }
         };
-        let core = Rc::new(RefCell::new(CoreState::new(i, shared, ep, start)));
+        let broker = broker.map(|b| b as Box<dyn broker::Broker>);
+        let core = Rc::new(RefCell::new(CoreState::new(i, shared, ep, start, broker)));
         monoio::spawn(processor::run(core.clone()));
         monoio::spawn(accept_loop(core.clone(), listener));
         let _ = ready.send(Ok(()));

@@ -44,7 +44,10 @@ pub async fn run(core: Rc<RefCell<CoreState>>) {
     };
     loop {
         // Sleep until rung; with spilled messages, also retry the full queues every 1 ms.
-        let spill = core.borrow().router.has_spill();
+        let spill = {
+            let st = core.borrow();
+            st.router.has_spill() || st.broker.has_backlog()
+        };
         let rung = poll_fn(|cx| shared.doorbells[me].poll_rung(cx));
         if spill {
             let _ = monoio::time::timeout(Duration::from_millis(1), rung).await;
@@ -56,6 +59,10 @@ pub async fn run(core: Rc<RefCell<CoreState>>) {
             if st.router.has_spill() {
                 st.router.retry_spill();
             }
+            if st.broker.has_backlog() {
+                let now_ms = st.clock.now_ms();
+                st.broker.sweep(now_ms);
+            }
             if !st.drain.started && shared.draining() {
                 super::tick::start_drain(&mut st);
             }
@@ -63,7 +70,10 @@ pub async fn run(core: Rc<RefCell<CoreState>>) {
         }
         let mut handled = 0;
         loop {
-            let msg = core.borrow_mut().router.recv();
+            let msg = {
+                let st = &mut *core.borrow_mut();
+                st.router.recv().or_else(|| st.broker.recv().map(BusMsg::Core))
+            };
             let Some(msg) = msg else { break };
             match msg {
                 BusMsg::Core(CoreMsg::Deliver { ch, seq: _, frame }) => deliver(&core, &ch, frame).await,

@@ -8,7 +8,7 @@ use super::bus::{ConnRef, Resume};
 use super::core::CoreState;
 use super::local::relocate_entry;
 use super::session::{ConnId, SubEntry, CANCELLED, NO_CHAN, PENDING};
-use crate::protocol::{self, codes};
+use crate::protocol::{self, codes, ResetReason};
 use crate::ws::codec;
 
 impl CoreState {
@@ -96,7 +96,7 @@ impl CoreState {
             return self.unsubscribe_at_home(ch.clone());
         };
         let cancelled = self.conn(id).is_some_and(|s| s.subs[i].pos == CANCELLED);
-        if cancelled || matches!(resume, Resume::Ahead) {
+        if cancelled || matches!(resume, Resume::Ahead | Resume::Unavailable(_)) {
             self.local.chans[chan as usize].pending -= 1;
             if let Some(s) = self.conn(id) {
                 s.subs.remove(i);
@@ -104,11 +104,14 @@ impl CoreState {
             self.unsubscribe_at_home(ch.clone());
             self.tidy(chan);
             if !cancelled {
-                let e = protocol::error_json(
-                    codes::BAD_REQUEST,
-                    &format!("from is beyond the head of {ch} ({head})"),
-                    None,
-                );
+                let e = match resume {
+                    Resume::Unavailable(e) => e.to_json(),
+                    _ => protocol::error_json(
+                        codes::BAD_REQUEST,
+                        &format!("from is beyond the head of {ch} ({head})"),
+                        None,
+                    ),
+                };
                 self.reply(id, codec::text_frame(&e));
             }
             return;
@@ -119,7 +122,7 @@ impl CoreState {
             Resume::Live => protocol::subscribed_json(ch, head, epoch, None),
             Resume::Recovered { .. } => protocol::subscribed_json(ch, head, epoch, Some(true)),
             Resume::Reset { reason, oldest } => protocol::reset_json(ch, head, epoch, *reason, *oldest),
-            Resume::Ahead => unreachable!("handled above"),
+            Resume::Ahead | Resume::Unavailable(_) => unreachable!("handled above"),
         };
         let fetch = self.with_session(id, |s, ctx| {
             s.subs[i].pos = pos;
@@ -135,5 +138,28 @@ impl CoreState {
             self.fetch(id, f);
         }
         self.flush(id);
+    }
+
+    /// The broker restarted the numbering of `ch` (or lost part of it): each local subscriber
+    /// gets a `reset` (docs/protocol.md) and continues with the seqs after `head`. A resume
+    /// replay in progress is abandoned: its history belongs to the old numbering.
+    pub(crate) fn reset_subscribers(
+        &mut self,
+        ch: &Arc<str>,
+        head: u64,
+        epoch: &str,
+        reason: ResetReason,
+        oldest: u64,
+    ) {
+        let Some(chan) = self.local.find(ch) else { return };
+        let frame = codec::text_frame(&protocol::reset_json(ch, head, epoch, reason, oldest));
+        let ids: Vec<ConnId> =
+            self.local.chans[chan as usize].subs.iter().copied().filter(|id| *id != ConnId::DEAD).collect();
+        for id in ids {
+            self.with_session(id, |s, ctx| {
+                s.cancel_replay(chan);
+                s.enqueue(ctx, frame.clone(), NO_CHAN, None);
+            });
+        }
     }
 }

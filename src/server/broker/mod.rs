@@ -9,12 +9,13 @@
 //! # Layout
 //! - this file: the [`Broker`] trait and its contract (its [`Request`]s travel on the bus);
 //! - [`memory`]: the embedded broker (one process), routing requests to home cores;
-//! - [`home`]: the memory broker's per-core channel store (seq, epoch, history, dedup).
+//! - [`home`]: the memory broker's per-core channel store (seq, epoch, history, dedup);
+//! - [`redis`]: the Redis broker (several nodes): a broker thread per process.
 
 pub mod home;
 pub mod memory;
+pub mod redis;
 
-#[cfg(doc)]
 use super::bus::CoreMsg;
 pub use super::bus::Request;
 use super::bus::Router;
@@ -53,4 +54,15 @@ pub trait Broker {
 
     /// Periodic upkeep at `now_ms` (forgetting idle channels, …).
     fn sweep(&mut self, now_ms: u64);
+
+    /// The next answer or delivery from a broker that runs outside the cores (Redis: its
+    /// thread), in order; the memory broker's travel on the bus instead.
+    fn recv(&mut self) -> Option<CoreMsg> {
+        None
+    }
+
+    /// Whether requests wait for room in a full queue (the processor then retries soon).
+    fn has_backlog(&self) -> bool {
+        false
+    }
 }

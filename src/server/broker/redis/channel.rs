@@ -1,0 +1,334 @@
+//! One task per channel with subscribers on this node: it turns the channel's Redis pub/sub
+//! stream into gap-free, duplicate-free deliveries to the cores, and answers `sub`s at a
+//! seam that matches them.
+//!
+//! The task handles its events in order, one at a time, so everything it sends to one core
+//! (`Subscribed`, `Deliver`, `Reset`) is ordered, which is the [`Broker`] contract:
+//! - `last` is the seq of the last message this node delivered (its head); a `sub` is
+//!   answered with head `last`, and every later delivery carries `last + 1, …`;
+//! - a pub/sub message with seq `last + 1` is delivered; one at or below `last` is a
+//!   duplicate (dropped); one beyond `last + 1` means messages were lost on the way (Redis
+//!   pub/sub is at-most-once): the missing ones are read from the stream and delivered
+//!   first (`tether_broker_gap_repairs_total`);
+//! - after the pub/sub link comes back (`Linked`), after the command link comes back
+//!   (`Resync`), and every third of `history_ttl_ms`, the task reads the channel's meta: a
+//!   head beyond `last` is repaired the same way, and an epoch other than the one it knows
+//!   (Redis restarted empty, the channel expired) is announced to every subscriber as a
+//!   `reset` with reason `epoch`, then the new epoch's history is delivered from its oldest
+//!   message: never a silent gap, never a seq reused with other data.
+//!
+//! [`Broker`]: crate::server::broker::Broker
+
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::thread::{unavailable, Ctx};
+use crate::protocol::ResetReason;
+use crate::server::broker::home::REPLAY_BATCH;
+use crate::server::bus::{ConnRef, CoreMsg, Resume};
+
+/// What a channel task is told, in order.
+#[derive(Debug)]
+pub enum ChanEvent {
+    /// A `sub` from `conn` (with its resume point).
+    Sub {
+        /// The subscribing connection.
+        conn: ConnRef,
+        /// The last seq the client processed.
+        from: Option<u64>,
+        /// The epoch `from` belongs to.
+        epoch: Option<Box<str>>,
+    },
+    /// One subscription of core `.0` ended.
+    Unsub(usize),
+    /// A message from the pub/sub link.
+    Live {
+        /// Its seq.
+        seq: u64,
+        /// The channel's epoch it was published under.
+        epoch: Box<str>,
+        /// The message JSON.
+        data: Bytes,
+    },
+    /// The channel's topic is subscribed on the (new) pub/sub link: check the head.
+    Linked,
+    /// The pub/sub link is down: `sub`s cannot be answered now.
+    Unlinked,
+    /// The command link came back: check the head.
+    Resync,
+    /// The last subscriber left: end the task.
+    Stop,
+}
+
+/// The `msg` frame of message `seq` of `ch` with JSON `data`.
+pub fn frame(ch: &str, seq: u64, data: &[u8]) -> Bytes {
+    crate::server::broker::home::msg_frame(ch, seq, data)
+}
+
+/// How long a failed head check waits before it is tried again, in milliseconds (jittered).
+const RETRY_MS: u64 = 500;
+
+struct Chan {
+    ctx: Rc<Ctx>,
+    name: Arc<str>,
+    /// Subscriptions per core.
+    interest: Vec<u32>,
+    /// Seq of the last message delivered by this node.
+    last: u64,
+    /// The epoch `last` belongs to; `None` before the first head check.
+    epoch: Option<Arc<str>>,
+    /// Oldest seq in the stream at the last head check.
+    oldest: u64,
+    /// The topic is subscribed on the current pub/sub link.
+    linked: bool,
+    /// The pub/sub link is known to be down.
+    unlinked: bool,
+    /// The head was checked since the last link change.
+    synced: bool,
+    /// `sub`s waiting for the topic to be subscribed.
+    waiting: Vec<(ConnRef, Option<u64>, Option<Box<str>>)>,
+}
+
+/// Runs the task of channel `name` until its last subscriber leaves.
+pub async fn run(ctx: Rc<Ctx>, name: Arc<str>, mut rx: UnboundedReceiver<ChanEvent>) {
+    let touch_every = Duration::from_millis((ctx.cfg.history_ttl_ms / 3).max(1_000));
+    let mut c = Chan {
+        interest: vec![0; ctx.shared.cores],
+        ctx,
+        name,
+        last: 0,
+        epoch: None,
+        oldest: 1,
+        linked: false,
+        unlinked: false,
+        synced: false,
+        waiting: Vec::new(),
+    };
+    let mut touch = tokio::time::interval_at(tokio::time::Instant::now() + touch_every, touch_every);
+    let retry = tokio::time::sleep(Duration::from_secs(86_400));
+    tokio::pin!(retry);
+    let mut retry_armed = false;
+    loop {
+        let ev = tokio::select! {
+            ev = rx.recv() => ev,
+            _ = touch.tick() => Some(ChanEvent::Resync),
+            _ = &mut retry, if retry_armed => { retry_armed = false; Some(ChanEvent::Resync) }
+        };
+        let Some(ev) = ev else { return };
+        match ev {
+            ChanEvent::Stop => return,
+            ChanEvent::Sub { conn, from, epoch } => {
+                c.waiting.push((conn, from, epoch));
+                // Answer every `sub` queued behind this one together (one head check).
+                let mut later = Vec::new();
+                while let Ok(ev) = rx.try_recv() {
+                    match ev {
+                        ChanEvent::Sub { conn, from, epoch } if later.is_empty() => c.waiting.push((conn, from, epoch)),
+                        ev => later.push(ev),
+                    }
+                }
+                c.answer_waiting().await;
+                for ev in later {
+                    if c.handle(ev).await {
+                        return;
+                    }
+                }
+            }
+            ev => {
+                if c.handle(ev).await {
+                    return;
+                }
+            }
+        }
+        if c.linked && !c.synced && !retry_armed {
+            let jitter = rand::random::<u64>() % RETRY_MS;
+            retry.as_mut().reset(tokio::time::Instant::now() + Duration::from_millis(RETRY_MS + jitter));
+            retry_armed = true;
+        }
+    }
+}
+
+impl Chan {
+    /// Handles one event other than a batch of `Sub`s; `true` when the task must end.
+    async fn handle(&mut self, ev: ChanEvent) -> bool {
+        match ev {
+            ChanEvent::Stop => return true,
+            ChanEvent::Sub { conn, from, epoch } => {
+                self.waiting.push((conn, from, epoch));
+                self.answer_waiting().await;
+            }
+            ChanEvent::Unsub(core) => {
+                if let Some(n) = self.interest.get_mut(core) {
+                    *n = n.saturating_sub(1);
+                }
+            }
+            ChanEvent::Live { seq, epoch, data } => self.live(seq, &epoch, data).await,
+            ChanEvent::Linked => {
+                self.linked = true;
+                self.unlinked = false;
+                self.synced = false;
+                let _ = self.sync().await;
+                self.answer_waiting().await;
+            }
+            ChanEvent::Unlinked => {
+                self.linked = false;
+                self.unlinked = true;
+                self.synced = false;
+                self.answer_waiting().await;
+            }
+            ChanEvent::Resync => {
+                if self.linked {
+                    let _ = self.sync().await;
+                }
+            }
+        }
+        false
+    }
+
+    /// Answers the waiting `sub`s once the topic is subscribed (or refuses them while the
+    /// pub/sub link is down).
+    async fn answer_waiting(&mut self) {
+        if self.waiting.is_empty() || (!self.linked && !self.unlinked) {
+            return; // the topic's subscription is on its way
+        }
+        let ahead = self.waiting.iter().any(|(_, from, _)| from.is_some_and(|f| f > self.last));
+        let ok = self.linked && (self.synced && !ahead || self.sync().await.is_ok());
+        let waiting = std::mem::take(&mut self.waiting);
+        for (conn, from, epoch) in waiting {
+            let resume = if !ok {
+                Resume::Unavailable(Box::new(unavailable("redis is unreachable")))
+            } else {
+                self.resume(from, epoch.as_deref()).await
+            };
+            // Counted for every answer: the core ends refused ones with an `Unsubscribe`.
+            self.interest[conn.core as usize] += 1;
+            let epoch = self.epoch.clone().unwrap_or_else(|| "".into());
+            let msg = CoreMsg::Subscribed { ch: self.name.clone(), conn: conn.id, head: self.last, epoch, resume };
+            self.ctx.to_core(conn.core as usize, msg);
+        }
+    }
+
+    /// How a `sub` with resume point `from` (of `epoch`) resolves against this node's head.
+    async fn resume(&self, from: Option<u64>, epoch: Option<&str>) -> Resume {
+        let Some(from) = from else { return Resume::Live };
+        let current = self.epoch.as_deref().unwrap_or("");
+        if epoch.is_some_and(|e| e != current) {
+            return Resume::Reset { reason: ResetReason::Epoch, oldest: self.oldest };
+        }
+        if from > self.last {
+            return Resume::Ahead;
+        }
+        if from == self.last {
+            return Resume::Recovered { from, frames: Vec::new(), until: self.last };
+        }
+        match self.ctx.range(&self.name, from, self.last, REPLAY_BATCH).await {
+            Ok(entries) if entries.first().is_some_and(|(s, _)| *s == from + 1) => {
+                let frames = entries.iter().map(|(s, d)| frame(&self.name, *s, d)).collect();
+                Resume::Recovered { from, frames, until: self.last }
+            }
+            Ok(entries) => {
+                let oldest = entries.first().map_or(self.last + 1, |(s, _)| *s);
+                Resume::Reset { reason: ResetReason::Evicted, oldest }
+            }
+            Err(e) => Resume::Unavailable(Box::new(unavailable(&e.to_string()))),
+        }
+    }
+
+    /// Checks the channel's head in Redis (creating its meta when it has none): repairs up to
+    /// it, or announces a new epoch. `Err` when Redis could not be asked.
+    async fn sync(&mut self) -> Result<(), ()> {
+        let (head, epoch, oldest) = self.ctx.meta(&self.name).await.map_err(|_| ())?;
+        self.oldest = oldest;
+        match &self.epoch {
+            None => {
+                self.epoch = Some(epoch.into());
+                self.last = head;
+            }
+            Some(known) if **known == *epoch => {}
+            Some(_) => {
+                // Numbering restarted: tell every subscriber, then deliver the new epoch's
+                // history from its oldest message.
+                let epoch: Arc<str> = epoch.into();
+                let base = oldest.saturating_sub(1).min(head);
+                self.reset_all(ResetReason::Epoch, base, &epoch, oldest);
+                self.epoch = Some(epoch);
+                self.last = base;
+            }
+        }
+        if head > self.last {
+            self.repair(head).await?;
+        }
+        self.synced = true;
+        Ok(())
+    }
+
+    /// A message from the pub/sub link.
+    async fn live(&mut self, seq: u64, epoch: &str, data: Bytes) {
+        let Some(known) = &self.epoch else { return }; // the first head check delivers it
+        if **known != *epoch {
+            // Another epoch: the head check resets subscribers and delivers from history.
+            if self.sync().await.is_err() {
+                self.synced = false;
+            }
+            return;
+        }
+        if seq <= self.last {
+            return; // already delivered (from history, or twice on the link)
+        }
+        if seq > self.last + 1 && self.repair(seq - 1).await.is_err() {
+            // The gap cannot be read now: deliver nothing past it; the retry repairs.
+            self.synced = false;
+            return;
+        }
+        if seq == self.last + 1 {
+            self.deliver(seq, &data);
+        }
+    }
+
+    /// Reads and delivers the messages after `last` up to `to` from the stream. A part that is
+    /// no longer there (trimmed or expired) is announced as a `reset` with reason `evicted`.
+    async fn repair(&mut self, to: u64) -> Result<(), ()> {
+        self.ctx.shared.broker.gap_repairs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        while self.last < to {
+            let entries = self.ctx.range(&self.name, self.last, to, REPLAY_BATCH).await.map_err(|_| ())?;
+            let first = entries.first().map_or(to + 1, |(s, _)| *s);
+            if first > self.last + 1 {
+                let epoch = self.epoch.clone().unwrap_or_else(|| "".into());
+                let base = first - 1;
+                self.reset_all(ResetReason::Evicted, base, &epoch, first);
+                self.last = base;
+            }
+            for (seq, data) in entries {
+                if seq == self.last + 1 {
+                    self.deliver(seq, &data);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn deliver(&mut self, seq: u64, data: &[u8]) {
+        self.last = seq;
+        let frame = frame(&self.name, seq, data);
+        for (core, n) in self.interest.iter().enumerate() {
+            if *n > 0 {
+                let msg = CoreMsg::Deliver { ch: self.name.clone(), seq, frame: frame.clone() };
+                self.ctx.to_core(core, msg);
+            }
+        }
+    }
+
+    /// Tells every subscriber on this node that the stream restarts after `head`.
+    fn reset_all(&self, reason: ResetReason, head: u64, epoch: &Arc<str>, oldest: u64) {
+        for (core, n) in self.interest.iter().enumerate() {
+            if *n > 0 {
+                let msg = CoreMsg::Reset { ch: self.name.clone(), head, epoch: epoch.clone(), reason, oldest };
+                self.ctx.to_core(core, msg);
+            }
+        }
+    }
+}

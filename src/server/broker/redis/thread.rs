@@ -1,0 +1,820 @@
+//! The broker thread: one per process, a current-thread tokio runtime that owns every Redis
+//! connection of the node.
+//!
+//! Tasks on it:
+//! - **serve**: drains the cores' queues; publishes that arrive together go out as one
+//!   pipeline of `EVALSHA` calls ([`keys::PUBLISH_LUA`]); `sub`/`unsub` go to the channel's
+//!   task ([`channel`]), created with the first subscriber and ended with the last; history
+//!   fetches of resuming subscribers are `XRANGE` reads;
+//! - **command link**: connects (full-jitter backoff), and reconnects after a failure; while
+//!   it is down `tether_broker_up` is 0, `/readyz` is 503 and publishes are refused with
+//!   `unavailable`;
+//! - **pub/sub link**: subscribes the topics of channels with local subscribers, reconnects
+//!   and resubscribes them after a loss, and tells every channel task, which then repairs its
+//!   gap from history;
+//! - **dispatch**: hands each pub/sub message to its channel's task.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::{Notify, Semaphore};
+
+use super::channel::{self, ChanEvent};
+use super::keys::{self, Keys, Payload};
+use super::link::Link;
+use crate::client::backoff::{Backoff, BackoffConfig};
+use crate::config::Broker as BrokerConfig;
+use crate::log_limit::{Admit, LogLimiter};
+use crate::protocol::{codes, RequestError};
+use crate::server::bus::{ConnRef, CoreMsg, PublishResult, Request};
+use crate::server::Shared;
+
+/// Publishes per pipeline (one round trip).
+const PIPELINE_MAX: usize = 512;
+/// Pipelines in flight at once; past it the serve task waits (backpressure on the cores).
+const PIPELINES_IN_FLIGHT: usize = 64;
+/// Requests taken from one core's queue before looking at the next.
+const DRAIN_PER_CORE: usize = 1024;
+/// Topics per `SUBSCRIBE` command when resubscribing after a reconnect.
+const SUBSCRIBE_CHUNK: usize = 256;
+/// The `retry_after_ms` of an `unavailable` answer: how long a client should wait before
+/// retrying a publish or a `sub` while the broker reconnects.
+pub const UNAVAILABLE_RETRY_MS: u64 = 1_000;
+
+/// Error kinds, indexes into `metrics::BROKER_ERROR_KINDS`.
+const ERR_TIMEOUT: usize = 0;
+const ERR_CONNECTION: usize = 1;
+const ERR_SCRIPT: usize = 2;
+const ERR_SERVER: usize = 3;
+
+/// A channel with subscribers on this node, as the serve task sees it.
+struct ChanHandle {
+    tx: UnboundedSender<ChanEvent>,
+    /// Subscriptions registered (answered or not) and not yet ended.
+    subs: u64,
+}
+
+/// Commands for the pub/sub link task, in order.
+enum Ctl {
+    /// Subscribe the topic of this channel (its first subscriber arrived).
+    Subscribe(Arc<str>),
+    /// Unsubscribe it (its last subscriber left).
+    Unsubscribe(Arc<str>),
+    /// The pub/sub link of this generation reported a disconnection.
+    Lost(u64),
+}
+
+/// What every task of the broker thread shares (single thread: `RefCell`, never held across
+/// an await).
+pub struct Ctx {
+    /// Process-wide configuration and metrics.
+    pub shared: Arc<Shared>,
+    /// `[broker]`.
+    pub cfg: BrokerConfig,
+    /// Key and topic names.
+    pub keys: Keys,
+    /// Timeout of one request.
+    pub timeout: Duration,
+    /// The command link while it is up.
+    cmd: RefCell<Option<Link>>,
+    /// Wakes the command-link task after a request saw the link fail.
+    cmd_lost: Notify,
+    /// Queues to the cores, with what waits for room.
+    out: RefCell<Outbox>,
+    /// Wakes the spill-retry task.
+    spilled: Notify,
+    /// Channels with subscribers on this node.
+    chans: RefCell<HashMap<Arc<str>, ChanHandle>>,
+    /// To the pub/sub link task.
+    ctl: UnboundedSender<Ctl>,
+    publish_script: redis::Script,
+    meta_script: redis::Script,
+    publish_command: &'static str,
+}
+
+/// The queues to the cores and their spill lists (a full queue never blocks the thread).
+struct Outbox {
+    tx: Vec<Sender<CoreMsg>>,
+    spill: Vec<VecDeque<CoreMsg>>,
+}
+
+impl Ctx {
+    /// Sends `msg` to core `core`, in order, and rings its doorbell.
+    pub fn to_core(&self, core: usize, msg: CoreMsg) {
+        let mut out = self.out.borrow_mut();
+        let Outbox { tx, spill } = &mut *out;
+        if spill[core].is_empty() {
+            if let Err(TrySendError::Full(m)) = tx[core].try_send(msg) {
+                spill[core].push_back(m);
+                self.spilled.notify_one();
+            }
+        } else {
+            spill[core].push_back(msg);
+        }
+        self.shared.doorbells[core].ring();
+    }
+
+    /// The command link, or `None` while it is down.
+    pub fn link(&self) -> Option<Link> {
+        self.cmd.borrow().clone()
+    }
+
+    /// Records a failed request; a connection-level failure takes the command link down (the
+    /// command-link task reconnects).
+    pub fn failed(&self, e: &redis::RedisError) {
+        let m = &self.shared.broker;
+        if e.is_timeout() {
+            m.error(ERR_TIMEOUT);
+        } else if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
+            m.error(ERR_CONNECTION);
+        } else if is_noscript(e) {
+            return; // answered by sending the script itself
+        } else {
+            m.error(ERR_SERVER);
+            return;
+        }
+        if self.cmd.borrow_mut().take().is_some() {
+            m.up.store(false, Relaxed);
+            warn_limited(
+                "broker",
+                || tracing::warn!(error = %e, "redis command link failed; publishes are refused until it is back"),
+            );
+            self.cmd_lost.notify_one();
+        }
+    }
+
+    /// Runs `cmd` on the command link with the request timeout, recording latency and errors.
+    pub async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+        let Some(mut link) = self.link() else { return Err(down()) };
+        let t0 = Instant::now();
+        let r = match tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut link)).await {
+            Ok(r) => r,
+            Err(_) => Err(timed_out()),
+        };
+        self.shared.broker.request(t0.elapsed());
+        if let Err(e) = &r {
+            self.failed(e);
+        }
+        r
+    }
+
+    /// Calls the meta script ([`keys::META_LUA`]) for `ch`: `(seq, epoch, oldest)`.
+    pub async fn meta(&self, ch: &str) -> redis::RedisResult<(u64, String, u64)> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.meta_script.get_hash())
+            .arg(2)
+            .arg(self.keys.meta(ch))
+            .arg(self.keys.stream(ch))
+            .arg(new_epoch())
+            .arg(self.cfg.history_ttl_ms);
+        match self.query(&cmd).await {
+            Err(e) if is_noscript(&e) => {
+                let mut cmd = redis::cmd("EVAL");
+                cmd.arg(keys::META_LUA)
+                    .arg(2)
+                    .arg(self.keys.meta(ch))
+                    .arg(self.keys.stream(ch))
+                    .arg(new_epoch())
+                    .arg(self.cfg.history_ttl_ms);
+                self.query(&cmd).await
+            }
+            r => r,
+        }
+    }
+
+    /// Reads history entries of `ch` with seqs `after+1 ..= until`, at most `count`:
+    /// `(seq, data)` in order.
+    pub async fn range(&self, ch: &str, after: u64, until: u64, count: usize) -> redis::RedisResult<Vec<(u64, Bytes)>> {
+        let mut cmd = redis::cmd("XRANGE");
+        cmd.arg(self.keys.stream(ch)).arg(format!("{}-0", after + 1)).arg(format!("{until}-0")).arg("COUNT").arg(count);
+        let v: Value = self.query(&cmd).await?;
+        Ok(parse_entries(v))
+    }
+
+    /// Hands `ev` to the task of channel `ch`, if it has one.
+    fn to_channel(&self, ch: &str, ev: ChanEvent) {
+        if let Some(h) = self.chans.borrow().get(ch) {
+            let _ = h.tx.send(ev);
+        }
+    }
+
+    /// Hands `ev()` to every channel task.
+    fn to_all_channels(&self, ev: impl Fn() -> ChanEvent) {
+        for h in self.chans.borrow().values() {
+            let _ = h.tx.send(ev());
+        }
+    }
+}
+
+thread_local! {
+    static LIMITERS: RefCell<(Option<Instant>, HashMap<&'static str, LogLimiter>)> = RefCell::new((None, HashMap::new()));
+}
+
+/// Runs `log` unless lines of `kind` exceed 5 per 10 s (Redis being down must not flood the
+/// log); the first admitted line after a silence says how many were suppressed.
+fn warn_limited(kind: &'static str, log: impl FnOnce()) {
+    LIMITERS.with(|l| {
+        let (start, map) = &mut *l.borrow_mut();
+        let now = start.get_or_insert_with(Instant::now).elapsed().as_millis() as u64;
+        let lim = map.entry(kind).or_insert_with(|| LogLimiter::new(5, 10_000));
+        if let Some(n) = lim.flush(now) {
+            tracing::warn!(kind, suppressed = n, "suppressed similar broker log lines");
+        }
+        if let Admit::Log { .. } = lim.admit(now) {
+            log();
+        }
+    })
+}
+
+/// A fresh random epoch: 16 hex digits.
+pub fn new_epoch() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+fn down() -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::Io, "the redis command link is down"))
+}
+
+fn timed_out() -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, "redis request timed out"))
+}
+
+fn is_noscript(e: &redis::RedisError) -> bool {
+    e.code() == Some("NOSCRIPT")
+}
+
+/// The refusal of a publish (or `sub`) while Redis cannot be reached.
+pub fn unavailable(why: &str) -> RequestError {
+    RequestError::unavailable(format!("the broker cannot reach redis ({why}); retry later"), UNAVAILABLE_RETRY_MS)
+}
+
+/// Stream entries `[[id, [field, value, …]], …]` as `(seq, value of field d)`.
+fn parse_entries(v: Value) -> Vec<(u64, Bytes)> {
+    let Value::Array(entries) = v else { return Vec::new() };
+    let mut out = Vec::with_capacity(entries.len());
+    for e in entries {
+        let Value::Array(mut parts) = e else { continue };
+        if parts.len() != 2 {
+            continue;
+        }
+        let fields = parts.pop();
+        let id = parts.pop();
+        let seq = match id {
+            Some(Value::BulkString(b)) => std::str::from_utf8(&b).ok().and_then(keys::entry_seq),
+            Some(Value::SimpleString(s)) => keys::entry_seq(&s),
+            _ => None,
+        };
+        let data = match fields {
+            Some(Value::Array(f)) => f.into_iter().nth(1),
+            Some(Value::Map(m)) => m.into_iter().next().map(|(_, v)| v),
+            _ => None,
+        };
+        if let (Some(seq), Some(Value::BulkString(d))) = (seq, data) {
+            out.push((seq, Bytes::from(d)));
+        }
+    }
+    out
+}
+
+/// The broker thread's body: builds the runtime and serves until every core is gone.
+pub fn run(shared: Arc<Shared>, inboxes: Vec<Receiver<Request>>, outboxes: Vec<Sender<CoreMsg>>, wake: Arc<Notify>) {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the broker thread's runtime; the redis broker stays down");
+            return;
+        }
+    };
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, serve(shared, inboxes, outboxes, wake));
+}
+
+async fn serve(
+    shared: Arc<Shared>,
+    inboxes: Vec<Receiver<Request>>,
+    outboxes: Vec<Sender<CoreMsg>>,
+    wake: Arc<Notify>,
+) {
+    let cfg = shared.config.broker.clone();
+    let (ctl, ctl_rx) = unbounded_channel();
+    let cores = outboxes.len();
+    let ctx = Rc::new(Ctx {
+        keys: Keys::new(&cfg.key_prefix),
+        timeout: Duration::from_millis(cfg.request_timeout_ms),
+        publish_command: Link::publish_command(&cfg),
+        cfg,
+        cmd: RefCell::new(None),
+        cmd_lost: Notify::new(),
+        out: RefCell::new(Outbox { tx: outboxes, spill: (0..cores).map(|_| VecDeque::new()).collect() }),
+        spilled: Notify::new(),
+        chans: RefCell::new(HashMap::new()),
+        ctl,
+        publish_script: redis::Script::new(keys::PUBLISH_LUA),
+        meta_script: redis::Script::new(keys::META_LUA),
+        shared,
+    });
+    tokio::task::spawn_local(command_link(ctx.clone()));
+    tokio::task::spawn_local(pubsub_link(ctx.clone(), ctl_rx));
+    tokio::task::spawn_local(retry_spill(ctx.clone()));
+    tokio::task::spawn_local(health(ctx.clone()));
+    let inflight = Arc::new(Semaphore::new(PIPELINES_IN_FLIGHT));
+    loop {
+        let mut batch = Vec::new();
+        let mut any = false;
+        let mut connected = 0;
+        for inbox in &inboxes {
+            for _ in 0..DRAIN_PER_CORE {
+                match inbox.try_recv() {
+                    Ok(req) => {
+                        any = true;
+                        handle(&ctx, req, &mut batch);
+                    }
+                    Err(TryRecvError::Empty) => {
+                        connected += 1;
+                        break;
+                    }
+                    Err(TryRecvError::Disconnected) => break,
+                }
+            }
+        }
+        while !batch.is_empty() {
+            let rest = batch.split_off(batch.len().min(PIPELINE_MAX));
+            let Ok(permit) = inflight.clone().acquire_owned().await else { break };
+            let ctx = ctx.clone();
+            let chunk = std::mem::replace(&mut batch, rest);
+            tokio::task::spawn_local(async move {
+                publish_batch(&ctx, chunk).await;
+                drop(permit);
+            });
+        }
+        if connected == 0 && !any {
+            return; // every core is gone: the server stopped
+        }
+        if any {
+            tokio::task::yield_now().await;
+        } else {
+            wake.notified().await;
+        }
+    }
+}
+
+/// A publish waiting for its pipeline.
+struct Pub {
+    ch: Arc<str>,
+    id: Option<Box<str>>,
+    data: Bytes,
+    reply: Option<ConnRef>,
+}
+
+fn handle(ctx: &Rc<Ctx>, req: Request, batch: &mut Vec<Pub>) {
+    match req {
+        Request::Publish { ch, id, data, reply } => batch.push(Pub { ch, id, data, reply }),
+        Request::Subscribe { ch, conn, from, epoch } => {
+            let mut chans = ctx.chans.borrow_mut();
+            let h = chans.entry(ch.clone()).or_insert_with(|| {
+                let (tx, rx) = unbounded_channel();
+                tokio::task::spawn_local(channel::run(ctx.clone(), ch.clone(), rx));
+                let _ = ctx.ctl.send(Ctl::Subscribe(ch.clone()));
+                ChanHandle { tx, subs: 0 }
+            });
+            h.subs += 1;
+            let _ = h.tx.send(ChanEvent::Sub { conn, from, epoch });
+        }
+        Request::Unsubscribe { ch, core } => {
+            let mut chans = ctx.chans.borrow_mut();
+            let Some(h) = chans.get_mut(&ch) else { return };
+            let _ = h.tx.send(ChanEvent::Unsub(core as usize));
+            h.subs = h.subs.saturating_sub(1);
+            if h.subs == 0 {
+                let _ = h.tx.send(ChanEvent::Stop);
+                chans.remove(&ch);
+                let _ = ctx.ctl.send(Ctl::Unsubscribe(ch));
+            }
+        }
+        Request::Fetch { ch, conn, after, until } => {
+            let ctx = ctx.clone();
+            tokio::task::spawn_local(async move {
+                let n = crate::server::broker::home::REPLAY_BATCH;
+                let (frames, evicted) = match ctx.range(&ch, after, until, n).await {
+                    Ok(entries) => {
+                        if entries.first().is_some_and(|(seq, _)| *seq != after + 1) || entries.is_empty() {
+                            let oldest = entries.first().map_or(until + 1, |(s, _)| *s);
+                            (Vec::new(), Some(oldest))
+                        } else {
+                            let frames = entries.iter().map(|(seq, d)| channel::frame(&ch, *seq, d)).collect();
+                            (frames, None)
+                        }
+                    }
+                    // The replay cannot go on now: the subscriber restarts from what is kept
+                    // (a reset), rather than waiting with a stalled replay.
+                    Err(_) => (Vec::new(), Some(until + 1)),
+                };
+                ctx.to_core(conn.core as usize, CoreMsg::ReplayBatch { ch, conn: conn.id, frames, evicted });
+            });
+        }
+    }
+}
+
+/// One pipeline of publish scripts; answers each publisher.
+async fn publish_batch(ctx: &Ctx, batch: Vec<Pub>) {
+    let results = match ctx.link() {
+        None => Err(down()),
+        Some(mut link) => {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for p in &batch {
+                pipe.add_command(publish_cmd(ctx, p, true));
+            }
+            let t0 = Instant::now();
+            let r = match tokio::time::timeout(ctx.timeout, pipe.query_async::<Vec<Value>>(&mut link)).await {
+                Ok(r) => r,
+                Err(_) => Err(timed_out()),
+            };
+            ctx.shared.broker.request(t0.elapsed());
+            if let Err(e) = &r {
+                ctx.failed(e);
+            }
+            r
+        }
+    };
+    let metrics = &ctx.shared.metrics;
+    match results {
+        Ok(values) => {
+            for (p, v) in batch.into_iter().zip(values) {
+                let v = match v {
+                    Value::ServerError(e) if e.code() == "NOSCRIPT" => {
+                        // The script cache was flushed (a restart): send the script itself.
+                        match ctx.query::<Value>(&publish_cmd(ctx, &p, false)).await {
+                            Ok(v) => v,
+                            Err(e) => {
+                                answer(ctx, p, Err(unavailable(&e.to_string())));
+                                continue;
+                            }
+                        }
+                    }
+                    v => v,
+                };
+                let outcome = match v {
+                    Value::ServerError(e) => {
+                        ctx.shared.broker.error(ERR_SCRIPT);
+                        warn_limited(
+                            "broker-script",
+                            || tracing::warn!(error = %e.details().unwrap_or(e.code()), "the publish script failed"),
+                        );
+                        Err(unavailable(e.code()))
+                    }
+                    v => match parse_published(v) {
+                        Some((seq, dup)) => {
+                            let core = p.reply.map_or(0, |r| r.core as usize);
+                            if dup {
+                                metrics[core].publish_duplicates.fetch_add(1, Relaxed);
+                            } else {
+                                metrics[core].published.fetch_add(1, Relaxed);
+                            }
+                            Ok(seq)
+                        }
+                        None => {
+                            ctx.shared.broker.error(ERR_SCRIPT);
+                            Err(unavailable("unexpected script reply"))
+                        }
+                    },
+                };
+                answer(ctx, p, outcome);
+            }
+        }
+        Err(e) => {
+            let why = e.to_string();
+            for p in batch {
+                answer(ctx, p, Err(unavailable(&why)));
+            }
+        }
+    }
+}
+
+fn answer(ctx: &Ctx, p: Pub, outcome: Result<u64, RequestError>) {
+    let Some(reply) = p.reply else { return };
+    let result = match outcome {
+        Ok(seq) => PublishResult::Stored { seq },
+        Err(e) => PublishResult::Refused(Box::new(e)),
+    };
+    ctx.to_core(reply.core as usize, CoreMsg::Published { reply, ch: p.ch, id: p.id, result });
+}
+
+/// The script call of one publish (`EVALSHA`, or `EVAL` with the script's text).
+fn publish_cmd(ctx: &Ctx, p: &Pub, by_sha: bool) -> redis::Cmd {
+    let ch = &*p.ch;
+    let history = ctx.shared.config.channel_rule(ch).history;
+    let mut cmd = if by_sha { redis::cmd("EVALSHA") } else { redis::cmd("EVAL") };
+    if by_sha {
+        cmd.arg(ctx.publish_script.get_hash());
+    } else {
+        cmd.arg(keys::PUBLISH_LUA);
+    }
+    cmd.arg(3)
+        .arg(ctx.keys.meta(ch))
+        .arg(ctx.keys.stream(ch))
+        .arg(ctx.keys.dedup(ch, p.id.as_deref().unwrap_or("")))
+        .arg(p.data.as_ref())
+        .arg(history)
+        .arg(ctx.cfg.history_ttl_ms)
+        .arg(ctx.shared.config.dedup.window_ms)
+        .arg(new_epoch())
+        .arg(ctx.keys.topic(ch))
+        .arg(ctx.publish_command)
+        .arg(if p.id.is_some() { "1" } else { "0" });
+    cmd
+}
+
+/// `{seq, epoch, duplicate}` → `(seq, duplicate)`.
+fn parse_published(v: Value) -> Option<(u64, bool)> {
+    let Value::Array(a) = v else { return None };
+    let int = |v: &Value| match v {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        _ => None,
+    };
+    Some((int(a.first()?)?, int(a.get(2)?)? == 1))
+}
+
+fn backoff() -> Backoff {
+    Backoff::new(BackoffConfig {
+        base: Duration::from_millis(100),
+        cap: Duration::from_secs(5),
+        stable_after: Duration::from_secs(10),
+    })
+}
+
+/// Keeps the command link up: connects, waits for a failure, reconnects with full-jitter
+/// backoff. Each return of the link asks every channel task to check its head (a Redis that
+/// came back empty changes epochs; one that failed over may have lost messages).
+async fn command_link(ctx: Rc<Ctx>) {
+    let mut backoff = backoff();
+    let mut ever = false;
+    loop {
+        let opened = match Link::open(&ctx.cfg, None, ctx.timeout).await {
+            Ok(mut link) => load_scripts(&ctx, &mut link).await.map(|()| link),
+            Err(e) => Err(e),
+        };
+        match opened {
+            Ok(link) => {
+                let since = Instant::now();
+                *ctx.cmd.borrow_mut() = Some(link);
+                ctx.shared.broker.up.store(true, Relaxed);
+                if ever {
+                    ctx.shared.broker.reconnects.fetch_add(1, Relaxed);
+                    tracing::info!("redis command link is back");
+                    ctx.to_all_channels(|| ChanEvent::Resync);
+                } else {
+                    tracing::info!(url = %redacted(&ctx.cfg), "connected to redis");
+                }
+                ever = true;
+                ctx.cmd_lost.notified().await;
+                backoff.connected_for(since.elapsed());
+                tokio::time::sleep(backoff.next_delay(None)).await;
+            }
+            Err(e) => {
+                ctx.shared.broker.error(ERR_CONNECTION);
+                warn_limited(
+                    "broker-connect",
+                    || tracing::warn!(error = %e, url = %redacted(&ctx.cfg), "cannot connect to redis; retrying"),
+                );
+                tokio::time::sleep(backoff.next_delay(None)).await;
+            }
+        }
+    }
+}
+
+/// Loads both scripts into Redis's script cache (on a cluster, each node loads them on its
+/// first `NOSCRIPT`, answered by sending the script itself).
+async fn load_scripts(ctx: &Ctx, link: &mut Link) -> redis::RedisResult<()> {
+    if let Link::Single(_) = link {
+        for script in [&ctx.publish_script, &ctx.meta_script] {
+            timed(ctx, script.load_async(link)).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The Redis URL(s) without credentials, for logs.
+fn redacted(cfg: &BrokerConfig) -> String {
+    let strip = |u: &str| match (u.find("://"), u.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://…@{}", &u[..s], &u[at + 1..]),
+        _ => u.to_owned(),
+    };
+    match cfg.cluster_urls() {
+        Some(urls) => urls.iter().map(|u| strip(u)).collect::<Vec<_>>().join(","),
+        None => strip(&cfg.url),
+    }
+}
+
+/// Keeps the pub/sub link: subscribes and unsubscribes topics in order, reconnects after a
+/// loss and resubscribes every channel with local subscribers, telling each channel task.
+async fn pubsub_link(ctx: Rc<Ctx>, mut ctl: UnboundedReceiver<Ctl>) {
+    let mut backoff = backoff();
+    let mut gen = 0u64;
+    let mut ever = false;
+    'connect: loop {
+        gen += 1;
+        let (push_tx, push_rx) = unbounded_channel();
+        let mut link = match Link::open(&ctx.cfg, Some(push_tx), ctx.timeout).await {
+            Ok(l) => l,
+            Err(e) => {
+                ctx.shared.broker.error(ERR_CONNECTION);
+                warn_limited(
+                    "broker-pubsub",
+                    || tracing::warn!(error = %e, "cannot open the redis pub/sub link; retrying"),
+                );
+                ctx.to_all_channels(|| ChanEvent::Unlinked);
+                // Meanwhile, answer subscribes (channels learn the link is down) and drop
+                // the rest: the reconnect subscribes whatever has subscribers then.
+                let sleep = tokio::time::sleep(backoff.next_delay(None));
+                tokio::pin!(sleep);
+                loop {
+                    tokio::select! {
+                        _ = &mut sleep => continue 'connect,
+                        c = ctl.recv() => match c {
+                            None => return,
+                            Some(Ctl::Subscribe(ch)) => ctx.to_channel(&ch, ChanEvent::Unlinked),
+                            Some(_) => {}
+                        },
+                    }
+                }
+            }
+        };
+        let since = Instant::now();
+        tokio::task::spawn_local(dispatch(ctx.clone(), push_rx, gen));
+        // Everything with subscribers now, in chunks; then each channel repairs its gap.
+        let names: Vec<Arc<str>> = ctx.chans.borrow().keys().cloned().collect();
+        for chunk in names.chunks(SUBSCRIBE_CHUNK) {
+            let topics: Vec<String> = chunk.iter().map(|c| ctx.keys.topic(c)).collect();
+            if let Err(e) = timed(&ctx, link.subscribe(&topics)).await {
+                tracing::warn!(error = %e, "resubscribing on the redis pub/sub link failed; reconnecting");
+                continue 'connect;
+            }
+        }
+        if ever {
+            ctx.shared.broker.reconnects.fetch_add(1, Relaxed);
+            tracing::info!(channels = names.len(), "redis pub/sub link is back; repairing gaps");
+        }
+        ever = true;
+        for ch in &names {
+            ctx.to_channel(ch, ChanEvent::Linked);
+        }
+        loop {
+            let Some(first) = ctl.recv().await else { return };
+            let mut cmds = vec![first];
+            while let Ok(c) = ctl.try_recv() {
+                cmds.push(c);
+            }
+            for c in cmds {
+                let r = match c {
+                    Ctl::Lost(g) if g == gen => {
+                        Err(redis::RedisError::from((redis::ErrorKind::Io, "pub/sub link lost")))
+                    }
+                    Ctl::Lost(_) => Ok(()),
+                    Ctl::Subscribe(ch) => {
+                        // A channel whose last subscriber already left again needs nothing.
+                        if !ctx.chans.borrow().contains_key(&ch) {
+                            continue;
+                        }
+                        let r = timed(&ctx, link.subscribe(&[ctx.keys.topic(&ch)])).await;
+                        if r.is_ok() {
+                            ctx.to_channel(&ch, ChanEvent::Linked);
+                        }
+                        r
+                    }
+                    Ctl::Unsubscribe(ch) => {
+                        if ctx.chans.borrow().contains_key(&ch) {
+                            continue; // subscribed again meanwhile
+                        }
+                        timed(&ctx, link.unsubscribe(&[ctx.keys.topic(&ch)])).await
+                    }
+                };
+                if let Err(e) = r {
+                    ctx.shared.broker.error(ERR_CONNECTION);
+                    warn_limited(
+                        "broker-pubsub",
+                        || tracing::warn!(error = %e, "redis pub/sub link lost; reconnecting"),
+                    );
+                    ctx.to_all_channels(|| ChanEvent::Unlinked);
+                    backoff.connected_for(since.elapsed());
+                    // Full jitter before the first attempt too: a Redis restart must not
+                    // see every node come back in the same millisecond.
+                    tokio::time::sleep(backoff.next_delay(None)).await;
+                    continue 'connect;
+                }
+            }
+        }
+    }
+}
+
+async fn timed<T>(ctx: &Ctx, f: impl std::future::Future<Output = redis::RedisResult<T>>) -> redis::RedisResult<T> {
+    match tokio::time::timeout(ctx.timeout, f).await {
+        Ok(r) => r,
+        Err(_) => Err(timed_out()),
+    }
+}
+
+/// Hands the pushes of pub/sub link generation `gen` to channel tasks.
+async fn dispatch(ctx: Rc<Ctx>, mut rx: UnboundedReceiver<PushInfo>, gen: u64) {
+    let cluster = ctx.cfg.cluster_urls().is_some();
+    while let Some(push) = rx.recv().await {
+        match push.kind {
+            PushKind::Message | PushKind::SMessage => {
+                let mut data = push.data.into_iter();
+                let (Some(Value::BulkString(topic)), Some(Value::BulkString(payload))) = (data.next(), data.next())
+                else {
+                    continue;
+                };
+                let Some(ch) = ctx.keys.channel_of(&topic) else { continue };
+                let Some(p) = Payload::parse(&payload) else {
+                    ctx.shared.broker.error(ERR_SERVER);
+                    continue;
+                };
+                let start = payload.len() - p.data.len();
+                let ev =
+                    ChanEvent::Live { seq: p.seq, epoch: p.epoch.into(), data: Bytes::from(payload).slice(start..) };
+                ctx.to_channel(ch, ev);
+            }
+            // A cluster link resubscribes by itself after a node is lost or a slot moves;
+            // the confirmation is when that channel can repair its gap.
+            PushKind::SSubscribe | PushKind::Subscribe if cluster => {
+                if let Some(Value::BulkString(topic)) = push.data.first() {
+                    if let Some(ch) = ctx.keys.channel_of(topic) {
+                        ctx.to_channel(ch, ChanEvent::Linked);
+                    }
+                }
+            }
+            PushKind::Disconnection if !cluster => {
+                let _ = ctx.ctl.send(Ctl::Lost(gen));
+                return;
+            }
+            _ => {}
+        }
+    }
+    if !cluster {
+        let _ = ctx.ctl.send(Ctl::Lost(gen));
+    }
+}
+
+/// How often an idle command link is checked with `PING`, in milliseconds.
+const HEALTH_MS: u64 = 1_000;
+
+/// Pings the command link every [`HEALTH_MS`]: a Redis that died while this node had nothing
+/// to ask is noticed within a second or so (`/readyz` turns 503, a load balancer sends new
+/// clients elsewhere).
+async fn health(ctx: Rc<Ctx>) {
+    let mut every = tokio::time::interval(Duration::from_millis(HEALTH_MS));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        if ctx.link().is_some() {
+            let _ = ctx.query::<Value>(&redis::cmd("PING")).await;
+        }
+    }
+}
+
+/// Retries the spill lists every millisecond while any holds a message.
+async fn retry_spill(ctx: Rc<Ctx>) {
+    loop {
+        ctx.spilled.notified().await;
+        loop {
+            let pending = {
+                let mut out = ctx.out.borrow_mut();
+                let Outbox { tx, spill } = &mut *out;
+                for (core, q) in spill.iter_mut().enumerate() {
+                    let before = q.len();
+                    while let Some(m) = q.pop_front() {
+                        if let Err(TrySendError::Full(m)) = tx[core].try_send(m) {
+                            q.push_front(m);
+                            break;
+                        }
+                    }
+                    if q.len() != before {
+                        ctx.shared.doorbells[core].ring();
+                    }
+                }
+                spill.iter().any(|q| !q.is_empty())
+            };
+            if !pending {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+/// The `error` a resumed or new `sub` gets while Redis cannot be reached.
+pub fn sub_unavailable() -> RequestError {
+    let mut e = unavailable("pub/sub link down");
+    e.code = codes::UNAVAILABLE;
+    e
+}
