@@ -83,11 +83,18 @@ impl Link {
         Ok(Link::Single(client.get_multiplexed_async_connection_with_config(&config).await?))
     }
 
-    /// Subscribes to `topics` (`SSUBSCRIBE` on a cluster), returning once Redis confirmed.
+    /// Subscribes to `topics` (`SSUBSCRIBE` on a cluster, one topic per command since each
+    /// lives in its own slot, all sent at once), returning once Redis confirmed all.
     pub async fn subscribe(&mut self, topics: &[String]) -> redis::RedisResult<()> {
         match self {
             Link::Single(c) => c.subscribe(topics).await,
-            Link::Cluster(c) => c.ssubscribe(topics).await,
+            Link::Cluster(c) => {
+                let calls = topics.iter().map(|t| {
+                    let mut c = c.clone();
+                    async move { c.ssubscribe(t).await }
+                });
+                futures::future::try_join_all(calls).await.map(drop)
+            }
         }
     }
 

@@ -753,16 +753,15 @@ async fn dispatch(ctx: Rc<Ctx>, mut rx: UnboundedReceiver<PushInfo>, gen: u64) {
                     }
                 }
             }
-            PushKind::Disconnection if !cluster => {
-                let _ = ctx.ctl.send(Ctl::Lost(gen));
-                return;
-            }
+            // A lost node (on a cluster: one of its nodes, perhaps failing over) ends this
+            // link: a new one learns the topology afresh and resubscribes everything, and each
+            // channel repairs its gap. (The cluster client's own resubscription would keep
+            // retrying the dead node's address.)
+            PushKind::Disconnection => break,
             _ => {}
         }
     }
-    if !cluster {
-        let _ = ctx.ctl.send(Ctl::Lost(gen));
-    }
+    let _ = ctx.ctl.send(Ctl::Lost(gen));
 }
 
 /// How often an idle command link is checked with `PING`, in milliseconds.
