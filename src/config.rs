@@ -496,6 +496,16 @@ impl Config {
             self.dedup.max_entries,
             self.broker.kind.as_str(),
         );
+        if self.broker.kind == BrokerKind::Redis {
+            let b = &self.broker;
+            out.push_str(&format!(
+                " broker.cluster={} broker.key_prefix={:?} broker.history_ttl_ms={} broker.request_timeout_ms={}",
+                b.cluster_urls().is_some(),
+                b.key_prefix,
+                b.history_ttl_ms,
+                b.request_timeout_ms
+            ));
+        }
         for (i, r) in self.channels.iter().enumerate() {
             out.push_str(&format!(
                 " channels[{i}]={{pattern={:?},overflow={},history={}}}",

@@ -15,7 +15,9 @@
 //!   head beyond `last` is repaired the same way, and an epoch other than the one it knows
 //!   (Redis restarted empty, the channel expired) is announced to every subscriber as a
 //!   `reset` with reason `epoch`, then the new epoch's history is delivered from its oldest
-//!   message: never a silent gap, never a seq reused with other data.
+//!   message: never a silent gap, never a seq reused with other data. A head *below* `last`
+//!   under the same epoch (a failover lost acked messages) moves the channel to a new epoch
+//!   ([`super::keys::BUMP_LUA`]) and is announced the same way.
 //!
 //! [`Broker`]: crate::server::broker::Broker
 
@@ -241,7 +243,14 @@ impl Chan {
     /// Checks the channel's head in Redis (creating its meta when it has none): repairs up to
     /// it, or announces a new epoch. `Err` when Redis could not be asked.
     async fn sync(&mut self) -> Result<(), ()> {
-        let (head, epoch, oldest) = self.ctx.meta(&self.name).await.map_err(|_| ())?;
+        let (head, mut epoch, oldest) = self.ctx.meta(&self.name).await.map_err(|_| ())?;
+        if self.epoch.as_deref().is_some_and(|known| *known == *epoch) && head < self.last {
+            // The head went back under the same epoch: Redis lost acked messages (a failover
+            // to a lagging replica). What follows would reuse seqs with other data, so the
+            // channel moves to a new epoch, announced below like any epoch change.
+            tracing::warn!(channel = %self.name, head, delivered = self.last, "channel head went back in redis; new epoch");
+            epoch = self.ctx.bump_epoch(&self.name, &epoch).await.map_err(|_| ())?;
+        }
         self.oldest = oldest;
         match &self.epoch {
             None => {

@@ -70,6 +70,22 @@ end
 return {seq, epoch, oldest}
 "#;
 
+/// The epoch bump: gives a channel a new epoch if it still has the one a node knows. A node
+/// calls it when the channel's head went *back* under the same epoch (a failover to a replica
+/// that had not received the last acked messages): the numbering after that point reuses
+/// seqs with other data, so it must not continue under the same epoch.
+///
+/// KEYS: meta. ARGV: the epoch the node knows, the new epoch. Returns the channel's epoch
+/// afterwards (the new one, or the one another node already put there).
+pub const BUMP_LUA: &str = r#"
+local e = redis.call('HGET', KEYS[1], 'epoch')
+if e == ARGV[1] then
+  redis.call('HSET', KEYS[1], 'epoch', ARGV[2])
+  return ARGV[2]
+end
+return e or ''
+"#;
+
 /// Names of a channel's keys and topic under a key prefix.
 #[derive(Debug, Clone)]
 pub struct Keys {

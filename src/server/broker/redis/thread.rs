@@ -190,6 +190,14 @@ impl Ctx {
         }
     }
 
+    /// Calls the epoch bump ([`keys::BUMP_LUA`]) for `ch` known at epoch `known`: the
+    /// channel's epoch afterwards.
+    pub async fn bump_epoch(&self, ch: &str, known: &str) -> redis::RedisResult<String> {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(keys::BUMP_LUA).arg(1).arg(self.keys.meta(ch)).arg(known).arg(new_epoch());
+        self.query(&cmd).await
+    }
+
     /// Reads history entries of `ch` with seqs `after+1 ..= until`, at most `count`:
     /// `(seq, data)` in order.
     pub async fn range(&self, ch: &str, after: u64, until: u64, count: usize) -> redis::RedisResult<Vec<(u64, Bytes)>> {
