@@ -40,7 +40,8 @@ enum Cmd {
     },
     /// Subscribe and print one JSON line per message; reconnects and resumes by itself.
     Sub {
-        /// Server URL, e.g. ws://127.0.0.1:8080/ws
+        /// Server URL, e.g. ws://127.0.0.1:8080/ws; several nodes comma-separated
+        /// (ws://a:8080/ws,ws://b:8080/ws): each reconnect goes to the next one.
         url: String,
         /// Channel name.
         channel: String,
@@ -56,7 +57,7 @@ enum Cmd {
     },
     /// Publish one JSON value and print the ack; retries until acked.
     Pub {
-        /// Server URL, e.g. ws://127.0.0.1:8080/ws
+        /// Server URL, e.g. ws://127.0.0.1:8080/ws; several nodes comma-separated, as for sub.
         url: String,
         /// Channel name.
         channel: String,

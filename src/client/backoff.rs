@@ -79,12 +79,25 @@ impl Backoff {
         floor.map_or(jittered, |f| jittered.max(f))
     }
 
+    /// The delay before trying *another* server after one failed (a client with several URLs,
+    /// [`ClientConfig::urls`](super::ClientConfig::urls)): `max(floor, uniform[0, min(cap,
+    /// base)])`, the window of a first attempt. The attempt count does not grow: a failure that
+    /// the next server may not share is no reason to wait longer, and the first window still
+    /// spreads the clients of a dead server instead of moving them all in the same instant.
+    pub fn switch_delay(&mut self, floor: Option<Duration>) -> Duration {
+        let ceiling = u64::try_from(self.base.min(self.cap).as_nanos()).unwrap_or(u64::MAX);
+        let jittered = Duration::from_nanos(self.rng.random_range(0..=ceiling));
+        floor.map_or(jittered, |f| jittered.max(f))
+    }
+
     /// Reports how long the last connection stayed up; at least `stable_after` resets the
-    /// attempt count to 0.
-    pub fn connected_for(&mut self, up: Duration) {
-        if up >= self.stable_after {
+    /// attempt count to 0. Returns whether it did (the connection counts as stable).
+    pub fn connected_for(&mut self, up: Duration) -> bool {
+        let stable = up >= self.stable_after;
+        if stable {
             self.attempt = 0;
         }
+        stable
     }
 }
 
@@ -165,6 +178,22 @@ mod tests {
         b.connected_for(Duration::from_secs(10));
         assert_eq!(b.attempt(), 0);
         assert_eq!(b.ceiling(), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn switch_delay_stays_in_the_first_window() {
+        let mut b = Backoff::with_seed(cfg(), 11);
+        for _ in 0..5 {
+            b.next_delay(None);
+        }
+        for _ in 0..1000 {
+            assert!(b.switch_delay(None) <= Duration::from_millis(500));
+        }
+        assert_eq!(b.attempt(), 5, "switching does not grow the attempt count");
+        assert_eq!(b.switch_delay(Some(Duration::from_secs(2))), Duration::from_secs(2), "the floor holds");
+        let small_cap = BackoffConfig { cap: Duration::from_millis(100), ..cfg() };
+        let mut b = Backoff::with_seed(small_cap, 12);
+        assert!((0..1000).all(|_| b.switch_delay(None) <= Duration::from_millis(100)));
     }
 
     #[test]

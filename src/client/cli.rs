@@ -11,13 +11,15 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::offsets::Position;
 use super::session::Client;
+use super::urls::check_urls;
 use super::wire::check_channel;
 use super::{Ack, ClientConfig, ClientError, Event};
 
 /// Arguments of `tether sub URL CH [--from N] [--offset-file F] [--append-to F]`.
 #[derive(Debug, Clone)]
 pub struct SubArgs {
-    /// `ws://HOST:PORT/ws`.
+    /// `ws://HOST:PORT/ws`, or several separated by commas (`ws://a/ws,ws://b/ws`): each
+    /// reconnect goes to the next one ([`ClientConfig::urls`]).
     pub url: String,
     /// Channel to follow.
     pub channel: String,
@@ -36,7 +38,7 @@ pub struct SubArgs {
 /// Arguments of `tether pub URL CH JSON [--id ID]`.
 #[derive(Debug, Clone)]
 pub struct PubArgs {
-    /// `ws://HOST:PORT/ws`.
+    /// `ws://HOST:PORT/ws`, or several separated by commas, as [`SubArgs::url`].
     pub url: String,
     /// Channel to publish on.
     pub channel: String,
@@ -57,8 +59,9 @@ pub struct PubArgs {
 /// from `offset_file` when one is given.
 ///
 /// # Errors
-/// [`ClientError::Closed`] on a stop close code; [`ClientError::Refused`] when the server
-/// refuses the subscription; [`ClientError::Io`] when output or the files fail;
+/// [`ClientError::InvalidUrl`] (naming the `URL` argument) and [`ClientError::InvalidChannel`]
+/// before connecting; [`ClientError::Closed`] on a stop close code; [`ClientError::Refused`]
+/// when the server refuses the subscription; [`ClientError::Io`] when output or the files fail;
 /// [`ClientError::InvalidData`] when the append file's last line is not a `msg` object.
 pub async fn run_sub(args: SubArgs) -> Result<(), ClientError> {
     run_sub_until(args, shutdown_signal()).await
@@ -68,8 +71,8 @@ pub async fn run_sub(args: SubArgs) -> Result<(), ClientError> {
 /// until acked, and prints the `ack` frame as one JSON line on stdout.
 ///
 /// # Errors
-/// [`ClientError::InvalidData`] for data that is not JSON and [`ClientError::InvalidChannel`],
-/// both before connecting; [`ClientError::Refused`] when the server refuses the publish;
+/// [`ClientError::InvalidData`] for data that is not JSON, [`ClientError::InvalidChannel`] and
+/// [`ClientError::InvalidUrl`] (naming the `URL` argument), all before connecting; [`ClientError::Refused`] when the server refuses the publish;
 /// [`ClientError::Closed`] on a stop close code.
 pub async fn run_pub(args: PubArgs) -> Result<(), ClientError> {
     let ack = publish_once(&args).await?;
@@ -81,7 +84,14 @@ pub(super) async fn publish_once(args: &PubArgs) -> Result<Ack, ClientError> {
     let data: Box<RawValue> =
         serde_json::from_str(&args.data).map_err(|e| ClientError::InvalidData(format!("DATA is not JSON: {e}")))?;
     check_channel(&args.channel)?;
-    publish_with(ClientConfig::new(&args.url), args, &data).await
+    publish_with(url_config(&args.url)?, args, &data).await
+}
+
+/// The defaults for a command's `URL` argument: one URL, or several separated by commas.
+fn url_config(arg: &str) -> Result<ClientConfig, ClientError> {
+    let cfg = ClientConfig::new(arg);
+    check_urls(&cfg.urls, "URL")?;
+    Ok(cfg)
 }
 
 pub(super) async fn publish_with(cfg: ClientConfig, args: &PubArgs, data: &RawValue) -> Result<Ack, ClientError> {
@@ -122,7 +132,7 @@ async fn write_line<W: AsyncWrite + Unpin>(out: &mut W, text: &str) -> Result<()
 
 /// `run_sub` with the stop condition and the client configuration supplied by the caller.
 pub(super) async fn run_sub_until(args: SubArgs, shutdown: impl Future<Output = ()>) -> Result<(), ClientError> {
-    let mut cfg = ClientConfig::new(&args.url);
+    let mut cfg = url_config(&args.url)?;
     cfg.offset_file = args.offset_file.clone();
     run_sub_with(cfg, args, shutdown).await
 }
@@ -399,5 +409,16 @@ mod tests {
         let args = PubArgs { data: "1".into(), channel: "bad name".into(), ..args };
         let err = publish_once(&args).await.expect_err("bad channel");
         assert!(matches!(err, ClientError::InvalidChannel(_)), "{err:?}");
+        for (url, want) in [
+            ("", "URL has an empty entry"),
+            ("ws://127.0.0.1:1/ws,", "URL entry 2 of 2: URL has an empty entry"),
+            ("ws://127.0.0.1:1/ws,http://127.0.0.1:2/ws", "URL entry 2 of 2: http://127.0.0.1:2/ws: expected"),
+        ] {
+            let args = PubArgs { url: url.into(), channel: "c".into(), ..args.clone() };
+            match publish_once(&args).await {
+                Err(ClientError::InvalidUrl(e)) => assert!(e.starts_with(want), "{url:?}: {e}"),
+                other => panic!("{url:?}: {other:?}"),
+            }
+        }
     }
 }

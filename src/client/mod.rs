@@ -4,7 +4,9 @@
 //! A [`Client`] owns one background task that holds the WebSocket connection to
 //! `ws://HOST:PORT/ws`, reconnects with full-jitter backoff on the close codes of docs/protocol.md,
 //! and after every reconnect resubscribes each channel from the last seq the application
-//! **committed** and resends the publish outbox in its original order.
+//! **committed** and resends the publish outbox in its original order. Given several URLs
+//! (several nodes sharing one broker), it moves to the next one on each reconnect, so a node's
+//! death becomes a resume on another node ([`ClientConfig::urls`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), tether::client::ClientError> {
@@ -28,6 +30,7 @@
 //!
 //! - [`close`]: which close codes reconnect and which stop; the `retry_after_ms` hint.
 //! - [`backoff`]: full-jitter reconnect delays.
+//! - `urls`: the URL list: parsing, validation, and which URL each reconnect goes to.
 //! - [`offsets`]: the offset file (committed positions that survive a process restart).
 //! - `wire`: client frames out, server frames in (docs/protocol.md).
 //! - `session`: the application side: [`Client`], [`Publisher`], [`AckHandle`].
@@ -42,6 +45,7 @@ pub mod offsets;
 mod session;
 mod shared;
 mod task;
+mod urls;
 mod wire;
 
 #[cfg(test)]
@@ -88,7 +92,9 @@ pub enum ClientError {
         /// HTTP status code of the refusal.
         status: u16,
     },
-    /// The URL cannot be used (not `ws://`, no host, unparsable).
+    /// The URL cannot be used (not `ws://`, no host, unparsable), or the URL list is empty or
+    /// has an empty entry. The text names the argument (`URL`, `ClientConfig::urls`) and, in a
+    /// list, the entry.
     InvalidUrl(String),
     /// A channel name outside 1–128 bytes of `[A-Za-z0-9._:-]` (docs/protocol.md).
     InvalidChannel(String),
@@ -185,15 +191,16 @@ pub enum Event {
         /// The request id, when the server echoed one.
         id: Option<String>,
     },
-    /// The connection ended with a reconnectable code or an I/O error; the client reconnects
-    /// after `retry_in`.
+    /// The connection (or a connection attempt) ended with a reconnectable code or an I/O
+    /// error; the client reconnects after `retry_in`, to the next of [`ClientConfig::urls`]
+    /// when there are several.
     Disconnected {
         /// The close code received, or `None` when the connection ended without a close frame
         /// (I/O error, timeout: RFC 6455 §7.1.5 "abnormal closure", 1006).
         code: Option<u16>,
         /// Close reason or error text.
         reason: String,
-        /// The backoff delay before the next connection attempt.
+        /// The delay before the next connection attempt (the rule: [`ClientConfig::urls`]).
         retry_in: Duration,
     },
 }
@@ -229,8 +236,22 @@ pub struct Stats {
 /// How a [`Client`] connects, reconnects and keeps offsets.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// `ws://HOST:PORT/ws`. TLS (`wss://`) is not built in.
-    pub url: String,
+    /// Server URLs, each `ws://HOST:PORT/ws` (TLS, `wss://`, is not built in); at least one.
+    /// Several are for several tether nodes sharing one broker, where a resume with
+    /// `from`/`epoch` works on any node.
+    ///
+    /// The first connection goes to the first URL; every reconnect goes to the next one,
+    /// round-robin. After a failure the next URL is tried promptly, after
+    /// [`Backoff::switch_delay`] (uniform in `[0, base]`), while the failures in a row are
+    /// fewer than the URLs; each time the whole list has failed in a row, the wait is the usual
+    /// full jitter ([`Backoff::next_delay`]) and the attempt count grows, so a deploy or an
+    /// outage does not turn into a herd. A connection up for `backoff.stable_after` starts a
+    /// new row; a server's `retry_after_ms` / `Retry-After` hint is the floor of every wait.
+    /// With one URL this is exactly the single-server backoff. Subscriptions resume with
+    /// `from`/`epoch` and the outbox is resent with the same ids whichever URL answers.
+    ///
+    /// [`Client::connect`] refuses an empty list and any entry that is not `ws://`.
+    pub urls: Vec<String>,
     /// Reconnect delays (docs/protocol.md, the reference client).
     pub backoff: BackoffConfig,
     /// Seed for the backoff jitter; `None` seeds from the OS. Set it in tests.
@@ -255,9 +276,23 @@ pub struct ClientConfig {
 impl ClientConfig {
     /// The defaults for `url`: backoff 500 ms base / 30 s cap / 10 s stable, OS seed, 10 s
     /// connect timeout, 60 s idle timeout, no offset file.
+    ///
+    /// `url` may be a comma-separated list, `ws://a:8080/ws,ws://b:8080/ws` (spaces around
+    /// the commas are ignored), which becomes [`urls`](Self::urls) in that order; a single URL
+    /// is one entry. (A comma inside a URL must be written `%2C`.)
     pub fn new(url: impl Into<String>) -> Self {
+        Self::with_urls(urls::split_urls(&url.into()))
+    }
+
+    /// The defaults of [`new`](Self::new) for the URL list `urls`, tried in this order
+    /// ([`urls`](Self::urls)); each item is one URL, not split on commas.
+    pub fn with_urls<I>(urls: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
         Self {
-            url: url.into(),
+            urls: urls.into_iter().map(Into::into).collect(),
             backoff: BackoffConfig::default(),
             seed: None,
             connect_timeout: Duration::from_secs(10),

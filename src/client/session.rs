@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 use super::backoff::Backoff;
 use super::offsets::{OffsetStore, Position};
 use super::shared::{lock, Command, Pending, Shared};
 use super::task::Task;
+use super::urls::{check_urls, Rotation};
 use super::wire::{check_channel, new_publish_id, pub_frame};
 use super::{Ack, ClientConfig, ClientError, Event, Stats};
 
@@ -61,27 +61,17 @@ impl Future for AckHandle {
     }
 }
 
-fn check_url(url: &str) -> Result<(), ClientError> {
-    let req = url.into_client_request().map_err(|e| ClientError::InvalidUrl(e.to_string()))?;
-    match req.uri().scheme_str() {
-        Some("ws") => Ok(()),
-        Some("wss") => {
-            Err(ClientError::InvalidUrl(format!("{url}: wss:// needs TLS, which this build does not include")))
-        }
-        _ => Err(ClientError::InvalidUrl(format!("{url}: expected ws://HOST:PORT/ws"))),
-    }
-}
-
 impl Client {
-    /// Starts the client: validates the URL, loads the offset file, and spawns the
+    /// Starts the client: validates the URLs, loads the offset file, and spawns the
     /// connection task on the current tokio runtime. Returns at once; the connection is
     /// made in the background and reported as [`Event::Connected`].
     ///
     /// # Errors
-    /// [`ClientError::InvalidUrl`]; [`ClientError::Io`] when the offset file cannot be read or
+    /// [`ClientError::InvalidUrl`] when [`ClientConfig::urls`] is empty or an entry is not
+    /// `ws://HOST:PORT/PATH`; [`ClientError::Io`] when the offset file cannot be read or
     /// parsed, or when called outside a tokio runtime.
     pub fn connect(cfg: ClientConfig) -> Result<Self, ClientError> {
-        check_url(&cfg.url)?;
+        check_urls(&cfg.urls, "ClientConfig::urls")?;
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|e| ClientError::Io(format!("tether client needs a tokio runtime: {e}")))?;
         let store = cfg.offset_file.as_ref().map(OffsetStore::new);
@@ -96,7 +86,8 @@ impl Client {
             Some(seed) => Backoff::with_seed(cfg.backoff, seed),
             None => Backoff::new(cfg.backoff),
         };
-        let task = Task::new(cfg.url, cfg.connect_timeout, cfg.idle_timeout, backoff, shared.clone(), cmd_rx, ev_tx);
+        let rotation = Rotation::new(cfg.urls, backoff);
+        let task = Task::new(rotation, cfg.connect_timeout, cfg.idle_timeout, shared.clone(), cmd_rx, ev_tx);
         runtime.spawn(task.run());
         Ok(Self {
             publisher: Publisher { cmds: cmd_tx, shared },

@@ -1,5 +1,7 @@
 //! The background connection task: connect, resubscribe from committed positions, resend the
-//! outbox, read frames, and reconnect with backoff (docs/protocol.md).
+//! outbox, read frames, and reconnect with backoff (docs/protocol.md), to the next URL when
+//! there are several (`urls`). Subscriptions, resume positions and the outbox belong to the
+//! task, not to a connection, so they carry over to whichever URL answers.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -19,10 +21,10 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{connect_async_with_config, MaybeTlsStream, WebSocketStream};
 
-use super::backoff::Backoff;
 use super::close::{classify_close, retry_hint, CloseAction};
 use super::offsets::Position;
 use super::shared::{is_status, lock, Command, Outq, Pending, Shared};
+use super::urls::Rotation;
 use super::wire::{need, sub_frame, unsub_frame, Inbound};
 use super::{Ack, ClientError, Event};
 
@@ -72,13 +74,13 @@ impl Conn {
 }
 
 pub(crate) struct Task {
-    pub url: String,
-    pub connect_timeout: Duration,
-    pub idle_timeout: Option<Duration>,
-    pub backoff: Backoff,
-    pub shared: Arc<Shared>,
-    pub cmds: mpsc::UnboundedReceiver<Command>,
-    pub events: mpsc::Sender<Event>,
+    /// Which URL each (re)connection goes to, and the backoff before it.
+    rotation: Rotation,
+    connect_timeout: Duration,
+    idle_timeout: Option<Duration>,
+    shared: Arc<Shared>,
+    cmds: mpsc::UnboundedReceiver<Command>,
+    events: mpsc::Sender<Event>,
     /// Subscribed channels in subscription order (resubscribed in this order).
     subs: Vec<String>,
     /// Publishes not yet acked, in publish order (resent in this order).
@@ -88,19 +90,17 @@ pub(crate) struct Task {
 
 impl Task {
     pub(crate) fn new(
-        url: String,
+        rotation: Rotation,
         connect_timeout: Duration,
         idle_timeout: Option<Duration>,
-        backoff: Backoff,
         shared: Arc<Shared>,
         cmds: mpsc::UnboundedReceiver<Command>,
         events: mpsc::Sender<Event>,
     ) -> Self {
         Self {
-            url,
+            rotation,
             connect_timeout,
             idle_timeout,
-            backoff,
             shared,
             cmds,
             events,
@@ -112,23 +112,25 @@ impl Task {
 
     pub(crate) async fn run(mut self) {
         let end = loop {
-            let attempt = timeout(self.connect_timeout, connect_async_with_config(self.url.clone(), None, true));
-            let ended = match self.offline(attempt).await {
-                Err(end) => end,
-                Ok(Err(_elapsed)) => abnormal("connect timed out"),
-                Ok(Ok(Err(e))) => handshake_ended(e),
+            let url = self.rotation.url().to_string();
+            let attempt = timeout(self.connect_timeout, connect_async_with_config(url.as_str(), None, true));
+            // How long the connection was open; `None` when the attempt failed.
+            let (ended, up) = match self.offline(attempt).await {
+                Err(end) => (end, None),
+                Ok(Err(_elapsed)) => (abnormal("connect timed out"), None),
+                Ok(Ok(Err(e))) => (handshake_ended(e), None),
                 Ok(Ok(Ok((ws, _response)))) => {
                     self.shared.counters.connects.fetch_add(1, Ordering::Relaxed);
                     let opened = Instant::now();
                     let ended = self.session(ws).await;
-                    self.backoff.connected_for(opened.elapsed());
-                    ended
+                    (ended, Some(opened.elapsed()))
                 }
             };
             match ended {
                 Ended::Reconnect { code, reason, floor } => {
-                    let retry_in = self.backoff.next_delay(floor);
-                    tracing::debug!(?code, %reason, ?retry_in, "tether client disconnected");
+                    let retry_in = self.rotation.ended(up, floor);
+                    let next = self.rotation.url();
+                    tracing::debug!(%url, ?code, %reason, ?retry_in, %next, "tether client disconnected");
                     let ev = Event::Disconnected { code, reason, retry_in };
                     self.out.push_status(ev, &self.shared.counters);
                     if let Err(end) = self.offline(sleep(retry_in)).await {

@@ -1,5 +1,5 @@
 //! End-to-end tests of the upgrade refusals and of the `tether sub` / `tether pub` tools
-//! against a fake tether server on 127.0.0.1:0.
+//! (one URL and a comma-separated list) against fake tether servers on 127.0.0.1:0.
 
 use std::time::Duration;
 
@@ -8,7 +8,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::time::timeout;
 
-use super::cli::{publish_with, run_sub_with};
+use super::cli::{publish_once, publish_with, run_sub_until, run_sub_with};
 use super::tests_e2e::{accept, bounded, close, drain, fast, listen, msg, next, recv, send, temp_dir};
 use super::*;
 
@@ -122,6 +122,86 @@ async fn sub_command_appends_each_seq_exactly_once_across_a_cut() {
         let want: Vec<String> = (1..=5).map(|seq| msg("c", seq)).collect();
         assert_eq!(lines, want);
         server.await.expect("server");
+        std::fs::remove_dir_all(dir).ok();
+    })
+    .await;
+}
+
+/// A `ws://` URL where nothing listens (connection refused).
+async fn dead_url() -> String {
+    let (l, url) = listen().await;
+    drop(l);
+    url
+}
+
+#[tokio::test]
+async fn pub_command_moves_past_a_dead_url() {
+    bounded(async {
+        let dead = dead_url().await;
+        let (l, live) = listen().await;
+        let server = tokio::spawn(async move {
+            let mut ws = accept(&l).await;
+            assert_eq!(recv(&mut ws).await, json!({"op":"pub","ch":"c","id":"fixed-2","data":[1]}));
+            send(&mut ws, r#"{"op":"ack","id":"fixed-2","ch":"c","seq":1}"#).await;
+            drain(ws).await;
+        });
+        // The command's own configuration (default backoff): the second URL is tried promptly.
+        let args = PubArgs {
+            url: format!("{dead},{live}"),
+            channel: "c".into(),
+            data: "[1]".into(),
+            id: Some("fixed-2".into()),
+        };
+        let started = std::time::Instant::now();
+        let ack = publish_once(&args).await.expect("acked by the live URL");
+        assert_eq!(ack.seq, 1);
+        assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
+        server.await.expect("server");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sub_command_takes_a_url_list_and_resumes_on_the_next() {
+    bounded(async {
+        let (a, url_a) = listen().await;
+        let (b, url_b) = listen().await;
+        let dir = temp_dir("urls");
+        let path = dir.join("out.jsonl");
+        let node_a = tokio::spawn(async move {
+            let mut ws = accept(&a).await;
+            assert_eq!(recv(&mut ws).await, json!({"op":"sub","ch":"c"}));
+            send(&mut ws, r#"{"op":"subscribed","ch":"c","seq":0,"epoch":"e"}"#).await;
+            send(&mut ws, &msg("c", 1)).await;
+            send(&mut ws, &msg("c", 2)).await;
+            drop(ws); // node a dies
+        });
+        let node_b = tokio::spawn(async move {
+            let mut ws = accept(&b).await;
+            let sub = recv(&mut ws).await;
+            assert_eq!(sub["epoch"], "e", "{sub}");
+            let from = sub["from"].as_u64().expect("from");
+            assert!(from <= 2, "resumes from a committed seq: {sub}");
+            send(&mut ws, r#"{"op":"subscribed","ch":"c","seq":3,"epoch":"e","recovered":true}"#).await;
+            for seq in from + 1..=3 {
+                send(&mut ws, &msg("c", seq)).await;
+            }
+            close(ws, 1008, "done").await;
+        });
+        let args = SubArgs {
+            url: format!("{url_a},{url_b}"),
+            channel: "c".into(),
+            from: None,
+            offset_file: None,
+            append_to: Some(path.clone()),
+        };
+        let end = run_sub_until(args, std::future::pending()).await;
+        assert_eq!(end, Err(ClientError::Closed { code: 1008, reason: "done".into() }));
+        let lines: Vec<String> = std::fs::read_to_string(&path).expect("read").lines().map(str::to_string).collect();
+        let want: Vec<String> = (1..=3).map(|seq| msg("c", seq)).collect();
+        assert_eq!(lines, want);
+        node_a.await.expect("node a");
+        node_b.await.expect("node b");
         std::fs::remove_dir_all(dir).ok();
     })
     .await;

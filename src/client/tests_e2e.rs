@@ -362,3 +362,93 @@ async fn silent_server_trips_the_idle_timeout() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn each_reconnect_moves_to_the_next_url_and_resumes_there() {
+    bounded(async {
+        let (a, url_a) = listen().await;
+        let (b, url_b) = listen().await;
+        let (cut_a, a_cut) = oneshot::channel::<()>();
+        let (cut_b, b_cut) = oneshot::channel::<()>();
+        let node_a = tokio::spawn(async move {
+            let mut ws = accept(&a).await;
+            assert_eq!(recv(&mut ws).await, json!({"op":"sub","ch":"c"}));
+            let publish = recv(&mut ws).await;
+            assert_eq!(publish, json!({"op":"pub","ch":"c","id":"p1","data":{"k":1}}));
+            send(&mut ws, r#"{"op":"subscribed","ch":"c","seq":0,"epoch":"e1"}"#).await;
+            send(&mut ws, &msg("c", 1)).await;
+            send(&mut ws, &msg("c", 2)).await;
+            a_cut.await.expect("cut a");
+            drop(ws); // node a dies: no close frame
+
+            // After b fails too, the ring comes back to a.
+            let mut ws = accept(&a).await;
+            assert_eq!(recv(&mut ws).await, json!({"op":"sub","ch":"c","from":3,"epoch":"e1"}));
+            drain(ws).await;
+            publish
+        });
+        let node_b = tokio::spawn(async move {
+            let mut ws = accept(&b).await;
+            let sub = recv(&mut ws).await;
+            assert_eq!(sub, json!({"op":"sub","ch":"c","from":2,"epoch":"e1"}), "resumes on the other node");
+            let publish = recv(&mut ws).await;
+            send(&mut ws, r#"{"op":"subscribed","ch":"c","seq":3,"epoch":"e1","recovered":true}"#).await;
+            send(&mut ws, &msg("c", 3)).await;
+            send(&mut ws, r#"{"op":"ack","id":"p1","ch":"c","seq":4}"#).await;
+            b_cut.await.expect("cut b");
+            drop(ws);
+            publish
+        });
+
+        let mut c = Client::connect(fast(&format!("{url_a}, {url_b}"))).expect("client");
+        c.subscribe("c", None).expect("subscribe");
+        let acked = c.publisher().send("c", Some("p1".into()), &json!({"k":1})).await.expect("send");
+        assert!(matches!(next(&mut c).await, Event::Connected));
+        assert!(matches!(next(&mut c).await, Event::Subscribed { seq: 0, recovered: None, .. }));
+        for seq in [1, 2] {
+            expect_msg(next(&mut c).await, "c", seq);
+            c.commit("c", seq).await.expect("commit");
+        }
+        cut_a.send(()).expect("cut a");
+        match next(&mut c).await {
+            Event::Disconnected { code: None, retry_in, .. } => {
+                assert!(retry_in <= Duration::from_millis(20), "the next URL is tried promptly: {retry_in:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(next(&mut c).await, Event::Connected));
+        assert!(matches!(next(&mut c).await, Event::Subscribed { seq: 3, recovered: Some(true), .. }));
+        expect_msg(next(&mut c).await, "c", 3);
+        c.commit("c", 3).await.expect("commit");
+        let ack = acked.await.expect("acked by the other node");
+        assert_eq!((ack.id.as_str(), ack.seq), ("p1", 4));
+        cut_b.send(()).expect("cut b");
+        assert!(matches!(next(&mut c).await, Event::Disconnected { code: None, .. }));
+        assert!(matches!(next(&mut c).await, Event::Connected));
+        assert_eq!(c.stats().connects, 3);
+        c.close().await;
+        let (on_a, on_b) = (node_a.await.expect("node a"), node_b.await.expect("node b"));
+        assert_eq!(on_a, on_b, "the outbox is resent with the same id and data");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn empty_url_list_is_refused_naming_the_field() {
+    let cfg = ClientConfig::with_urls(Vec::<String>::new());
+    match Client::connect(cfg) {
+        Err(ClientError::InvalidUrl(e)) => assert!(e.starts_with("ClientConfig::urls is empty"), "{e}"),
+        Err(e) => panic!("{e:?}"),
+        Ok(_) => panic!("an empty list was accepted"),
+    }
+    let cfg = ClientConfig::with_urls(["ws://127.0.0.1:1/ws", "wss://127.0.0.1:2/ws"]);
+    match Client::connect(cfg) {
+        Err(ClientError::InvalidUrl(e)) => {
+            assert!(e.starts_with("ClientConfig::urls entry 2 of 2: wss://127.0.0.1:2/ws: wss:// needs TLS"), "{e}");
+        }
+        Err(e) => panic!("{e:?}"),
+        Ok(_) => panic!("wss:// was accepted"),
+    }
+    assert_eq!(ClientConfig::new("ws://a:1/ws,ws://b:2/ws").urls, ["ws://a:1/ws", "ws://b:2/ws"]);
+    assert_eq!(ClientConfig::new("ws://a:1/ws").urls, ["ws://a:1/ws"]);
+}
