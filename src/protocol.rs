@@ -399,6 +399,18 @@ pub fn error_json_retry(code: &str, reason: &str, id: Option<&str>, retry_after_
     out
 }
 
+/// `json` (an `error` object) with `"ch":CH` added: the refusal of a `sub`, which has no
+/// `id`, names its channel so the client knows which one to send again.
+pub fn with_channel(mut json: Vec<u8>, ch: &str) -> Vec<u8> {
+    if json.last() == Some(&b'}') {
+        json.pop();
+        json.extend_from_slice(b",\"ch\":");
+        push_json_str(&mut json, ch);
+        json.push(b'}');
+    }
+    json
+}
+
 /// `{"seq":SEQ}`: the body of a successful `POST /publish/{channel}` (docs/http.md).
 pub fn seq_json(seq: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(28);

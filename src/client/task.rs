@@ -73,6 +73,17 @@ impl Conn {
     }
 }
 
+/// A request to send again after an `unavailable` error.
+enum Retry {
+    /// The publish with this id (still in the outbox).
+    Pub(String),
+    /// The subscription of this channel.
+    Sub(String),
+}
+
+/// The wait after an `unavailable` error that carried no `retry_after_ms`.
+const UNAVAILABLE_RETRY: Duration = Duration::from_secs(1);
+
 pub(crate) struct Task {
     /// Which URL each (re)connection goes to, and the backoff before it.
     rotation: Rotation,
@@ -85,6 +96,9 @@ pub(crate) struct Task {
     subs: Vec<String>,
     /// Publishes not yet acked, in publish order (resent in this order).
     outbox: VecDeque<Pending>,
+    /// Requests the server refused as `unavailable` (its broker cannot reach Redis), sent
+    /// again on this connection when due; a reconnect resends everything anyway.
+    retries: Vec<(Instant, Retry)>,
     out: Outq,
 }
 
@@ -106,6 +120,7 @@ impl Task {
             events,
             subs: Vec::new(),
             outbox: VecDeque::new(),
+            retries: Vec::new(),
             out: Outq::default(),
         }
     }
@@ -194,6 +209,28 @@ impl Task {
         None
     }
 
+    /// Sends again the requests refused as `unavailable` whose wait is over.
+    fn retry_due(&mut self, conn: &mut Conn) {
+        let now = Instant::now();
+        let (due, later): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.retries).into_iter().partition(|(at, _)| *at <= now);
+        self.retries = later;
+        for (_, r) in due {
+            match r {
+                Retry::Pub(id) => {
+                    if let Some(p) = self.outbox.iter().find(|p| p.id == id) {
+                        conn.send(p.frame.clone());
+                    }
+                }
+                Retry::Sub(ch) => {
+                    if self.subs.contains(&ch) && !conn.chans.contains_key(&ch) {
+                        self.send_sub(conn, &ch);
+                    }
+                }
+            }
+        }
+    }
+
     fn send_sub(&self, conn: &mut Conn, ch: &str) {
         let pos = lock(&self.shared.book).positions.get(ch).cloned();
         let from = pos.as_ref().map(|p| p.seq);
@@ -225,7 +262,9 @@ impl Task {
         let mut grace: Option<Instant> = None;
 
         let events = self.events.clone();
+        self.retries.clear();
         let ended = loop {
+            let next_retry = self.retries.iter().map(|(at, _)| *at).min();
             let reading = self.out.data == 0;
             if !reading {
                 // Time spent waiting for the application is not the server's silence.
@@ -236,6 +275,9 @@ impl Task {
                     if let Some(end) = self.command(cmd, Some(&mut conn)) {
                         break end;
                     }
+                }
+                () = sleep_until(next_retry.unwrap_or_else(|| Instant::now() + far)), if next_retry.is_some() => {
+                    self.retry_due(&mut conn);
                 }
                 permit = events.reserve(), if !self.out.q.is_empty() => {
                     self.out.deliver(permit);
@@ -381,6 +423,17 @@ impl Task {
                         let _ = p.reply.send(Ok(Ack { id, ch, seq, raw: text.to_string() }));
                         drop(p.permit);
                     }
+                }
+            }
+            "error" if f.code.as_deref() == Some("unavailable") => {
+                // The server's broker cannot reach Redis: the request is safe to repeat (a
+                // publish keeps its id), so it is sent again after the hint, not failed.
+                let at = Instant::now() + f.retry_after_ms.map_or(UNAVAILABLE_RETRY, Duration::from_millis);
+                if let Some(id) = f.id.filter(|id| self.outbox.iter().any(|p| p.id == *id)) {
+                    self.retries.push((at, Retry::Pub(id)));
+                } else if let Some(ch) = f.ch.filter(|ch| self.subs.contains(ch)) {
+                    conn.chans.remove(&ch);
+                    self.retries.push((at, Retry::Sub(ch)));
                 }
             }
             "error" => {

@@ -82,6 +82,8 @@ pub(crate) struct Inbound {
     pub id: Option<String>,
     #[serde(default, deserialize_with = "opaque_text")]
     pub code: Option<String>,
+    /// On an `unavailable` error: wait this long (milliseconds) before sending it again.
+    pub retry_after_ms: Option<u64>,
 }
 
 fn present_raw<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {

@@ -105,7 +105,7 @@ impl CoreState {
             self.tidy(chan);
             if !cancelled {
                 let e = match resume {
-                    Resume::Unavailable(e) => e.to_json(),
+                    Resume::Unavailable(e) => protocol::with_channel(e.to_json(), ch),
                     _ => protocol::error_json(
                         codes::BAD_REQUEST,
                         &format!("from is beyond the head of {ch} ({head})"),
