@@ -89,6 +89,9 @@ pub struct Shared {
     drain: AtomicU16,
     /// Upgraded connections in the process (admission against `max_connections`).
     pub open: AtomicUsize,
+    /// The process epoch: the memory broker creates every channel under it (16 random hex
+    /// digits, new at each start), until a core rotates ([`broker::epoch`]).
+    pub epoch: Arc<str>,
 }
 
 impl Shared {
@@ -136,6 +139,7 @@ impl Server {
             doorbells: bus.doorbells.clone(),
             drain: AtomicU16::new(0),
             open: AtomicUsize::new(0),
+            epoch: broker::epoch::new_epoch(),
             config,
         });
         let (addr, listeners) = bind_listeners(shared.config.listen, cores)?;
