@@ -91,6 +91,9 @@ pub struct Shared {
     pub open: AtomicUsize,
     /// The broker's state and counters (`tether_broker_*`; `/readyz` is 503 while it is down).
     pub broker: metrics::BrokerMetrics,
+    /// The process epoch: the memory broker creates every channel under it (16 random hex
+    /// digits, new at each start), until a core rotates ([`broker::epoch`]).
+    pub epoch: Arc<str>,
 }
 
 impl Shared {
@@ -139,6 +142,7 @@ impl Server {
             drain: AtomicU16::new(0),
             open: AtomicUsize::new(0),
             broker: metrics::BrokerMetrics::new(config.broker.kind == BrokerKind::Memory),
+            epoch: broker::epoch::new_epoch(),
             config,
         });
         let (addr, listeners) = bind_listeners(shared.config.listen, cores)?;

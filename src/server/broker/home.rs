@@ -1,6 +1,7 @@
 //! The memory broker's store of the channels whose home is this core: sequence numbers,
 //! epoch, history ring, publish dedup and which cores have subscribers. Sans-IO: the memory
-//! broker feeds it and routes what it returns.
+//! broker feeds it and routes what it returns. Which epoch a channel gets and where its
+//! numbering starts when it is created again is [`super::epoch`]'s.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -8,6 +9,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::epoch::Numbering;
 use crate::protocol::ResetReason;
 use crate::server::bus::Resume;
 
@@ -22,12 +24,6 @@ pub fn home_of(ch: &str, cores: usize) -> usize {
     (h % cores as u64) as usize
 }
 
-/// A fresh random epoch: 16 hex digits. The memory broker picks one per channel per process
-/// start, so a resume across a restart is a `reset` with reason `epoch`, never a silent gap.
-pub fn new_epoch() -> Arc<str> {
-    format!("{:016x}", rand::random::<u64>()).into()
-}
-
 /// History frames handed out per replay batch: a resume streams history in batches as the
 /// subscriber drains, never the whole history into one queue.
 pub const REPLAY_BATCH: usize = 512;
@@ -36,10 +32,13 @@ pub const REPLAY_BATCH: usize = 512;
 pub struct HomeChannel {
     /// Channel name, shared with every message that names it.
     pub name: Arc<str>,
-    /// Opaque epoch string; changes when numbering restarts.
+    /// Opaque epoch string, fixed for the channel's life in the table (see [`super::epoch`]).
     pub epoch: Arc<str>,
-    /// Seq of the last published message (0 before any).
+    /// Seq of the last published message (0 before any, or its tombstone's head).
     pub head: u64,
+    /// The head it was created with: while `head` is still this, nothing was published in
+    /// this incarnation and forgetting it loses nothing.
+    base: u64,
     /// The last `history_cap` frames, oldest first; the front has seq `head - len + 1`.
     history: VecDeque<Bytes>,
     history_cap: usize,
@@ -156,23 +155,27 @@ pub struct Homes {
     chans: HashMap<Arc<str>, HomeChannel>,
     /// Publish dedup for the channels homed here.
     pub dedup: Dedup,
+    /// The epoch new channels get and the tombstones of forgotten ones.
+    numbering: Numbering,
 }
 
 impl Homes {
-    /// Empty home table for a process of `cores` cores.
-    pub fn new(cores: usize, dedup: Dedup) -> Homes {
-        Homes { cores, chans: HashMap::new(), dedup }
+    /// Empty home table for a process of `cores` cores, creating channels under `numbering`.
+    pub fn new(cores: usize, dedup: Dedup, numbering: Numbering) -> Homes {
+        Homes { cores, chans: HashMap::new(), dedup, numbering }
     }
 
     fn channel(&mut self, ch: &str, history_cap: usize) -> &mut HomeChannel {
         if !self.chans.contains_key(ch) {
             let name: Arc<str> = ch.into();
+            let (epoch, head) = self.numbering.start(ch);
             self.chans.insert(
                 name.clone(),
                 HomeChannel {
                     name,
-                    epoch: new_epoch(),
-                    head: 0,
+                    epoch,
+                    head,
+                    base: head,
                     history: VecDeque::new(),
                     history_cap,
                     interest: vec![0; self.cores],
@@ -257,26 +260,44 @@ impl Homes {
         Ok(c.batch(after, until))
     }
 
-    /// Drops one subscription of core `core` to `ch`. A channel that was never published
-    /// to and has no subscriber left is forgotten at once.
+    /// Drops one subscription of core `core` to `ch`. A channel that nothing was published
+    /// to since it was created and that has no subscriber left is forgotten at once: created
+    /// again, it gets the same epoch (unless this core rotated meanwhile) and the same head,
+    /// so a subscriber's position in it stays valid.
     pub fn unsubscribe(&mut self, ch: &str, core: usize) {
         if let Some(c) = self.chans.get_mut(ch) {
             c.interest[core] = c.interest[core].saturating_sub(1);
-            if c.head == 0 && c.interest.iter().all(|n| *n == 0) {
-                self.chans.remove(ch);
+            if c.head == c.base && c.interest.iter().all(|n| *n == 0) {
+                if let Some(c) = self.chans.remove(ch) {
+                    self.numbering.forget(&c.name, &c.epoch, c.head);
+                }
             }
         }
     }
 
-    /// Forgets channels without subscribers whose last publish is older than `idle_ms`
-    /// (their history and epoch go with them: a later resume gets `reset` with reason
-    /// `epoch`, never a silent gap). Keeps memory bounded when clients use many short-lived
-    /// channel names. Returns how many were dropped.
+    /// Forgets channels without subscribers whose last publish is older than `idle_ms`.
+    /// Their history goes; their numbering does not: each leaves a tombstone (its head), so
+    /// when it is created again its seqs continue under the same epoch, and a resume from
+    /// inside the forgotten range gets `reset` (`evicted`), never a gap or a reused seq. When
+    /// the tombstones are full the core rotates its epoch instead ([`super::epoch`]). Keeps
+    /// memory bounded when clients use many short-lived channel names. Returns how many were
+    /// dropped.
     pub fn sweep(&mut self, now_ms: u64, idle_ms: u64) -> usize {
         let before = self.chans.len();
-        self.chans
-            .retain(|_, c| c.interest.iter().any(|n| *n > 0) || now_ms.saturating_sub(c.last_publish_ms) < idle_ms);
+        let numbering = &mut self.numbering;
+        self.chans.retain(|_, c| {
+            let keep = c.interest.iter().any(|n| *n > 0) || now_ms.saturating_sub(c.last_publish_ms) < idle_ms;
+            if !keep {
+                numbering.forget(&c.name, &c.epoch, c.head);
+            }
+            keep
+        });
         before - self.chans.len()
+    }
+
+    /// The epoch and tombstones of this core.
+    pub fn numbering(&self) -> &Numbering {
+        &self.numbering
     }
 }
 
@@ -288,10 +309,28 @@ pub fn msg_frame(ch: &str, seq: u64, data: &[u8]) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::broker::epoch::TOMBSTONES_PER_CORE;
+
+    const E: &str = "00000000000000e0";
+
+    fn homes(cores: usize) -> Homes {
+        homes_with(cores, TOMBSTONES_PER_CORE)
+    }
+
+    fn homes_with(cores: usize, max_tombstones: usize) -> Homes {
+        Homes::new(cores, Dedup::new(1000, 100), Numbering::new(E.into(), max_tombstones))
+    }
+
+    /// The seq a history frame carries.
+    fn seq_of(frame: &Bytes) -> u64 {
+        let text = std::str::from_utf8(&frame[2..]).expect("a short text frame");
+        let v: serde_json::Value = serde_json::from_str(text).expect("JSON");
+        v["seq"].as_u64().expect("seq")
+    }
 
     #[test]
     fn seqs_start_at_one_and_history_is_bounded() {
-        let mut h = Homes::new(2, Dedup::new(1000, 100));
+        let mut h = homes(2);
         for i in 1..=5u64 {
             let (p, _) = h.publish("a", None, b"1", 3, 0);
             assert_eq!(p.seq, i);
@@ -302,7 +341,7 @@ mod tests {
 
     #[test]
     fn duplicate_id_gets_original_seq_within_window_only() {
-        let mut h = Homes::new(1, Dedup::new(1000, 100));
+        let mut h = homes(1);
         let (p, _) = h.publish("a", Some("x"), b"1", 10, 0);
         assert!(p.frame.is_some());
         let (d, _) = h.publish("a", Some("x"), b"1", 10, 500);
@@ -326,7 +365,7 @@ mod tests {
 
     #[test]
     fn resume_points() {
-        let mut h = Homes::new(1, Dedup::new(1000, 100));
+        let mut h = homes(1);
         for _ in 0..10 {
             h.publish("a", None, b"1", 4, 0);
         }
@@ -355,7 +394,7 @@ mod tests {
 
     #[test]
     fn replay_comes_in_batches_and_notices_eviction() {
-        let mut h = Homes::new(1, Dedup::new(1000, 100));
+        let mut h = homes(1);
         for _ in 0..2000 {
             h.publish("a", None, b"1", 5000, 0);
         }
@@ -365,7 +404,7 @@ mod tests {
         assert_eq!(next.len(), REPLAY_BATCH);
         let tail = h.replay_batch("a", 1990, until).unwrap();
         assert_eq!(tail.len(), 10);
-        let mut small = Homes::new(1, Dedup::new(1000, 100));
+        let mut small = homes(1);
         for _ in 0..20 {
             small.publish("b", None, b"1", 10, 0);
         }
@@ -374,7 +413,7 @@ mod tests {
 
     #[test]
     fn idle_channels_are_forgotten() {
-        let mut h = Homes::new(1, Dedup::new(1000, 100));
+        let mut h = homes(1);
         h.subscribe("only-sub", 0, None, None, 10);
         h.unsubscribe("only-sub", 0);
         assert!(h.get("only-sub").is_none());
@@ -385,6 +424,94 @@ mod tests {
         assert_eq!(h.sweep(10_000, 5_000), 1);
         assert!(h.get("published").is_none());
         assert!(h.get("watched").is_some());
+    }
+
+    #[test]
+    fn unsubscribed_then_published_keeps_the_epoch_and_replays_everything() {
+        let mut h = homes(2);
+        let (_, head, epoch, resume) = h.subscribe("a", 1, None, None, 10);
+        assert_eq!((head, &*epoch, matches!(resume, Resume::Live)), (0, E, true));
+        h.unsubscribe("a", 1);
+        assert!(h.get("a").is_none(), "a never-published channel is forgotten with its last subscriber");
+        for seq in 1..=5 {
+            assert_eq!(h.publish("a", None, b"1", 10, 1_000).0.seq, seq);
+        }
+        assert_eq!(&*h.get("a").unwrap().epoch, E);
+        match h.subscribe("a", 0, Some(0), Some(&epoch), 10) {
+            (_, 5, e, Resume::Recovered { from: 0, frames, until: 5 }) if e == epoch => {
+                assert_eq!(frames.iter().map(seq_of).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
+            }
+            (_, head, e, r) => panic!("head {head}, epoch {e}: {r:?}"),
+        }
+    }
+
+    #[test]
+    fn swept_then_republished_continues_numbering_under_the_same_epoch() {
+        let mut h = homes(1);
+        for _ in 0..3 {
+            h.publish("a", None, b"1", 10, 1_000);
+        }
+        assert_eq!(h.sweep(10_000, 5_000), 1);
+        assert!(h.get("a").is_none());
+        // Back by a resume: the old head under the old epoch, nothing in history.
+        match h.subscribe("a", 0, Some(1), Some(E), 10) {
+            (_, 3, e, Resume::Reset { reason: ResetReason::Evicted, oldest: 4 }) if &*e == E => {}
+            (_, head, e, r) => panic!("head {head}, epoch {e}: {r:?}"),
+        }
+        assert!(matches!(
+            h.subscribe("a", 0, Some(3), Some(E), 10).3,
+            Resume::Recovered { ref frames, until: 3, .. } if frames.is_empty()
+        ));
+        assert!(matches!(h.subscribe("a", 0, Some(4), Some(E), 10).3, Resume::Ahead));
+        // Forgotten again at once (nothing published since): the head survives that too.
+        for _ in 0..3 {
+            h.unsubscribe("a", 0);
+        }
+        assert!(h.get("a").is_none());
+        let (p, _) = h.publish("a", None, b"1", 10, 20_000);
+        assert_eq!((p.seq, &*h.get("a").unwrap().epoch), (4, E));
+        match h.subscribe("a", 0, Some(3), Some(E), 10).3 {
+            Resume::Recovered { frames, until: 4, .. } => {
+                assert_eq!(frames.iter().map(seq_of).collect::<Vec<_>>(), [4])
+            }
+            r => panic!("{r:?}"),
+        }
+        // Forgotten a second time: numbering still goes up, never back.
+        h.unsubscribe("a", 0);
+        assert_eq!(h.sweep(40_000, 5_000), 1);
+        assert_eq!(h.publish("a", None, b"1", 10, 41_000).0.seq, 5);
+        assert_eq!(h.numbering().tombstones(), 1);
+    }
+
+    #[test]
+    fn tombstone_overflow_rotates_the_epoch() {
+        let mut h = homes_with(1, 2);
+        h.subscribe("watched", 0, None, None, 10);
+        h.publish("watched", None, b"1", 10, 0);
+        for ch in ["a", "b"] {
+            h.publish(ch, None, b"1", 10, 0);
+        }
+        assert_eq!(h.sweep(10_000, 5_000), 2);
+        assert_eq!(h.numbering().tombstones(), 2);
+        h.publish("c", None, b"1", 10, 10_000);
+        h.publish("c", None, b"1", 10, 10_000);
+        assert_eq!(h.sweep(20_000, 5_000), 1);
+        assert_eq!((h.numbering().rotations(), h.numbering().tombstones()), (1, 0));
+        let rotated = h.numbering().epoch().clone();
+        assert_ne!(&*rotated, E);
+        // Channels created from now on start over under the new epoch ...
+        for ch in ["a", "c", "new"] {
+            assert_eq!(h.publish(ch, None, b"1", 10, 20_000).0.seq, 1, "{ch}");
+            assert_eq!(h.get(ch).unwrap().epoch, rotated);
+        }
+        // ... so a position under the old one is a reset, never a silent gap.
+        assert!(matches!(
+            h.subscribe("c", 0, Some(2), Some(E), 10).3,
+            Resume::Reset { reason: ResetReason::Epoch, oldest: 1 }
+        ));
+        // A channel that stayed in the table keeps its epoch and its numbering.
+        assert_eq!(&*h.get("watched").unwrap().epoch, E);
+        assert_eq!(h.publish("watched", None, b"1", 10, 20_000).0.seq, 2);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
+use super::epoch::{Numbering, TOMBSTONES_PER_CORE};
 use super::home::{home_of, Dedup, Homes};
 use super::{Broker, Request};
 use crate::server::bus::{BusMsg, CoreMsg, PublishResult, Router};
@@ -18,11 +19,14 @@ pub struct MemoryBroker {
 }
 
 impl MemoryBroker {
-    /// Core `me`'s shard. Each core remembers `dedup.max_entries / cores` publish ids.
+    /// One core's shard. Each core remembers `dedup.max_entries / cores` publish ids, and
+    /// creates channels under the process epoch ([`Shared::epoch`]) until it rotates
+    /// ([`super::epoch`]).
     pub fn new(shared: Arc<Shared>) -> MemoryBroker {
         let cfg = &shared.config;
         let dedup = Dedup::new(cfg.dedup.window_ms, (cfg.dedup.max_entries / shared.cores).max(1));
-        MemoryBroker { homes: Homes::new(shared.cores, dedup), shared }
+        let numbering = Numbering::new(shared.epoch.clone(), TOMBSTONES_PER_CORE);
+        MemoryBroker { homes: Homes::new(shared.cores, dedup, numbering), shared }
     }
 }
 
@@ -80,6 +84,14 @@ impl Broker for MemoryBroker {
     fn sweep(&mut self, now_ms: u64) {
         // Channels idle past the dedup window are forgotten: ids remembered for dedup must
         // not outlive their channel's numbering.
+        let rotations = self.homes.numbering().rotations();
         self.homes.sweep(now_ms, self.shared.config.dedup.window_ms);
+        if self.homes.numbering().rotations() != rotations {
+            tracing::info!(
+                epoch = %self.homes.numbering().epoch(),
+                tombstones = TOMBSTONES_PER_CORE,
+                "forgotten channels filled this core's tombstones: channels it creates from now on start over under a new epoch"
+            );
+        }
     }
 }

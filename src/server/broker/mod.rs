@@ -10,8 +10,11 @@
 //! - this file: the [`Broker`] trait and its contract (its [`Request`]s travel on the bus);
 //! - [`memory`]: the embedded broker (one process), routing requests to home cores;
 //! - [`home`]: the memory broker's per-core channel store (seq, epoch, history, dedup);
-//! - [`redis`]: the Redis broker (several nodes): a broker thread per process.
+//! - [`redis`]: the Redis broker (several nodes): a broker thread per process;
+//! - [`epoch`]: the memory broker's epochs: the process epoch, tombstones of forgotten
+//!   channels, and when an epoch changes.
 
+pub mod epoch;
 pub mod home;
 pub mod memory;
 pub mod redis;
@@ -26,8 +29,9 @@ use super::bus::Router;
 /// Every implementation guarantees, per channel:
 /// - **Seq assignment.** A channel's first published message gets seq 1, each next one
 ///   seq + 1, with no gap and no reuse within an epoch. `epoch` is an opaque string that
-///   changes whenever numbering restarts (a memory broker's process restart, say); a resume
-///   across epochs is answered with a reset, never a silent gap.
+///   changes whenever numbering restarts (a memory broker's process restart, say) and only
+///   then: a channel the broker forgets and creates again while its numbering goes on keeps
+///   its epoch. A resume across epochs is answered with a reset, never a silent gap.
 /// - **Order.** Requests about one channel from one core are handled in the order they were
 ///   made, and everything a home sends to one core about one channel arrives in the order it
 ///   was sent. In particular a [`CoreMsg::Subscribed`] (with its head `h`) is ordered before
