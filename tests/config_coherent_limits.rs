@@ -79,13 +79,14 @@ fn timeouts_beyond_the_timer_range_are_refused() {
 }
 
 #[test]
-fn redis_broker_is_refused_by_config_validation() {
-    let (code, err) = refused("[broker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\n");
+fn bad_redis_broker_keys_are_refused_naming_the_key() {
+    let (code, err) = refused("[broker]\nkind = \"redis\"\nurl = \"http://127.0.0.1:6379\"\n");
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("config: broker.kind = \"redis\": the Redis broker is not built yet"), "{err}");
-    // The same check without the binary: validation itself refuses it.
-    let e = Config::from_toml_str("[broker]\nkind = \"redis\"").unwrap_err();
-    assert_eq!(e.key, "broker.kind");
+    assert!(err.contains("config: broker.url = \"http://127.0.0.1:6379\""), "{err}");
+    // A valid Redis broker passes validation (connecting happens at run time).
+    Config::from_toml_str("[broker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"").unwrap();
+    let e = Config::from_toml_str("[broker]\nkind = \"redis\"\nkey_prefix = \"{x}\"").unwrap_err();
+    assert_eq!(e.key, "broker.key_prefix");
 }
 
 #[tokio::test]
