@@ -14,12 +14,14 @@
 //! - [`thread`]: the broker thread: links, publish pipelines, history reads, pub/sub;
 //! - [`channel`]: one task per channel with subscribers on this node: seq continuity, gap
 //!   repair, epoch changes, the subscribe seam;
+//! - [`links`]: the tasks that keep the command and pub/sub links up;
 //! - [`link`]: a connection to one Redis or a Redis Cluster;
 //! - [`keys`]: key names, payloads and the server-side scripts.
 
 pub mod channel;
 pub mod keys;
 pub mod link;
+pub mod links;
 pub mod thread;
 
 use std::collections::VecDeque;

@@ -2,17 +2,12 @@
 //! connection of the node.
 //!
 //! Tasks on it:
-//! - **serve**: drains the cores' queues; publishes that arrive together go out as one
+//! - **serve** (here): drains the cores' queues; publishes that arrive together go out as one
 //!   pipeline of `EVALSHA` calls ([`keys::PUBLISH_LUA`]); `sub`/`unsub` go to the channel's
 //!   task ([`channel`]), created with the first subscriber and ended with the last; history
 //!   fetches of resuming subscribers are `XRANGE` reads;
-//! - **command link**: connects (full-jitter backoff), and reconnects after a failure; while
-//!   it is down `tether_broker_up` is 0, `/readyz` is 503 and publishes are refused with
-//!   `unavailable`;
-//! - **pub/sub link**: subscribes the topics of channels with local subscribers, reconnects
-//!   and resubscribes them after a loss, and tells every channel task, which then repairs its
-//!   gap from history;
-//! - **dispatch**: hands each pub/sub message to its channel's task.
+//! - the command link, the pub/sub link and its dispatch, and the health check
+//!   ([`links`]).
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -23,17 +18,18 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
-use redis::{PushInfo, PushKind, Value};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use redis::Value;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use tokio::sync::{Notify, Semaphore};
 
 use super::channel::{self, ChanEvent};
-use super::keys::{self, Keys, Payload};
+use super::keys::{self, Keys};
 use super::link::Link;
-use crate::client::backoff::{Backoff, BackoffConfig};
+use super::links;
 use crate::config::Broker as BrokerConfig;
 use crate::log_limit::{Admit, LogLimiter};
-use crate::protocol::{codes, RequestError};
+use crate::protocol::RequestError;
+use crate::server::broker::epoch::new_epoch;
 use crate::server::bus::{ConnRef, CoreMsg, PublishResult, Request};
 use crate::server::Shared;
 
@@ -43,27 +39,25 @@ const PIPELINE_MAX: usize = 512;
 const PIPELINES_IN_FLIGHT: usize = 64;
 /// Requests taken from one core's queue before looking at the next.
 const DRAIN_PER_CORE: usize = 1024;
-/// Topics per `SUBSCRIBE` command when resubscribing after a reconnect.
-const SUBSCRIBE_CHUNK: usize = 256;
 /// The `retry_after_ms` of an `unavailable` answer: how long a client should wait before
 /// retrying a publish or a `sub` while the broker reconnects.
 pub const UNAVAILABLE_RETRY_MS: u64 = 1_000;
 
 /// Error kinds, indexes into `metrics::BROKER_ERROR_KINDS`.
 const ERR_TIMEOUT: usize = 0;
-const ERR_CONNECTION: usize = 1;
+pub(super) const ERR_CONNECTION: usize = 1;
 const ERR_SCRIPT: usize = 2;
-const ERR_SERVER: usize = 3;
+pub(super) const ERR_SERVER: usize = 3;
 
 /// A channel with subscribers on this node, as the serve task sees it.
-struct ChanHandle {
+pub(super) struct ChanHandle {
     tx: UnboundedSender<ChanEvent>,
     /// Subscriptions registered (answered or not) and not yet ended.
     subs: u64,
 }
 
 /// Commands for the pub/sub link task, in order.
-enum Ctl {
+pub(super) enum Ctl {
     /// Subscribe the topic of this channel (its first subscriber arrived).
     Subscribe(Arc<str>),
     /// Unsubscribe it (its last subscriber left).
@@ -84,19 +78,19 @@ pub struct Ctx {
     /// Timeout of one request.
     pub timeout: Duration,
     /// The command link while it is up.
-    cmd: RefCell<Option<Link>>,
+    pub(super) cmd: RefCell<Option<Link>>,
     /// Wakes the command-link task after a request saw the link fail.
-    cmd_lost: Notify,
+    pub(super) cmd_lost: Notify,
     /// Queues to the cores, with what waits for room.
     out: RefCell<Outbox>,
     /// Wakes the spill-retry task.
     spilled: Notify,
     /// Channels with subscribers on this node.
-    chans: RefCell<HashMap<Arc<str>, ChanHandle>>,
+    pub(super) chans: RefCell<HashMap<Arc<str>, ChanHandle>>,
     /// To the pub/sub link task.
-    ctl: UnboundedSender<Ctl>,
-    publish_script: redis::Script,
-    meta_script: redis::Script,
+    pub(super) ctl: UnboundedSender<Ctl>,
+    pub(super) publish_script: redis::Script,
+    pub(super) meta_script: redis::Script,
     publish_command: &'static str,
 }
 
@@ -151,14 +145,17 @@ impl Ctx {
         }
     }
 
-    /// Runs `cmd` on the command link with the request timeout, recording latency and errors.
+    /// Runs `cmd` on the command link ([`Ctx::measured`]).
     pub async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
         let Some(mut link) = self.link() else { return Err(down()) };
+        self.measured(cmd.query_async::<T>(&mut link)).await
+    }
+
+    /// Awaits one request on the command link with the request timeout, recording its latency
+    /// and, on failure, the error (which may take the link down).
+    async fn measured<T>(&self, f: impl std::future::Future<Output = redis::RedisResult<T>>) -> redis::RedisResult<T> {
         let t0 = Instant::now();
-        let r = match tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut link)).await {
-            Ok(r) => r,
-            Err(_) => Err(timed_out()),
-        };
+        let r = timed(self, f).await;
         self.shared.broker.request(t0.elapsed());
         if let Err(e) = &r {
             self.failed(e);
@@ -168,24 +165,17 @@ impl Ctx {
 
     /// Calls the meta script ([`keys::META_LUA`]) for `ch`: `(seq, epoch, oldest)`.
     pub async fn meta(&self, ch: &str) -> redis::RedisResult<(u64, String, u64)> {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.meta_script.get_hash())
-            .arg(2)
-            .arg(self.keys.meta(ch))
-            .arg(self.keys.stream(ch))
-            .arg(new_epoch())
-            .arg(self.cfg.history_ttl_ms);
-        match self.query(&cmd).await {
-            Err(e) if is_noscript(&e) => {
-                let mut cmd = redis::cmd("EVAL");
-                cmd.arg(keys::META_LUA)
-                    .arg(2)
-                    .arg(self.keys.meta(ch))
-                    .arg(self.keys.stream(ch))
-                    .arg(new_epoch())
-                    .arg(self.cfg.history_ttl_ms);
-                self.query(&cmd).await
-            }
+        let call = |by_sha| {
+            let mut cmd = script_cmd(&self.meta_script, keys::META_LUA, by_sha);
+            cmd.arg(2)
+                .arg(self.keys.meta(ch))
+                .arg(self.keys.stream(ch))
+                .arg(&*new_epoch())
+                .arg(self.cfg.history_ttl_ms);
+            cmd
+        };
+        match self.query(&call(true)).await {
+            Err(e) if is_noscript(&e) => self.query(&call(false)).await,
             r => r,
         }
     }
@@ -194,7 +184,7 @@ impl Ctx {
     /// channel's epoch afterwards.
     pub async fn bump_epoch(&self, ch: &str, known: &str) -> redis::RedisResult<String> {
         let mut cmd = redis::cmd("EVAL");
-        cmd.arg(keys::BUMP_LUA).arg(1).arg(self.keys.meta(ch)).arg(known).arg(new_epoch());
+        cmd.arg(keys::BUMP_LUA).arg(1).arg(self.keys.meta(ch)).arg(known).arg(&*new_epoch());
         self.query(&cmd).await
     }
 
@@ -208,14 +198,14 @@ impl Ctx {
     }
 
     /// Hands `ev` to the task of channel `ch`, if it has one.
-    fn to_channel(&self, ch: &str, ev: ChanEvent) {
+    pub(super) fn to_channel(&self, ch: &str, ev: ChanEvent) {
         if let Some(h) = self.chans.borrow().get(ch) {
             let _ = h.tx.send(ev);
         }
     }
 
     /// Hands `ev()` to every channel task.
-    fn to_all_channels(&self, ev: impl Fn() -> ChanEvent) {
+    pub(super) fn to_all_channels(&self, ev: impl Fn() -> ChanEvent) {
         for h in self.chans.borrow().values() {
             let _ = h.tx.send(ev());
         }
@@ -228,7 +218,7 @@ thread_local! {
 
 /// Runs `log` unless lines of `kind` exceed 5 per 10 s (Redis being down must not flood the
 /// log); the first admitted line after a silence says how many were suppressed.
-fn warn_limited(kind: &'static str, log: impl FnOnce()) {
+pub(super) fn warn_limited(kind: &'static str, log: impl FnOnce()) {
     LIMITERS.with(|l| {
         let (start, map) = &mut *l.borrow_mut();
         let now = start.get_or_insert_with(Instant::now).elapsed().as_millis() as u64;
@@ -242,9 +232,16 @@ fn warn_limited(kind: &'static str, log: impl FnOnce()) {
     })
 }
 
-/// A fresh random epoch: 16 hex digits.
-pub fn new_epoch() -> String {
-    format!("{:016x}", rand::random::<u64>())
+/// `EVALSHA` of `script`'s hash, or `EVAL` of its `text` (after a `NOSCRIPT`), without keys
+/// and arguments yet.
+fn script_cmd(script: &redis::Script, text: &str, by_sha: bool) -> redis::Cmd {
+    let mut cmd = redis::cmd(if by_sha { "EVALSHA" } else { "EVAL" });
+    if by_sha {
+        cmd.arg(script.get_hash());
+    } else {
+        cmd.arg(text);
+    }
+    cmd
 }
 
 fn down() -> redis::RedisError {
@@ -329,10 +326,10 @@ async fn serve(
         meta_script: redis::Script::new(keys::META_LUA),
         shared,
     });
-    tokio::task::spawn_local(command_link(ctx.clone()));
-    tokio::task::spawn_local(pubsub_link(ctx.clone(), ctl_rx));
+    tokio::task::spawn_local(links::command_link(ctx.clone()));
+    tokio::task::spawn_local(links::pubsub_link(ctx.clone(), ctl_rx));
     tokio::task::spawn_local(retry_spill(ctx.clone()));
-    tokio::task::spawn_local(health(ctx.clone()));
+    tokio::task::spawn_local(links::health(ctx.clone()));
     let inflight = Arc::new(Semaphore::new(PIPELINES_IN_FLIGHT));
     loop {
         let mut batch = Vec::new();
@@ -441,16 +438,7 @@ async fn publish_batch(ctx: &Ctx, batch: Vec<Pub>) {
             for p in &batch {
                 pipe.add_command(publish_cmd(ctx, p, true));
             }
-            let t0 = Instant::now();
-            let r = match tokio::time::timeout(ctx.timeout, pipe.query_async::<Vec<Value>>(&mut link)).await {
-                Ok(r) => r,
-                Err(_) => Err(timed_out()),
-            };
-            ctx.shared.broker.request(t0.elapsed());
-            if let Err(e) = &r {
-                ctx.failed(e);
-            }
-            r
+            ctx.measured(pipe.query_async::<Vec<Value>>(&mut link)).await
         }
     };
     let metrics = &ctx.shared.metrics;
@@ -520,12 +508,7 @@ fn answer(ctx: &Ctx, p: Pub, outcome: Result<u64, RequestError>) {
 fn publish_cmd(ctx: &Ctx, p: &Pub, by_sha: bool) -> redis::Cmd {
     let ch = &*p.ch;
     let history = ctx.shared.config.channel_rule(ch).history;
-    let mut cmd = if by_sha { redis::cmd("EVALSHA") } else { redis::cmd("EVAL") };
-    if by_sha {
-        cmd.arg(ctx.publish_script.get_hash());
-    } else {
-        cmd.arg(keys::PUBLISH_LUA);
-    }
+    let mut cmd = script_cmd(&ctx.publish_script, keys::PUBLISH_LUA, by_sha);
     cmd.arg(3)
         .arg(ctx.keys.meta(ch))
         .arg(ctx.keys.stream(ch))
@@ -534,7 +517,7 @@ fn publish_cmd(ctx: &Ctx, p: &Pub, by_sha: bool) -> redis::Cmd {
         .arg(history)
         .arg(ctx.cfg.history_ttl_ms)
         .arg(ctx.shared.config.dedup.window_ms)
-        .arg(new_epoch())
+        .arg(&*new_epoch())
         .arg(ctx.keys.topic(ch))
         .arg(ctx.publish_command)
         .arg(if p.id.is_some() { "1" } else { "0" });
@@ -552,240 +535,14 @@ fn parse_published(v: Value) -> Option<(u64, bool)> {
     Some((int(a.first()?)?, int(a.get(2)?)? == 1))
 }
 
-fn backoff() -> Backoff {
-    Backoff::new(BackoffConfig {
-        base: Duration::from_millis(100),
-        cap: Duration::from_secs(5),
-        stable_after: Duration::from_secs(10),
-    })
-}
-
-/// Keeps the command link up: connects, waits for a failure, reconnects with full-jitter
-/// backoff. Each return of the link asks every channel task to check its head (a Redis that
-/// came back empty changes epochs; one that failed over may have lost messages).
-async fn command_link(ctx: Rc<Ctx>) {
-    let mut backoff = backoff();
-    let mut ever = false;
-    loop {
-        let opened = match Link::open(&ctx.cfg, None, ctx.timeout).await {
-            Ok(mut link) => load_scripts(&ctx, &mut link).await.map(|()| link),
-            Err(e) => Err(e),
-        };
-        match opened {
-            Ok(link) => {
-                let since = Instant::now();
-                *ctx.cmd.borrow_mut() = Some(link);
-                ctx.shared.broker.up.store(true, Relaxed);
-                if ever {
-                    ctx.shared.broker.reconnects.fetch_add(1, Relaxed);
-                    tracing::info!("redis command link is back");
-                    ctx.to_all_channels(|| ChanEvent::Resync);
-                } else {
-                    tracing::info!(url = %redacted(&ctx.cfg), "connected to redis");
-                }
-                ever = true;
-                ctx.cmd_lost.notified().await;
-                backoff.connected_for(since.elapsed());
-                tokio::time::sleep(backoff.next_delay(None)).await;
-            }
-            Err(e) => {
-                ctx.shared.broker.error(ERR_CONNECTION);
-                warn_limited(
-                    "broker-connect",
-                    || tracing::warn!(error = %e, url = %redacted(&ctx.cfg), "cannot connect to redis; retrying"),
-                );
-                tokio::time::sleep(backoff.next_delay(None)).await;
-            }
-        }
-    }
-}
-
-/// Loads both scripts into Redis's script cache (on a cluster, each node loads them on its
-/// first `NOSCRIPT`, answered by sending the script itself).
-async fn load_scripts(ctx: &Ctx, link: &mut Link) -> redis::RedisResult<()> {
-    if let Link::Single(_) = link {
-        for script in [&ctx.publish_script, &ctx.meta_script] {
-            timed(ctx, script.load_async(link)).await?;
-        }
-    }
-    Ok(())
-}
-
-/// The Redis URL(s) without credentials, for logs.
-fn redacted(cfg: &BrokerConfig) -> String {
-    let strip = |u: &str| match (u.find("://"), u.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://…@{}", &u[..s], &u[at + 1..]),
-        _ => u.to_owned(),
-    };
-    match cfg.cluster_urls() {
-        Some(urls) => urls.iter().map(|u| strip(u)).collect::<Vec<_>>().join(","),
-        None => strip(&cfg.url),
-    }
-}
-
-/// Keeps the pub/sub link: subscribes and unsubscribes topics in order, reconnects after a
-/// loss and resubscribes every channel with local subscribers, telling each channel task.
-async fn pubsub_link(ctx: Rc<Ctx>, mut ctl: UnboundedReceiver<Ctl>) {
-    let mut backoff = backoff();
-    let mut gen = 0u64;
-    let mut ever = false;
-    'connect: loop {
-        gen += 1;
-        let (push_tx, push_rx) = unbounded_channel();
-        let mut link = match Link::open(&ctx.cfg, Some(push_tx), ctx.timeout).await {
-            Ok(l) => l,
-            Err(e) => {
-                ctx.shared.broker.error(ERR_CONNECTION);
-                warn_limited(
-                    "broker-pubsub",
-                    || tracing::warn!(error = %e, "cannot open the redis pub/sub link; retrying"),
-                );
-                ctx.to_all_channels(|| ChanEvent::Unlinked);
-                // Meanwhile, answer subscribes (channels learn the link is down) and drop
-                // the rest: the reconnect subscribes whatever has subscribers then.
-                let sleep = tokio::time::sleep(backoff.next_delay(None));
-                tokio::pin!(sleep);
-                loop {
-                    tokio::select! {
-                        _ = &mut sleep => continue 'connect,
-                        c = ctl.recv() => match c {
-                            None => return,
-                            Some(Ctl::Subscribe(ch)) => ctx.to_channel(&ch, ChanEvent::Unlinked),
-                            Some(_) => {}
-                        },
-                    }
-                }
-            }
-        };
-        let since = Instant::now();
-        tokio::task::spawn_local(dispatch(ctx.clone(), push_rx, gen));
-        // Everything with subscribers now, in chunks; then each channel repairs its gap.
-        let names: Vec<Arc<str>> = ctx.chans.borrow().keys().cloned().collect();
-        for chunk in names.chunks(SUBSCRIBE_CHUNK) {
-            let topics: Vec<String> = chunk.iter().map(|c| ctx.keys.topic(c)).collect();
-            if let Err(e) = timed(&ctx, link.subscribe(&topics)).await {
-                tracing::warn!(error = %e, "resubscribing on the redis pub/sub link failed; reconnecting");
-                continue 'connect;
-            }
-        }
-        if ever {
-            ctx.shared.broker.reconnects.fetch_add(1, Relaxed);
-            tracing::info!(channels = names.len(), "redis pub/sub link is back; repairing gaps");
-        }
-        ever = true;
-        for ch in &names {
-            ctx.to_channel(ch, ChanEvent::Linked);
-        }
-        loop {
-            let Some(first) = ctl.recv().await else { return };
-            let mut cmds = vec![first];
-            while let Ok(c) = ctl.try_recv() {
-                cmds.push(c);
-            }
-            for c in cmds {
-                let r = match c {
-                    Ctl::Lost(g) if g == gen => {
-                        Err(redis::RedisError::from((redis::ErrorKind::Io, "pub/sub link lost")))
-                    }
-                    Ctl::Lost(_) => Ok(()),
-                    Ctl::Subscribe(ch) => {
-                        // A channel whose last subscriber already left again needs nothing.
-                        if !ctx.chans.borrow().contains_key(&ch) {
-                            continue;
-                        }
-                        let r = timed(&ctx, link.subscribe(&[ctx.keys.topic(&ch)])).await;
-                        if r.is_ok() {
-                            ctx.to_channel(&ch, ChanEvent::Linked);
-                        }
-                        r
-                    }
-                    Ctl::Unsubscribe(ch) => {
-                        if ctx.chans.borrow().contains_key(&ch) {
-                            continue; // subscribed again meanwhile
-                        }
-                        timed(&ctx, link.unsubscribe(&[ctx.keys.topic(&ch)])).await
-                    }
-                };
-                if let Err(e) = r {
-                    ctx.shared.broker.error(ERR_CONNECTION);
-                    warn_limited(
-                        "broker-pubsub",
-                        || tracing::warn!(error = %e, "redis pub/sub link lost; reconnecting"),
-                    );
-                    ctx.to_all_channels(|| ChanEvent::Unlinked);
-                    backoff.connected_for(since.elapsed());
-                    // Full jitter before the first attempt too: a Redis restart must not
-                    // see every node come back in the same millisecond.
-                    tokio::time::sleep(backoff.next_delay(None)).await;
-                    continue 'connect;
-                }
-            }
-        }
-    }
-}
-
-async fn timed<T>(ctx: &Ctx, f: impl std::future::Future<Output = redis::RedisResult<T>>) -> redis::RedisResult<T> {
+/// `f` bounded by the request timeout (a timeout is an error like any other).
+pub(super) async fn timed<T>(
+    ctx: &Ctx,
+    f: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> redis::RedisResult<T> {
     match tokio::time::timeout(ctx.timeout, f).await {
         Ok(r) => r,
         Err(_) => Err(timed_out()),
-    }
-}
-
-/// Hands the pushes of pub/sub link generation `gen` to channel tasks.
-async fn dispatch(ctx: Rc<Ctx>, mut rx: UnboundedReceiver<PushInfo>, gen: u64) {
-    let cluster = ctx.cfg.cluster_urls().is_some();
-    while let Some(push) = rx.recv().await {
-        match push.kind {
-            PushKind::Message | PushKind::SMessage => {
-                let mut data = push.data.into_iter();
-                let (Some(Value::BulkString(topic)), Some(Value::BulkString(payload))) = (data.next(), data.next())
-                else {
-                    continue;
-                };
-                let Some(ch) = ctx.keys.channel_of(&topic) else { continue };
-                let Some(p) = Payload::parse(&payload) else {
-                    ctx.shared.broker.error(ERR_SERVER);
-                    continue;
-                };
-                let start = payload.len() - p.data.len();
-                let ev =
-                    ChanEvent::Live { seq: p.seq, epoch: p.epoch.into(), data: Bytes::from(payload).slice(start..) };
-                ctx.to_channel(ch, ev);
-            }
-            // A cluster link resubscribes by itself after a node is lost or a slot moves;
-            // the confirmation is when that channel can repair its gap.
-            PushKind::SSubscribe | PushKind::Subscribe if cluster => {
-                if let Some(Value::BulkString(topic)) = push.data.first() {
-                    if let Some(ch) = ctx.keys.channel_of(topic) {
-                        ctx.to_channel(ch, ChanEvent::Linked);
-                    }
-                }
-            }
-            // A lost node (on a cluster: one of its nodes, perhaps failing over) ends this
-            // link: a new one learns the topology afresh and resubscribes everything, and each
-            // channel repairs its gap. (The cluster client's own resubscription would keep
-            // retrying the dead node's address.)
-            PushKind::Disconnection => break,
-            _ => {}
-        }
-    }
-    let _ = ctx.ctl.send(Ctl::Lost(gen));
-}
-
-/// How often an idle command link is checked with `PING`, in milliseconds.
-const HEALTH_MS: u64 = 1_000;
-
-/// Pings the command link every [`HEALTH_MS`]: a Redis that died while this node had nothing
-/// to ask is noticed within a second or so (`/readyz` turns 503, a load balancer sends new
-/// clients elsewhere).
-async fn health(ctx: Rc<Ctx>) {
-    let mut every = tokio::time::interval(Duration::from_millis(HEALTH_MS));
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        every.tick().await;
-        if ctx.link().is_some() {
-            let _ = ctx.query::<Value>(&redis::cmd("PING")).await;
-        }
     }
 }
 
@@ -817,11 +574,4 @@ async fn retry_spill(ctx: Rc<Ctx>) {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
-}
-
-/// The `error` a resumed or new `sub` gets while Redis cannot be reached.
-pub fn sub_unavailable() -> RequestError {
-    let mut e = unavailable("pub/sub link down");
-    e.code = codes::UNAVAILABLE;
-    e
 }

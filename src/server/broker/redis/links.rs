@@ -1,0 +1,258 @@
+//! The broker thread's two connections to Redis, kept up by their own tasks:
+//! - **command link** ([`command_link`]): connects (full-jitter backoff), loads the scripts,
+//!   and reconnects after a failure; while it is down `tether_broker_up` is 0, `/readyz` is
+//!   503 and publishes are refused with `unavailable`. [`health`] pings it every second so a
+//!   dead Redis is noticed on an idle node too;
+//! - **pub/sub link** ([`pubsub_link`]): subscribes and unsubscribes the topics of channels
+//!   with local subscribers, in order; after a loss it reconnects, resubscribes them all and
+//!   tells every channel task, which repairs its gap. [`dispatch`] hands its pushes to the
+//!   channel tasks.
+
+use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use super::channel::ChanEvent;
+use super::keys::Payload;
+use super::link::Link;
+use super::thread::{timed, warn_limited, Ctl, Ctx, ERR_CONNECTION, ERR_SERVER};
+use crate::client::backoff::{Backoff, BackoffConfig};
+use crate::config::Broker as BrokerConfig;
+
+/// Topics per `SUBSCRIBE` command when resubscribing after a reconnect.
+const SUBSCRIBE_CHUNK: usize = 256;
+
+fn backoff() -> Backoff {
+    Backoff::new(BackoffConfig {
+        base: Duration::from_millis(100),
+        cap: Duration::from_secs(5),
+        stable_after: Duration::from_secs(10),
+    })
+}
+
+/// Keeps the command link up: connects, waits for a failure, reconnects with full-jitter
+/// backoff. Each return of the link asks every channel task to check its head (a Redis that
+/// came back empty changes epochs; one that failed over may have lost messages).
+pub(super) async fn command_link(ctx: Rc<Ctx>) {
+    let mut backoff = backoff();
+    let mut ever = false;
+    loop {
+        let opened = match Link::open(&ctx.cfg, None, ctx.timeout).await {
+            Ok(mut link) => load_scripts(&ctx, &mut link).await.map(|()| link),
+            Err(e) => Err(e),
+        };
+        match opened {
+            Ok(link) => {
+                let since = Instant::now();
+                *ctx.cmd.borrow_mut() = Some(link);
+                ctx.shared.broker.up.store(true, Relaxed);
+                if ever {
+                    ctx.shared.broker.reconnects.fetch_add(1, Relaxed);
+                    tracing::info!("redis command link is back");
+                    ctx.to_all_channels(|| ChanEvent::Resync);
+                } else {
+                    tracing::info!(url = %redacted(&ctx.cfg), "connected to redis");
+                }
+                ever = true;
+                ctx.cmd_lost.notified().await;
+                backoff.connected_for(since.elapsed());
+                tokio::time::sleep(backoff.next_delay(None)).await;
+            }
+            Err(e) => {
+                ctx.shared.broker.error(ERR_CONNECTION);
+                warn_limited(
+                    "broker-connect",
+                    || tracing::warn!(error = %e, url = %redacted(&ctx.cfg), "cannot connect to redis; retrying"),
+                );
+                tokio::time::sleep(backoff.next_delay(None)).await;
+            }
+        }
+    }
+}
+
+/// Loads both scripts into Redis's script cache (on a cluster, each node loads them on its
+/// first `NOSCRIPT`, answered by sending the script itself).
+async fn load_scripts(ctx: &Ctx, link: &mut Link) -> redis::RedisResult<()> {
+    if let Link::Single(_) = link {
+        for script in [&ctx.publish_script, &ctx.meta_script] {
+            timed(ctx, script.load_async(link)).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The Redis URL(s) without credentials, for logs.
+fn redacted(cfg: &BrokerConfig) -> String {
+    let strip = |u: &str| match (u.find("://"), u.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://…@{}", &u[..s], &u[at + 1..]),
+        _ => u.to_owned(),
+    };
+    match cfg.cluster_urls() {
+        Some(urls) => urls.iter().map(|u| strip(u)).collect::<Vec<_>>().join(","),
+        None => strip(&cfg.url),
+    }
+}
+
+/// Keeps the pub/sub link: subscribes and unsubscribes topics in order, reconnects after a
+/// loss and resubscribes every channel with local subscribers, telling each channel task.
+pub(super) async fn pubsub_link(ctx: Rc<Ctx>, mut ctl: UnboundedReceiver<Ctl>) {
+    let mut backoff = backoff();
+    let mut gen = 0u64;
+    let mut ever = false;
+    'connect: loop {
+        gen += 1;
+        let (push_tx, push_rx) = unbounded_channel();
+        let mut link = match Link::open(&ctx.cfg, Some(push_tx), ctx.timeout).await {
+            Ok(l) => l,
+            Err(e) => {
+                ctx.shared.broker.error(ERR_CONNECTION);
+                warn_limited(
+                    "broker-pubsub",
+                    || tracing::warn!(error = %e, "cannot open the redis pub/sub link; retrying"),
+                );
+                ctx.to_all_channels(|| ChanEvent::Unlinked);
+                // Meanwhile, answer subscribes (channels learn the link is down) and drop
+                // the rest: the reconnect subscribes whatever has subscribers then.
+                let sleep = tokio::time::sleep(backoff.next_delay(None));
+                tokio::pin!(sleep);
+                loop {
+                    tokio::select! {
+                        _ = &mut sleep => continue 'connect,
+                        c = ctl.recv() => match c {
+                            None => return,
+                            Some(Ctl::Subscribe(ch)) => ctx.to_channel(&ch, ChanEvent::Unlinked),
+                            Some(_) => {}
+                        },
+                    }
+                }
+            }
+        };
+        let since = Instant::now();
+        tokio::task::spawn_local(dispatch(ctx.clone(), push_rx, gen));
+        // Everything with subscribers now, in chunks; then each channel repairs its gap.
+        let names: Vec<Arc<str>> = ctx.chans.borrow().keys().cloned().collect();
+        for chunk in names.chunks(SUBSCRIBE_CHUNK) {
+            let topics: Vec<String> = chunk.iter().map(|c| ctx.keys.topic(c)).collect();
+            if let Err(e) = timed(&ctx, link.subscribe(&topics)).await {
+                tracing::warn!(error = %e, "resubscribing on the redis pub/sub link failed; reconnecting");
+                continue 'connect;
+            }
+        }
+        if ever {
+            ctx.shared.broker.reconnects.fetch_add(1, Relaxed);
+            tracing::info!(channels = names.len(), "redis pub/sub link is back; repairing gaps");
+        }
+        ever = true;
+        for ch in &names {
+            ctx.to_channel(ch, ChanEvent::Linked);
+        }
+        loop {
+            let Some(first) = ctl.recv().await else { return };
+            let mut cmds = vec![first];
+            while let Ok(c) = ctl.try_recv() {
+                cmds.push(c);
+            }
+            for c in cmds {
+                let r = match c {
+                    Ctl::Lost(g) if g == gen => {
+                        Err(redis::RedisError::from((redis::ErrorKind::Io, "pub/sub link lost")))
+                    }
+                    Ctl::Lost(_) => Ok(()),
+                    Ctl::Subscribe(ch) => {
+                        // A channel whose last subscriber already left again needs nothing.
+                        if !ctx.chans.borrow().contains_key(&ch) {
+                            continue;
+                        }
+                        let r = timed(&ctx, link.subscribe(&[ctx.keys.topic(&ch)])).await;
+                        if r.is_ok() {
+                            ctx.to_channel(&ch, ChanEvent::Linked);
+                        }
+                        r
+                    }
+                    Ctl::Unsubscribe(ch) => {
+                        if ctx.chans.borrow().contains_key(&ch) {
+                            continue; // subscribed again meanwhile
+                        }
+                        timed(&ctx, link.unsubscribe(&[ctx.keys.topic(&ch)])).await
+                    }
+                };
+                if let Err(e) = r {
+                    ctx.shared.broker.error(ERR_CONNECTION);
+                    warn_limited(
+                        "broker-pubsub",
+                        || tracing::warn!(error = %e, "redis pub/sub link lost; reconnecting"),
+                    );
+                    ctx.to_all_channels(|| ChanEvent::Unlinked);
+                    backoff.connected_for(since.elapsed());
+                    // Full jitter before the first attempt too: a Redis restart must not
+                    // see every node come back in the same millisecond.
+                    tokio::time::sleep(backoff.next_delay(None)).await;
+                    continue 'connect;
+                }
+            }
+        }
+    }
+}
+
+/// Hands the pushes of pub/sub link generation `gen` to channel tasks.
+async fn dispatch(ctx: Rc<Ctx>, mut rx: UnboundedReceiver<PushInfo>, gen: u64) {
+    let cluster = ctx.cfg.cluster_urls().is_some();
+    while let Some(push) = rx.recv().await {
+        match push.kind {
+            PushKind::Message | PushKind::SMessage => {
+                let mut data = push.data.into_iter();
+                let (Some(Value::BulkString(topic)), Some(Value::BulkString(payload))) = (data.next(), data.next())
+                else {
+                    continue;
+                };
+                let Some(ch) = ctx.keys.channel_of(&topic) else { continue };
+                let Some(p) = Payload::parse(&payload) else {
+                    ctx.shared.broker.error(ERR_SERVER);
+                    continue;
+                };
+                let start = payload.len() - p.data.len();
+                let ev =
+                    ChanEvent::Live { seq: p.seq, epoch: p.epoch.into(), data: Bytes::from(payload).slice(start..) };
+                ctx.to_channel(ch, ev);
+            }
+            // A cluster link resubscribes by itself after a node is lost or a slot moves;
+            // the confirmation is when that channel can repair its gap.
+            PushKind::SSubscribe | PushKind::Subscribe if cluster => {
+                if let Some(Value::BulkString(topic)) = push.data.first() {
+                    if let Some(ch) = ctx.keys.channel_of(topic) {
+                        ctx.to_channel(ch, ChanEvent::Linked);
+                    }
+                }
+            }
+            // A lost node (on a cluster: one of its nodes, perhaps failing over) ends this
+            // link: a new one learns the topology afresh and resubscribes everything, and each
+            // channel repairs its gap. (The cluster client's own resubscription would keep
+            // retrying the dead node's address.)
+            PushKind::Disconnection => break,
+            _ => {}
+        }
+    }
+    let _ = ctx.ctl.send(Ctl::Lost(gen));
+}
+
+/// How often an idle command link is checked with `PING`, in milliseconds.
+const HEALTH_MS: u64 = 1_000;
+
+/// Pings the command link every [`HEALTH_MS`]: a Redis that died while this node had nothing
+/// to ask is noticed within a second or so (`/readyz` turns 503, a load balancer sends new
+/// clients elsewhere).
+pub(super) async fn health(ctx: Rc<Ctx>) {
+    let mut every = tokio::time::interval(Duration::from_millis(HEALTH_MS));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        if ctx.link().is_some() {
+            let _ = ctx.query::<Value>(&redis::cmd("PING")).await;
+        }
+    }
+}
