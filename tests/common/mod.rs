@@ -1,11 +1,13 @@
 //! Shared helpers for the integration tests: a real `tether serve` process on 127.0.0.1:0,
-//! Prometheus scraping, raw-socket RFC 6455 clients, and small HTTP/1.1 clients.
+//! Prometheus scraping, raw-socket RFC 6455 clients, and small HTTP/1.1 clients; [`redis`]
+//! runs a real `redis-server` for the Redis broker tests.
 //!
 //! Every wait here is bounded; a helper that runs out of time panics with what it saw.
 
 #![allow(dead_code)]
 
 pub mod raw_http;
+pub mod redis;
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
@@ -312,6 +314,17 @@ impl HttpConn {
 
     /// `POST path` with `body` and extra headers; returns (status, body).
     pub async fn post(&mut self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, Vec<u8>) {
+        let (status, _, body) = self.post_with_head(path, headers, body).await;
+        (status, body)
+    }
+
+    /// `POST path` with `body` and extra headers; returns (status, response head, body).
+    pub async fn post_with_head(
+        &mut self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> (u16, String, Vec<u8>) {
         let mut req = format!("POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n", self.addr, body.len());
         for (k, v) in headers {
             req.push_str(&format!("{k}: {v}\r\n"));
@@ -320,8 +333,7 @@ impl HttpConn {
         let mut out = req.into_bytes();
         out.extend_from_slice(body);
         self.s.write_all(&out).await.unwrap();
-        let (status, _, body) = read_response(&mut self.s).await;
-        (status, body)
+        read_response(&mut self.s).await
     }
 
     /// `POST /publish/{ch}`, asserting 200; returns the seq.
