@@ -67,7 +67,7 @@ enum Cmd {
         #[arg(long)]
         id: Option<String>,
     },
-    /// Load generator: idle, fanout, connect and storm scenarios (one JSON line on stdout).
+    /// Load generator: idle, fanout, publish, connect and storm scenarios (one JSON line on stdout).
     Load {
         #[command(subcommand)]
         cmd: tether::load::LoadCmd,

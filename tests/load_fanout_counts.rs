@@ -1,7 +1,8 @@
 //! `tether load fanout` counts loss and reordering correctly (issue 5, Tests): a relay between
 //! the load generator and a real server drops seq 3 and swaps seqs 5 and 6 on every
 //! subscriber's stream, so each subscriber must report exactly one lost and one reordered
-//! message. Also: raw mode (`--raw`) counts what an RFC 6455 echo endpoint sends back.
+//! message. Also: subscribers spread over several URLs (`--publish-url` for the publisher), and
+//! raw mode (`--raw`) counts what an RFC 6455 echo endpoint sends back.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -92,7 +93,8 @@ fn fanout_counts_one_drop_and_one_swap_per_subscriber() {
     let relay = start_relay(server.local_addr());
     let subs = 3;
     let args = FanoutArgs {
-        url: format!("ws://{relay}/ws"),
+        urls: vec![format!("ws://{relay}/ws")],
+        publish_url: None,
         subs,
         rate: 50.0,
         size: 64,
@@ -120,10 +122,44 @@ fn fanout_counts_one_drop_and_one_swap_per_subscriber() {
 }
 
 #[test]
+fn fanout_spreads_subscribers_over_urls_and_publishes_on_publish_url() {
+    let server = start_server(false);
+    let relay = start_relay(server.local_addr());
+    let direct = format!("ws://{}/ws", server.local_addr());
+    // Subscribers 0 and 2 go through the faulty relay, 1 and 3 straight to the server; the
+    // publisher goes straight to the server too.
+    let args = FanoutArgs {
+        urls: vec![format!("ws://{relay}/ws"), direct.clone()],
+        publish_url: Some(direct),
+        subs: 4,
+        rate: 50.0,
+        size: 64,
+        duration: Duration::from_millis(400),
+        channels: 1,
+        publish: PublishVia::Ws,
+        raw: None,
+        grace: Duration::from_secs(1),
+        non_readers: 0,
+        non_reader_rcvbuf: 4096,
+        non_reader_mss: 1460,
+        common: common(),
+    };
+    let report = tether::load::fanout::run(args).expect("fanout runs");
+    let field = |k: &str| report.get(k).and_then(|v| v.as_u64()).unwrap_or(u64::MAX);
+    assert_eq!(field("published"), 20, "{}", report.to_json_line());
+    assert_eq!(field("subscribed"), 4);
+    assert_eq!(field("lost"), 2, "{}", report.to_json_line());
+    assert_eq!(field("reordered"), 2, "{}", report.to_json_line());
+    assert_eq!(field("deliveries"), 2 * 19 + 2 * 20, "{}", report.to_json_line());
+    server.shutdown(tether::ws::codec::CloseCode::Away);
+}
+
+#[test]
 fn fanout_without_faults_reports_no_loss_over_http_publish() {
     let server = start_server(false);
     let args = FanoutArgs {
-        url: format!("ws://{}/ws", server.local_addr()),
+        urls: vec![format!("ws://{}/ws", server.local_addr())],
+        publish_url: None,
         subs: 4,
         rate: 100.0,
         size: 1024,
@@ -153,7 +189,8 @@ fn fanout_without_faults_reports_no_loss_over_http_publish() {
 fn raw_mode_counts_what_an_echo_endpoint_returns() {
     let server = start_server(true);
     let args = FanoutArgs {
-        url: format!("ws://{}/echo", server.local_addr()),
+        urls: vec![format!("ws://{}/echo", server.local_addr())],
+        publish_url: None,
         subs: 5,
         rate: 0.0,
         size: 64,

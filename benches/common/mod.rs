@@ -1,15 +1,19 @@
 //! Shared plumbing of the bench targets: start the release `tether serve` (the binary cargo
 //! builds for benches, `CARGO_BIN_EXE_tether`, same profile and features as the bench), drive
-//! it with `tether load`, sample /proc, print tables, write `target/bench/NAME.json`.
+//! it with `tether load`, sample /proc, print tables, write `target/bench/NAME.json`; a
+//! redis-server of the bench's own for the Redis broker ([`redis_server`]).
 
 #![allow(dead_code)]
 
+pub mod redis_server;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -233,10 +237,16 @@ fn proc_kb(path: &str, key: &str) -> u64 {
 }
 
 /// CPU time (user + system, all threads) that process `pid` has used, in seconds, from
-/// /proc/PID/stat fields 14 and 15 (utime, stime) in clock ticks of `sysconf(_SC_CLK_TCK)`;
-/// `None` when the process is gone.
+/// /proc/PID/stat; `None` when the process is gone.
 pub fn cpu_seconds(pid: i32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_cpu_seconds(&PathBuf::from(format!("/proc/{pid}/stat")))
+}
+
+/// CPU time (user + system) from a `stat` file (`/proc/PID/stat`, or a thread's
+/// `/proc/PID/task/TID/stat`), in seconds: fields 14 and 15 (utime, stime) in clock ticks of
+/// `sysconf(_SC_CLK_TCK)`; `None` when it cannot be read.
+pub fn stat_cpu_seconds(path: &Path) -> Option<f64> {
+    let stat = std::fs::read_to_string(path).ok()?;
     // The command name (field 2) may contain spaces; the fields after it are plain.
     let rest = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
@@ -245,6 +255,124 @@ pub fn cpu_seconds(pid: i32) -> Option<f64> {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     Some(ticks as f64 / if hz > 0 { hz as f64 } else { 100.0 })
+}
+
+/// Time a task spent runnable but waiting for a CPU, in seconds, from a `schedstat` file
+/// (`/proc/PID/schedstat` for the main thread, `/proc/PID/task/TID/schedstat`): its second
+/// field, in nanoseconds. On a shared box this says how much of a process's slowness is
+/// waiting for a core rather than work.
+pub fn schedstat_wait_seconds(path: &Path) -> Option<f64> {
+    let s = std::fs::read_to_string(path).ok()?;
+    Some(s.split_whitespace().nth(1)?.parse::<u64>().ok()? as f64 / 1e9)
+}
+
+/// Seconds read from a /proc file: CPU time from a `stat`, run-queue wait from a `schedstat`.
+pub fn proc_seconds(path: &Path) -> Option<f64> {
+    if path.file_name().is_some_and(|n| n == "schedstat") {
+        schedstat_wait_seconds(path)
+    } else {
+        stat_cpu_seconds(path)
+    }
+}
+
+/// The files named `file` (`stat`, `schedstat`) of the threads of `pid` whose name (`comm`)
+/// starts with `prefix`, e.g. `tether-core-` or `tether-broker`.
+pub fn thread_files(pid: i32, prefix: &str, file: &str) -> Vec<PathBuf> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    dir.filter_map(Result::ok)
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix)))
+        .map(|t| t.path().join(file))
+        .collect()
+}
+
+/// The 1-minute load average (what else the shared box was doing).
+pub fn loadavg() -> f64 {
+    std::fs::read_to_string("/proc/loadavg").ok().and_then(|s| s.split_whitespace().next()?.parse().ok()).unwrap_or(0.0)
+}
+
+/// Nanoseconds since the UNIX epoch (the clock of the `start_ns` / `end_ns` of load reports).
+pub fn unix_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Samples several targets every `every` on a thread of its own, each the sum of some /proc
+/// files read by [`proc_seconds`] (CPU of a process or of a group of its threads, or their
+/// run-queue wait), so that what was used over an interval known only afterwards (a load
+/// report's `start_ns` … `end_ns`) can be read off by interpolation. A file that can no longer
+/// be read (the process exited) keeps its last value.
+pub struct ProcSampler {
+    stop: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<Vec<(u64, Vec<f64>)>>,
+}
+
+impl ProcSampler {
+    /// Starts sampling `targets` (each a list of /proc `stat` or `schedstat` files, summed)
+    /// every `every`.
+    pub fn start(targets: Vec<Vec<PathBuf>>, every: Duration) -> ProcSampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            let mut last: Vec<Vec<f64>> = targets.iter().map(|paths| vec![f64::NAN; paths.len()]).collect();
+            loop {
+                let done = flag.load(Ordering::Relaxed);
+                let values = targets
+                    .iter()
+                    .zip(&mut last)
+                    .map(|(paths, last)| {
+                        let mut sum = 0.0;
+                        for (p, l) in paths.iter().zip(last.iter_mut()) {
+                            if let Some(v) = proc_seconds(p) {
+                                *l = v;
+                            }
+                            sum += *l;
+                        }
+                        sum
+                    })
+                    .collect();
+                samples.push((unix_ns(), values));
+                if done {
+                    return samples;
+                }
+                std::thread::sleep(every);
+            }
+        });
+        ProcSampler { stop, handle }
+    }
+
+    /// Takes a last sample and returns them all.
+    pub fn finish(self) -> ProcTrace {
+        self.stop.store(true, Ordering::Relaxed);
+        ProcTrace(self.handle.join().unwrap_or_default())
+    }
+}
+
+/// What a [`ProcSampler`] saw: `(unix ns, seconds per target)`, in time order.
+pub struct ProcTrace(pub Vec<(u64, Vec<f64>)>);
+
+impl ProcTrace {
+    /// Seconds of target `i` at `ns`, interpolated between the samples around it (NaN
+    /// outside the sampled span).
+    pub fn at(&self, i: usize, ns: u64) -> f64 {
+        let s = &self.0;
+        let Some(after) = s.iter().position(|(t, _)| *t >= ns) else { return f64::NAN };
+        if after == 0 {
+            return if s[0].0 == ns { s[0].1[i] } else { f64::NAN };
+        }
+        let ((t0, a), (t1, b)) = (&s[after - 1], &s[after]);
+        let f = if t1 > t0 { (ns - t0) as f64 / (t1 - t0) as f64 } else { 1.0 };
+        a[i] + (b[i] - a[i]) * f
+    }
+
+    /// Seconds of target `i` per second from `from_ns` to `to_ns`, in percent (CPU: % of one
+    /// core). The interval is clamped to the sampled span (a load process may end before the
+    /// nominal end of its interval).
+    pub fn pct(&self, i: usize, from_ns: u64, to_ns: u64) -> f64 {
+        let (Some(first), Some(last)) = (self.0.first(), self.0.last()) else { return f64::NAN };
+        let (from_ns, to_ns) = (from_ns.max(first.0), to_ns.min(last.0));
+        let secs = to_ns.saturating_sub(from_ns) as f64 / 1e9;
+        (self.at(i, to_ns) - self.at(i, from_ns)) / secs * 100.0
+    }
 }
 
 /// Median of `values` (NaN when empty); the mean of the middle two for an even count.

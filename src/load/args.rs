@@ -71,8 +71,14 @@ pub enum PublishVia {
 /// `tether load fanout`: N subscribers, M stamped messages per second of S bytes.
 #[derive(Debug, Clone, clap::Args)]
 pub struct FanoutArgs {
-    /// Server URL (`ws://host:port/ws`).
-    pub url: String,
+    /// Server URLs (`ws://host:port/ws`); subscriber i connects to URL `i % U`, so with the
+    /// nodes of a multi-node broker (Redis) the subscribers are spread over the nodes.
+    #[arg(required = true, num_args = 1..)]
+    pub urls: Vec<String>,
+    /// Where the publisher connects; default the first URL. With a multi-node broker, a
+    /// publisher on another node than (some of) the subscribers measures the cross-node path.
+    #[arg(long)]
+    pub publish_url: Option<String>,
     /// Subscribers (connection i subscribes to channel `i % K`).
     #[arg(long)]
     pub subs: usize,
@@ -116,6 +122,36 @@ pub struct FanoutArgs {
     /// MiBs, and the server's own queue limit is reached only after that much more data.
     #[arg(long, default_value_t = 1460)]
     pub non_reader_mss: u32,
+    /// Options shared by every scenario.
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// `tether load publish`: acknowledged publishes per second from P publisher connections.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PublishArgs {
+    /// Server URL (`ws://host:port/ws`).
+    pub url: String,
+    /// Publisher connections.
+    #[arg(long, default_value_t = 64)]
+    pub publishers: usize,
+    /// `pub`s in flight per connection: 1 sends one and waits for its ack before the next;
+    /// more keeps that many unacknowledged at all times (pipelining: the next goes out as
+    /// each ack comes back).
+    #[arg(long, default_value_t = 1)]
+    pub window: usize,
+    /// Size of each message's `data` JSON in bytes (padded; at least the ~40-byte stamp).
+    #[arg(long, default_value_t = 64)]
+    pub size: usize,
+    /// How long to publish, e.g. `5s`; only acks that arrive within it count.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Channels (publisher j publishes to `load.publish.{run}.{j % K}`).
+    #[arg(long, default_value_t = 1)]
+    pub channels: usize,
+    /// Longest wait after the end for the acks still outstanding, e.g. `5s`.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub grace: Duration,
     /// Options shared by every scenario.
     #[command(flatten)]
     pub common: CommonArgs,

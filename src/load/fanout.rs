@@ -1,6 +1,9 @@
 //! `tether load fanout`: N subscribers on K channels while one publisher sends M stamped
 //! messages per second of S bytes; publish-to-receive latency, deliveries/s, loss, reordering.
 //!
+//! Subscribers are spread round-robin over the given URLs (several nodes of a multi-node
+//! broker); the publisher connects to `--publish-url`, by default the first URL.
+//!
 //! Every message's `data` carries its send time (`"t"`, ns since the UNIX epoch) and a counter
 //! (`"k"`); publisher and subscribers share the host clock. A subscriber records
 //! `receive − t` in its thread's histogram (µs) and feeds the message's `seq` to a
@@ -19,7 +22,9 @@
 //! Report: `scenario`, `subs`, `subscribed`, `channels`, `rate`, `size`, `duration_s`,
 //! `published`, `publish_errors`, `deliveries`, `expected`, `deliveries_per_s`, `p50_ms`,
 //! `p90_ms`, `p99_ms`, `p999_ms`, `max_ms`, `lost`, `reordered`, `duplicates`, `disconnected`,
-//! `errors`, `error_kinds`, then (with `--non-readers`) the non-reader fields.
+//! `errors`, `error_kinds`, `start_ns` and `end_ns` (the interval `deliveries_per_s` is
+//! counted over: first publish to last delivery, ns since the UNIX epoch, so a caller can line
+//! up CPU samples with it), then (with `--non-readers`) the non-reader fields.
 
 use std::cell::RefCell;
 use std::net::IpAddr;
@@ -77,7 +82,12 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
     if args.raw.is_some() && args.non_readers > 0 {
         return Err("--non-readers needs tether mode (not --raw)".into());
     }
-    let url = parse_ws_url(&args.url)?;
+    let urls: Vec<WsUrl> = args.urls.iter().map(|u| parse_ws_url(u)).collect::<Result<_, _>>()?;
+    let publish_url = match (&args.publish_url, urls.first()) {
+        (Some(u), _) => parse_ws_url(u)?,
+        (None, Some(first)) => first.clone(),
+        (None, None) => return Err("no server URL given".into()),
+    };
     let raw = args.raw.clone();
     let threads = thread_count(args.common.threads);
     let k = args.channels.max(1);
@@ -97,7 +107,7 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
     });
 
     let worker = |t: usize| {
-        let (shared, url, raw, channels) = (shared.clone(), url.clone(), raw.clone(), channels.clone());
+        let (shared, urls, raw, channels) = (shared.clone(), urls.clone(), raw.clone(), channels.clone());
         let sources = args.common.sources.clone();
         async move {
             let tally = Rc::new(RefCell::new(Tally::default()));
@@ -111,8 +121,8 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
                     None => format!("{{\"op\":\"sub\",\"ch\":\"{}\"}}", channels[ch]).into_bytes(),
                 };
                 let source = sources.as_ref().map(|s| s.pick(index));
-                let sub =
-                    Subscriber { url: url.clone(), source, hello, ch, raw: raw.is_some(), syn: SynOpts::default() };
+                let url = urls[index % urls.len()].clone();
+                let sub = Subscriber { url, source, hello, ch, raw: raw.is_some(), syn: SynOpts::default() };
                 let (tally, shared) = (tally.clone(), shared.clone());
                 tasks.push(tokio::task::spawn_local(sub.run(permit, tally, shared)));
             }
@@ -127,7 +137,8 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
                     rcvbuf: Some(args.non_reader_rcvbuf),
                     mss: (args.non_reader_mss > 0).then_some(args.non_reader_mss),
                 };
-                let sub = Subscriber { url: url.clone(), source, hello, ch, raw: false, syn };
+                let url = urls[j % urls.len()].clone();
+                let sub = Subscriber { url, source, hello, ch, raw: false, syn };
                 tasks.push(tokio::task::spawn_local(nonreader::run(sub, permit, slow.clone(), shared.clone())));
             }
             for task in tasks {
@@ -140,8 +151,8 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
     };
 
     let controller = || {
-        let (shared, url, channels) = (shared.clone(), url.clone(), channels.clone());
-        let args = args.clone();
+        let (shared, channels) = (shared.clone(), channels.clone());
+        let (args, url) = (args.clone(), publish_url.clone());
         async move { control(args, url, channels, shared).await }
     };
 
@@ -157,11 +168,13 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
         total.errors.merge(&t.errors);
         total.non_readers.merge(&t.non_readers);
     }
-    let window_s = if args.rate > 0.0 && total.last_recv_ns > c.start_ns {
-        (total.last_recv_ns - c.start_ns) as f64 / 1e9
+    // Deliveries/s are counted from the first publish to the last delivery.
+    let end_ns = if args.rate > 0.0 && total.last_recv_ns > c.start_ns {
+        total.last_recv_ns
     } else {
-        args.duration.as_secs_f64()
+        c.start_ns + args.duration.as_nanos() as u64
     };
+    let window_s = (end_ns - c.start_ns) as f64 / 1e9;
     // A non-reader that could not even subscribe makes the run measure something else.
     let failed = (shared.failed.load(Ordering::Relaxed) + shared.nr_failed.load(Ordering::Relaxed)) as u64;
     let errors = failed + total.disconnected + c.publish_errors;
@@ -187,7 +200,9 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
         .set("duplicates", total.seqs.duplicates)
         .set("disconnected", total.disconnected)
         .set("errors", errors)
-        .set("error_kinds", total.errors.to_json());
+        .set("error_kinds", total.errors.to_json())
+        .set("start_ns", c.start_ns)
+        .set("end_ns", end_ns);
     if args.non_readers > 0 {
         total.non_readers.report(args.non_readers, &mut r);
     }

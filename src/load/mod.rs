@@ -4,9 +4,12 @@
 //! on stdout:
 //! - `idle URL... --conns N [--procs P] [--rate R] [--channels K] [--hold 30s] [--sources A-B]`
 //!   → `{"scenario":"idle","connections":N,"errors":E,…}`
-//! - `fanout URL --subs N --rate M --size S --duration D [--channels K] [--publish ws|http]
-//!   [--raw TEXT] [--non-readers N]` → `{"deliveries_per_s","p50_ms","p90_ms","p99_ms","p999_ms",
-//!   "max_ms","lost","reordered",…}` (+ `non_readers_closed`, … with `--non-readers`)
+//! - `fanout URL... --subs N --rate M --size S --duration D [--channels K] [--publish ws|http]
+//!   [--publish-url URL] [--raw TEXT] [--non-readers N]` → `{"deliveries_per_s","p50_ms",
+//!   "p90_ms","p99_ms","p999_ms","max_ms","lost","reordered",…}` (+ `non_readers_closed`, …
+//!   with `--non-readers`)
+//! - `publish URL [--publishers P] [--window W] [--duration D] [--channels K]` →
+//!   `{"publishes_per_s","p50_ms","p99_ms","acked","errors",…}`
 //! - `connect URL --conns N` → `{"handshakes_per_s","p50_ms","p99_ms","errors",…}`
 //! - `storm URL --conns N [--trigger drain|cut]` → `{"recovered","recovery_s","attempts",
 //!   "peak_reconnects_per_100ms","errors",…}`
@@ -26,7 +29,8 @@
 //! - [`wire`]: TCP connect with a source address, client handshake, frame reading.
 //! - [`seq`]: loss / reordering / duplicate accounting per subscriber.
 //! - [`report`]: report fields, table and JSON line, latency histogram, error tallies.
-//! - [`idle`], [`fanout`] (+ [`publish`], [`nonreader`]), [`connect`], [`storm`]: the scenarios.
+//! - [`idle`], [`fanout`] (+ [`publish`], [`nonreader`]), [`throughput`] (`publish`),
+//!   [`connect`], [`storm`]: the scenarios.
 //! - [`procs`]: `--procs` child processes and the aggregation of their reports.
 
 pub mod args;
@@ -39,12 +43,13 @@ pub mod publish;
 pub mod report;
 pub mod seq;
 pub mod storm;
+pub mod throughput;
 pub mod wire;
 
 use std::future::Future;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-pub use args::{CommonArgs, ConnectArgs, FanoutArgs, IdleArgs, PublishVia, StormArgs, Trigger};
+pub use args::{CommonArgs, ConnectArgs, FanoutArgs, IdleArgs, PublishArgs, PublishVia, StormArgs, Trigger};
 pub use report::Report;
 
 /// `tether load` subcommands; the binary's clap tree embeds this enum.
@@ -55,6 +60,9 @@ pub enum LoadCmd {
     /// N subscribers, publishers sending M stamped messages/s of S bytes: throughput, latency,
     /// loss and reordering.
     Fanout(FanoutArgs),
+    /// P publisher connections with W `pub`s in flight each: acknowledged publishes per second
+    /// and publish-to-ack time.
+    Publish(PublishArgs),
     /// Full WebSocket handshakes per second.
     Connect(ConnectArgs),
     /// Drop N subscribers at once (server drain or socket cut); time until all have resumed.
@@ -71,12 +79,14 @@ pub fn run(cmd: LoadCmd) -> i32 {
     let child = match &cmd {
         LoadCmd::Idle(a) => a.common.child_of.is_some(),
         LoadCmd::Fanout(a) => a.common.child_of.is_some(),
+        LoadCmd::Publish(a) => a.common.child_of.is_some(),
         LoadCmd::Connect(a) => a.common.child_of.is_some(),
         LoadCmd::Storm(a) => a.common.child_of.is_some(),
     };
     let result = match cmd {
         LoadCmd::Idle(a) => idle::run(a),
         LoadCmd::Fanout(a) => fanout::run(a),
+        LoadCmd::Publish(a) => throughput::run(a),
         LoadCmd::Connect(a) => connect::run(a),
         LoadCmd::Storm(a) => storm::run(a),
     };

@@ -152,7 +152,8 @@ fn slow_consumer_server(overflow: &str) -> crate::server::Server {
 /// default).
 fn fanout_with_non_readers(url: String) -> Report {
     let args = super::FanoutArgs {
-        url,
+        urls: vec![url],
+        publish_url: None,
         subs: 4,
         rate: 300.0,
         size: 16384,
