@@ -3,7 +3,8 @@
 //!
 //! Tasks on it:
 //! - **serve**: drains the cores' queues; publishes that arrive together go out as one
-//!   pipeline of `EVALSHA` calls ([`keys::PUBLISH_LUA`]); `sub`/`unsub` go to the channel's
+//!   pipeline of `EVALSHA` calls ([`keys::PUBLISH_LUA`]) (on a cluster, one pipeline per
+//!   channel, since a pipeline may not cross slots); `sub`/`unsub` go to the channel's
 //!   task ([`channel`]), created with the first subscriber and ended with the last; history
 //!   fetches of resuming subscribers are `XRANGE` reads;
 //! - **command link**: connects (full-jitter backoff), and reconnects after a failure; while
@@ -98,6 +99,8 @@ pub struct Ctx {
     publish_script: redis::Script,
     meta_script: redis::Script,
     publish_command: &'static str,
+    /// Redis is a Redis Cluster: a pipeline must stay within one hash slot.
+    cluster: bool,
 }
 
 /// The queues to the cores and their spill lists (a full queue never blocks the thread).
@@ -310,6 +313,7 @@ async fn serve(
         keys: Keys::new(&cfg.key_prefix),
         timeout: Duration::from_millis(cfg.request_timeout_ms),
         publish_command: Link::publish_command(&cfg),
+        cluster: cfg.cluster_urls().is_some(),
         cfg,
         cmd: RefCell::new(None),
         cmd_lost: Notify::new(),
@@ -423,8 +427,29 @@ fn handle(ctx: &Rc<Ctx>, req: Request, batch: &mut Vec<Pub>) {
     }
 }
 
-/// One pipeline of publish scripts; answers each publisher.
+/// Stores a batch of publishes and answers each publisher. On a Redis Cluster a pipeline must
+/// stay within one hash slot (the cluster client refuses a cross-slot pipeline whole, with
+/// `CrossSlot`, failing every publish in it), so the batch goes out as one pipeline per
+/// channel, all at once, each in the order its publishes arrived; on one Redis it is one
+/// pipeline.
 async fn publish_batch(ctx: &Ctx, batch: Vec<Pub>) {
+    if !ctx.cluster {
+        return publish_pipeline(ctx, batch).await;
+    }
+    let mut groups: Vec<Vec<Pub>> = Vec::new();
+    let mut group_of: HashMap<Arc<str>, usize> = HashMap::new();
+    for p in batch {
+        let i = *group_of.entry(p.ch.clone()).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[i].push(p);
+    }
+    futures::future::join_all(groups.into_iter().map(|g| publish_pipeline(ctx, g))).await;
+}
+
+/// One pipeline of publish scripts; answers each publisher.
+async fn publish_pipeline(ctx: &Ctx, batch: Vec<Pub>) {
     let results = match ctx.link() {
         None => Err(down()),
         Some(mut link) => {
