@@ -84,8 +84,8 @@ pub struct Ctx {
     pub keys: Keys,
     /// Timeout of one request.
     pub timeout: Duration,
-    /// The command link while it is up.
-    cmd: RefCell<Option<Link>>,
+    /// The command link while it is up, with its generation (one per connect).
+    cmd: RefCell<Option<(u64, Link)>>,
     /// Wakes the command-link task after a request saw the link fail.
     cmd_lost: Notify,
     /// Queues to the cores, with what waits for room.
@@ -125,14 +125,17 @@ impl Ctx {
         self.shared.doorbells[core].ring();
     }
 
-    /// The command link, or `None` while it is down.
-    pub fn link(&self) -> Option<Link> {
+    /// The command link and its generation, or `None` while it is down.
+    pub fn link(&self) -> Option<(u64, Link)> {
         self.cmd.borrow().clone()
     }
 
-    /// Records a failed request; a connection-level failure takes the command link down (the
-    /// command-link task reconnects).
-    pub fn failed(&self, e: &redis::RedisError) {
+    /// Records a failed request made on link generation `gen`; a connection-level failure
+    /// takes that link down (the command-link task reconnects). A failure on a link that a
+    /// reconnect already replaced leaves the new one alone: during a cluster failover,
+    /// requests sent to the lost master time out `request_timeout_ms` later, after the new
+    /// link is up, and must not take it down again.
+    pub fn failed(&self, gen: u64, e: &redis::RedisError) {
         let m = &self.shared.broker;
         if e.is_timeout() {
             m.error(ERR_TIMEOUT);
@@ -144,7 +147,9 @@ impl Ctx {
             m.error(ERR_SERVER);
             return;
         }
-        if self.cmd.borrow_mut().take().is_some() {
+        let current = self.cmd.borrow().as_ref().is_some_and(|(g, _)| *g == gen);
+        if current {
+            *self.cmd.borrow_mut() = None;
             m.up.store(false, Relaxed);
             warn_limited(
                 "broker",
@@ -156,7 +161,7 @@ impl Ctx {
 
     /// Runs `cmd` on the command link with the request timeout, recording latency and errors.
     pub async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
-        let Some(mut link) = self.link() else { return Err(down()) };
+        let Some((gen, mut link)) = self.link() else { return Err(down()) };
         let t0 = Instant::now();
         let r = match tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut link)).await {
             Ok(r) => r,
@@ -164,7 +169,7 @@ impl Ctx {
         };
         self.shared.broker.request(t0.elapsed());
         if let Err(e) = &r {
-            self.failed(e);
+            self.failed(gen, e);
         }
         r
     }
@@ -452,7 +457,7 @@ async fn publish_batch(ctx: &Ctx, batch: Vec<Pub>) {
 async fn publish_pipeline(ctx: &Ctx, batch: Vec<Pub>) {
     let results = match ctx.link() {
         None => Err(down()),
-        Some(mut link) => {
+        Some((gen, mut link)) => {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
             for p in &batch {
@@ -465,7 +470,7 @@ async fn publish_pipeline(ctx: &Ctx, batch: Vec<Pub>) {
             };
             ctx.shared.broker.request(t0.elapsed());
             if let Err(e) = &r {
-                ctx.failed(e);
+                ctx.failed(gen, e);
             }
             r
         }
@@ -583,6 +588,7 @@ fn backoff() -> Backoff {
 async fn command_link(ctx: Rc<Ctx>) {
     let mut backoff = backoff();
     let mut ever = false;
+    let mut gen = 0u64;
     loop {
         let opened = match Link::open(&ctx.cfg, None, ctx.timeout).await {
             Ok(mut link) => load_scripts(&ctx, &mut link).await.map(|()| link),
@@ -591,7 +597,8 @@ async fn command_link(ctx: Rc<Ctx>) {
         match opened {
             Ok(link) => {
                 let since = Instant::now();
-                *ctx.cmd.borrow_mut() = Some(link);
+                gen += 1;
+                *ctx.cmd.borrow_mut() = Some((gen, link));
                 ctx.shared.broker.up.store(true, Relaxed);
                 if ever {
                     ctx.shared.broker.reconnects.fetch_add(1, Relaxed);
