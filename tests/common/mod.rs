@@ -6,6 +6,8 @@
 #![allow(dead_code)]
 
 pub mod raw_http;
+pub mod redis_cluster;
+pub mod traffic;
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
