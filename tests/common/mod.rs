@@ -8,6 +8,8 @@
 
 pub mod raw_http;
 pub mod redis;
+pub mod redis_cluster;
+pub mod traffic;
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;

@@ -41,6 +41,7 @@ fn backoff() -> Backoff {
 pub(super) async fn command_link(ctx: Rc<Ctx>) {
     let mut backoff = backoff();
     let mut ever = false;
+    let mut gen = 0u64;
     loop {
         let opened = match Link::open(&ctx.cfg, None, ctx.timeout).await {
             Ok(mut link) => load_scripts(&ctx, &mut link).await.map(|()| link),
@@ -49,7 +50,8 @@ pub(super) async fn command_link(ctx: Rc<Ctx>) {
         match opened {
             Ok(link) => {
                 let since = Instant::now();
-                *ctx.cmd.borrow_mut() = Some(link);
+                gen += 1;
+                *ctx.cmd.borrow_mut() = Some((gen, link));
                 ctx.shared.broker.up.store(true, Relaxed);
                 if ever {
                     ctx.shared.broker.reconnects.fetch_add(1, Relaxed);

@@ -77,8 +77,8 @@ pub struct Ctx {
     pub keys: Keys,
     /// Timeout of one request.
     pub timeout: Duration,
-    /// The command link while it is up.
-    pub(super) cmd: RefCell<Option<Link>>,
+    /// The command link while it is up, with its generation (one per connect).
+    pub(super) cmd: RefCell<Option<(u64, Link)>>,
     /// Wakes the command-link task after a request saw the link fail.
     pub(super) cmd_lost: Notify,
     /// Queues to the cores, with what waits for room.
@@ -92,6 +92,8 @@ pub struct Ctx {
     pub(super) publish_script: redis::Script,
     pub(super) meta_script: redis::Script,
     publish_command: &'static str,
+    /// Redis is a Redis Cluster: a pipeline must stay within one hash slot.
+    cluster: bool,
 }
 
 /// The queues to the cores and their spill lists (a full queue never blocks the thread).
@@ -116,14 +118,17 @@ impl Ctx {
         self.shared.doorbells[core].ring();
     }
 
-    /// The command link, or `None` while it is down.
-    pub fn link(&self) -> Option<Link> {
+    /// The command link and its generation, or `None` while it is down.
+    pub fn link(&self) -> Option<(u64, Link)> {
         self.cmd.borrow().clone()
     }
 
-    /// Records a failed request; a connection-level failure takes the command link down (the
-    /// command-link task reconnects).
-    pub fn failed(&self, e: &redis::RedisError) {
+    /// Records a failed request made on link generation `gen`; a connection-level failure
+    /// takes that link down (the command-link task reconnects). A failure on a link that a
+    /// reconnect already replaced leaves the new one alone: during a cluster failover,
+    /// requests sent to the lost master time out `request_timeout_ms` later, after the new
+    /// link is up, and must not take it down again.
+    pub fn failed(&self, gen: u64, e: &redis::RedisError) {
         let m = &self.shared.broker;
         if e.is_timeout() {
             m.error(ERR_TIMEOUT);
@@ -135,7 +140,9 @@ impl Ctx {
             m.error(ERR_SERVER);
             return;
         }
-        if self.cmd.borrow_mut().take().is_some() {
+        let current = self.cmd.borrow().as_ref().is_some_and(|(g, _)| *g == gen);
+        if current {
+            *self.cmd.borrow_mut() = None;
             m.up.store(false, Relaxed);
             warn_limited(
                 "broker",
@@ -147,18 +154,22 @@ impl Ctx {
 
     /// Runs `cmd` on the command link ([`Ctx::measured`]).
     pub async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
-        let Some(mut link) = self.link() else { return Err(down()) };
-        self.measured(cmd.query_async::<T>(&mut link)).await
+        let Some((gen, mut link)) = self.link() else { return Err(down()) };
+        self.measured(gen, cmd.query_async::<T>(&mut link)).await
     }
 
     /// Awaits one request on the command link with the request timeout, recording its latency
-    /// and, on failure, the error (which may take the link down).
-    async fn measured<T>(&self, f: impl std::future::Future<Output = redis::RedisResult<T>>) -> redis::RedisResult<T> {
+    /// and, on failure, the error (which may take link generation `gen` down).
+    async fn measured<T>(
+        &self,
+        gen: u64,
+        f: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> redis::RedisResult<T> {
         let t0 = Instant::now();
         let r = timed(self, f).await;
         self.shared.broker.request(t0.elapsed());
         if let Err(e) = &r {
-            self.failed(e);
+            self.failed(gen, e);
         }
         r
     }
@@ -315,6 +326,7 @@ async fn serve(
         keys: Keys::new(&cfg.key_prefix),
         timeout: Duration::from_millis(cfg.request_timeout_ms),
         publish_command: Link::publish_command(&cfg),
+        cluster: cfg.cluster_urls().is_some(),
         cfg,
         cmd: RefCell::new(None),
         cmd_lost: Notify::new(),
@@ -428,17 +440,38 @@ fn handle(ctx: &Rc<Ctx>, req: Request, batch: &mut Vec<Pub>) {
     }
 }
 
-/// One pipeline of publish scripts; answers each publisher.
+/// Stores a batch of publishes and answers each publisher. On a Redis Cluster a pipeline must
+/// stay within one hash slot (the cluster client refuses a cross-slot pipeline whole, with
+/// `CrossSlot`, failing every publish in it), so the batch goes out as one pipeline per
+/// channel, all at once, each in the order its publishes arrived; on one Redis it is one
+/// pipeline.
 async fn publish_batch(ctx: &Ctx, batch: Vec<Pub>) {
+    if !ctx.cluster {
+        return publish_pipeline(ctx, batch).await;
+    }
+    let mut groups: Vec<Vec<Pub>> = Vec::new();
+    let mut group_of: HashMap<Arc<str>, usize> = HashMap::new();
+    for p in batch {
+        let i = *group_of.entry(p.ch.clone()).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[i].push(p);
+    }
+    futures::future::join_all(groups.into_iter().map(|g| publish_pipeline(ctx, g))).await;
+}
+
+/// One pipeline of publish scripts; answers each publisher.
+async fn publish_pipeline(ctx: &Ctx, batch: Vec<Pub>) {
     let results = match ctx.link() {
         None => Err(down()),
-        Some(mut link) => {
+        Some((gen, mut link)) => {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
             for p in &batch {
                 pipe.add_command(publish_cmd(ctx, p, true));
             }
-            ctx.measured(pipe.query_async::<Vec<Value>>(&mut link)).await
+            ctx.measured(gen, pipe.query_async::<Vec<Value>>(&mut link)).await
         }
     };
     let metrics = &ctx.shared.metrics;
