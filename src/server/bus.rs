@@ -181,6 +181,10 @@ pub enum CoreMsg {
         reason: crate::protocol::ResetReason,
         /// Oldest seq still in history.
         oldest: u64,
+        /// Messages `head + 1 ..= until` are in history and reach each subscriber as a
+        /// replay paced by its outbound queue, like a resume's (none when `until == head`);
+        /// deliveries continue after `until`.
+        until: u64,
     },
     /// `GET /connections`: list this core's `top` connections by queued bytes.
     Inspect {

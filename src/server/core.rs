@@ -475,8 +475,8 @@ impl CoreState {
                 self.reply(reply.id, codec::text_frame(&json));
             }
             CoreMsg::Subscribed { ch, conn, head, epoch, resume } => self.subscribed(&ch, conn, head, &epoch, resume),
-            CoreMsg::Reset { ch, head, epoch, reason, oldest } => {
-                self.reset_subscribers(&ch, head, &epoch, reason, oldest)
+            CoreMsg::Reset { ch, head, epoch, reason, oldest, until } => {
+                self.reset_subscribers(&ch, head, &epoch, reason, oldest, until)
             }
             CoreMsg::ReplayBatch { ch, conn, frames, evicted } => {
                 if let Some(Some(f)) = self.with_session(conn, |s, ctx| s.replay_batch(ctx, &ch, frames, evicted)) {

@@ -141,7 +141,8 @@ impl CoreState {
     }
 
     /// The broker restarted the numbering of `ch` (or lost part of it): each local subscriber
-    /// gets a `reset` (docs/protocol.md) and continues with the seqs after `head`. A resume
+    /// gets a `reset` (docs/protocol.md) and continues with the seqs after `head`, the ones up
+    /// to `until` replayed from history at the pace of its queue (as a resume is). A resume
     /// replay in progress is abandoned: its history belongs to the old numbering.
     pub(crate) fn reset_subscribers(
         &mut self,
@@ -150,16 +151,27 @@ impl CoreState {
         epoch: &str,
         reason: ResetReason,
         oldest: u64,
+        until: u64,
     ) {
         let Some(chan) = self.local.find(ch) else { return };
         let frame = codec::text_frame(&protocol::reset_json(ch, head, epoch, reason, oldest));
         let ids: Vec<ConnId> =
             self.local.chans[chan as usize].subs.iter().copied().filter(|id| *id != ConnId::DEAD).collect();
+        let epoch: Arc<str> = epoch.into();
         for id in ids {
-            self.with_session(id, |s, ctx| {
+            let fetch = self.with_session(id, |s, ctx| {
                 s.cancel_replay(chan);
                 s.enqueue(ctx, frame.clone(), NO_CHAN, None);
+                if until > head {
+                    s.start_replay(ctx, chan, ch.clone(), epoch.clone(), head, Vec::new(), until)
+                } else {
+                    None
+                }
             });
+            if let Some(Some(f)) = fetch {
+                self.fetch(id, f);
+            }
+            self.flush(id);
         }
     }
 }

@@ -279,6 +279,19 @@ impl Subscriber {
     }
 }
 
+impl Subscriber {
+    /// The last seq this subscriber reached on `ch` after its latest `reset`; `None` before
+    /// any `reset`.
+    pub fn reached_after_reset(&self, ch: &str) -> Option<u64> {
+        let seen = self.seen.lock().unwrap();
+        let v = seen.get(ch)?;
+        let at = v.iter().rposition(|e| matches!(e, Seen::Reset { .. }))?;
+        v[at..].iter().rev().find_map(|e| match e {
+            Seen::Msg(s, _) | Seen::Reset { seq: s, .. } => Some(*s),
+        })
+    }
+}
+
 /// `POST /publish/{ch}` with an `Idempotency-Key` on a keep-alive connection (re-opened after
 /// any failure); `Err` on a connection error or a 5 s timeout.
 async fn http_publish(

@@ -14,16 +14,24 @@
 //!   (`Resync`), and every third of `history_ttl_ms`, the task reads the channel's meta: a
 //!   head beyond `last` is repaired the same way, and an epoch other than the one it knows
 //!   (Redis restarted empty, the channel expired) is announced to every subscriber as a
-//!   `reset` with reason `epoch`, then the new epoch's history is delivered from its oldest
-//!   message: never a silent gap, never a seq reused with other data. A head *below* `last`
+//!   `reset` with reason `epoch`, then the new epoch's history reaches each subscriber from
+//!   its oldest message as a replay paced by its queue, like a resume's: never a silent gap,
+//!   never a seq reused with other data. A head *below* `last`
 //!   under the same epoch (a failover lost acked messages) moves the channel to a new epoch
-//!   ([`super::keys::BUMP_LUA`]) and is announced the same way.
+//!   ([`super::keys::BUMP_LUA`]) and is announced the same way; so does a head that is
+//!   back at or past `last` with *other data* under seq `last` (a failover lost acked
+//!   messages and new publishes took their seqs before this node looked);
+//! - a pub/sub message at or below `last` that is not the very message delivered last is
+//!   usually a copy that crossed a repair on the way, but it may be the first of the new
+//!   publishes after such a failover: unless the head was checked in the last
+//!   [`RECHECK_MS`], it makes the task check the head (and data under `last`) now, so the
+//!   subscribers get their `reset` at once rather than at the next link change.
 //!
 //! [`Broker`]: crate::server::broker::Broker
 
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -74,6 +82,10 @@ pub fn frame(ch: &str, seq: u64, data: &[u8]) -> Bytes {
 /// How long a failed head check waits before it is tried again, in milliseconds (jittered).
 const RETRY_MS: u64 = 500;
 
+/// A pub/sub message at or below `last` within this many milliseconds of a head check is taken
+/// as a copy of one delivered already; later ones check the head again.
+pub const RECHECK_MS: u64 = 100;
+
 struct Chan {
     ctx: Rc<Ctx>,
     name: Arc<str>,
@@ -81,6 +93,11 @@ struct Chan {
     interest: Vec<u32>,
     /// Seq of the last message delivered by this node.
     last: u64,
+    /// The data of message `last` as this node delivered it; empty when not known (before the
+    /// first delivery, and after a reset).
+    last_data: Bytes,
+    /// When the head was last checked successfully.
+    checked: Option<Instant>,
     /// The epoch `last` belongs to; `None` before the first head check.
     epoch: Option<Arc<str>>,
     /// Oldest seq in the stream at the last head check.
@@ -103,6 +120,8 @@ pub async fn run(ctx: Rc<Ctx>, name: Arc<str>, mut rx: UnboundedReceiver<ChanEve
         ctx,
         name,
         last: 0,
+        last_data: Bytes::new(),
+        checked: None,
         epoch: None,
         oldest: 1,
         linked: false,
@@ -243,13 +262,22 @@ impl Chan {
     /// Checks the channel's head in Redis (creating its meta when it has none): repairs up to
     /// it, or announces a new epoch. `Err` when Redis could not be asked.
     async fn sync(&mut self) -> Result<(), ()> {
-        let (head, mut epoch, oldest) = self.ctx.meta(&self.name).await.map_err(|_| ())?;
-        if self.epoch.as_deref().is_some_and(|known| *known == *epoch) && head < self.last {
-            // The head went back under the same epoch: Redis lost acked messages (a failover
-            // to a lagging replica). What follows would reuse seqs with other data, so the
-            // channel moves to a new epoch, announced below like any epoch change.
-            tracing::warn!(channel = %self.name, head, delivered = self.last, "channel head went back in redis; new epoch");
-            epoch = self.ctx.bump_epoch(&self.name, &epoch).await.map_err(|_| ())?;
+        let at = if self.last_data.is_empty() { 0 } else { self.last };
+        let (head, mut epoch, oldest, stored) = self.ctx.meta(&self.name, at).await.map_err(|_| ())?;
+        if self.epoch.as_deref().is_some_and(|known| *known == *epoch) {
+            // Under the same epoch, Redis lost acked messages (a failover to a lagging replica)
+            // when the head went back, or when it holds other data under the seq delivered
+            // last (new publishes took the lost seqs). What follows reuses seqs with other
+            // data, so the channel moves to a new epoch, announced below like any change.
+            let went_back = head < self.last;
+            let rewritten = stored.is_some_and(|d| *d != *self.last_data);
+            if went_back || rewritten {
+                tracing::warn!(
+                    channel = %self.name, head, delivered = self.last, went_back, rewritten,
+                    "channel history changed in redis under the same epoch; new epoch"
+                );
+                epoch = self.ctx.bump_epoch(&self.name, &epoch).await.map_err(|_| ())?;
+            }
         }
         self.oldest = oldest;
         match &self.epoch {
@@ -259,19 +287,22 @@ impl Chan {
             }
             Some(known) if **known == *epoch => {}
             Some(_) => {
-                // Numbering restarted: tell every subscriber, then deliver the new epoch's
-                // history from its oldest message.
+                // Numbering restarted: tell every subscriber; each then gets the new epoch's
+                // history from its oldest message as a replay paced by its queue (a history
+                // of thousands of large messages must not land in every queue at once).
                 let epoch: Arc<str> = epoch.into();
                 let base = oldest.saturating_sub(1).min(head);
-                self.reset_all(ResetReason::Epoch, base, &epoch, oldest);
+                self.reset_all(ResetReason::Epoch, base, &epoch, oldest, head);
                 self.epoch = Some(epoch);
-                self.last = base;
+                self.last = head;
+                self.last_data = Bytes::new();
             }
         }
         if head > self.last {
             self.repair(head).await?;
         }
         self.synced = true;
+        self.checked = Some(Instant::now());
         Ok(())
     }
 
@@ -286,7 +317,14 @@ impl Chan {
             return;
         }
         if seq <= self.last {
-            return; // already delivered (from history, or twice on the link)
+            // Already delivered (from history, or twice on the link), or the history changed
+            // under this node (see the module's docs).
+            let copy_of_last = seq == self.last && data == self.last_data;
+            let recent = self.synced && self.checked.is_some_and(|t| t.elapsed() < Duration::from_millis(RECHECK_MS));
+            if !copy_of_last && !recent && self.sync().await.is_err() {
+                self.synced = false;
+            }
+            return;
         }
         if seq > self.last + 1 && self.repair(seq - 1).await.is_err() {
             // The gap cannot be read now: deliver nothing past it; the retry repairs.
@@ -294,7 +332,7 @@ impl Chan {
             return;
         }
         if seq == self.last + 1 {
-            self.deliver(seq, &data);
+            self.deliver(seq, data);
         }
     }
 
@@ -308,21 +346,23 @@ impl Chan {
             if first > self.last + 1 {
                 let epoch = self.epoch.clone().unwrap_or_else(|| "".into());
                 let base = first - 1;
-                self.reset_all(ResetReason::Evicted, base, &epoch, first);
+                self.reset_all(ResetReason::Evicted, base, &epoch, first, base);
                 self.last = base;
+                self.last_data = Bytes::new();
             }
             for (seq, data) in entries {
                 if seq == self.last + 1 {
-                    self.deliver(seq, &data);
+                    self.deliver(seq, data);
                 }
             }
         }
         Ok(())
     }
 
-    fn deliver(&mut self, seq: u64, data: &[u8]) {
+    fn deliver(&mut self, seq: u64, data: Bytes) {
         self.last = seq;
-        let frame = frame(&self.name, seq, data);
+        let frame = frame(&self.name, seq, &data);
+        self.last_data = data;
         for (core, n) in self.interest.iter().enumerate() {
             if *n > 0 {
                 let msg = CoreMsg::Deliver { ch: self.name.clone(), seq, frame: frame.clone() };
@@ -331,11 +371,13 @@ impl Chan {
         }
     }
 
-    /// Tells every subscriber on this node that the stream restarts after `head`.
-    fn reset_all(&self, reason: ResetReason, head: u64, epoch: &Arc<str>, oldest: u64) {
+    /// Tells every subscriber on this node that the stream restarts after `head`, with
+    /// `head + 1 ..= until` replayed to each from history (see [`CoreMsg::Reset`]).
+    fn reset_all(&self, reason: ResetReason, head: u64, epoch: &Arc<str>, oldest: u64, until: u64) {
         for (core, n) in self.interest.iter().enumerate() {
             if *n > 0 {
-                let msg = CoreMsg::Reset { ch: self.name.clone(), head, epoch: epoch.clone(), reason, oldest };
+                let msg =
+                    CoreMsg::Reset { ch: self.name.clone(), head, epoch: epoch.clone(), reason, oldest, until };
                 self.ctx.to_core(core, msg);
             }
         }

@@ -49,9 +49,12 @@ return {seq, epoch, 0}
 /// subscribers leaving; refreshes the expiry of both keys (a node calls it while it has
 /// subscribers).
 ///
-/// KEYS: meta, stream. ARGV: epoch for a channel without one, ttl ms. Returns
-/// `{seq, epoch, oldest}` with `oldest` the first seq still in the stream (`seq + 1` when the
-/// stream is empty).
+/// KEYS: meta, stream. ARGV: epoch for a channel without one, ttl ms, a seq `at` (0: none).
+/// Returns `{seq, epoch, oldest, data}` with `oldest` the first seq still in the stream
+/// (`seq + 1` when the stream is empty) and `data` the message stored under seq `at` (nil
+/// when `at` is 0 or the stream no longer holds it): a node passes the seq it delivered last
+/// and compares, to find a history that changed under it (a failover that lost acked
+/// messages, then took new ones under the same seqs).
 pub const META_LUA: &str = r#"
 local meta, stream = KEYS[1], KEYS[2]
 local epoch = redis.call('HGET', meta, 'epoch')
@@ -67,7 +70,14 @@ if #first > 0 then
   oldest = tonumber(string.match(first[1][1], '^(%d+)'))
   redis.call('PEXPIRE', stream, ARGV[2])
 end
-return {seq, epoch, oldest}
+local data = false
+if ARGV[3] ~= '0' then
+  local at = redis.call('XRANGE', stream, ARGV[3] .. '-0', ARGV[3] .. '-0')
+  if #at > 0 then
+    data = at[1][2][2]
+  end
+end
+return {seq, epoch, oldest, data}
 "#;
 
 /// The epoch bump: gives a channel a new epoch if it still has the one a node knows. A node

@@ -174,15 +174,17 @@ impl Ctx {
         r
     }
 
-    /// Calls the meta script ([`keys::META_LUA`]) for `ch`: `(seq, epoch, oldest)`.
-    pub async fn meta(&self, ch: &str) -> redis::RedisResult<(u64, String, u64)> {
+    /// Calls the meta script ([`keys::META_LUA`]) for `ch`: `(seq, epoch, oldest, data)`, with
+    /// `data` the message stored under seq `at` (`None` for `at` 0, or when it is gone).
+    pub async fn meta(&self, ch: &str, at: u64) -> redis::RedisResult<(u64, String, u64, Option<Vec<u8>>)> {
         let call = |by_sha| {
             let mut cmd = script_cmd(&self.meta_script, keys::META_LUA, by_sha);
             cmd.arg(2)
                 .arg(self.keys.meta(ch))
                 .arg(self.keys.stream(ch))
                 .arg(&*new_epoch())
-                .arg(self.cfg.history_ttl_ms);
+                .arg(self.cfg.history_ttl_ms)
+                .arg(at);
             cmd
         };
         match self.query(&call(true)).await {
