@@ -276,6 +276,38 @@ async fn cluster_two_nodes_exactly_once_and_master_failover() {
     // and any discontinuity preceded by a reset.
     let found = check(&subs, &acked);
 
+    // Replication is asynchronous: a write the master acked just before it died may be missing
+    // on the promoted replica, and the next publish to that channel then gets its seq. No node
+    // can notice when none delivered the lost message (its subscribers see a continuous
+    // stream); docs/redis.md says so. Such an acked message is excused only if two different
+    // messages were acked under its seq and no subscriber got it anywhere; one a node did
+    // deliver must come with a reset (checked below).
+    let mut tags_at: HashMap<(&str, u64), HashSet<&str>> = HashMap::new();
+    for a in &acks {
+        tags_at.entry((a.ch.as_str(), a.seq)).or_default().insert(a.tag.as_str());
+    }
+    let delivered_anywhere: HashSet<String> = subs
+        .iter()
+        .flat_map(|s| s.seen.lock().unwrap().values().flatten().cloned().collect::<Vec<_>>())
+        .filter_map(|e| match e {
+            Seen::Msg(_, tag) => Some(tag),
+            Seen::Reset { .. } => None,
+        })
+        .collect();
+    let lost_in_promotion: HashSet<&str> = acks
+        .iter()
+        .filter(|a| tags_at[&(a.ch.as_str(), a.seq)].len() > 1 && !delivered_anywhere.contains(&a.tag))
+        .map(|a| a.tag.as_str())
+        .collect();
+    let found = Findings {
+        lost_acked: found
+            .lost_acked
+            .into_iter()
+            .filter(|(line, _)| !lost_in_promotion.iter().any(|t| line.contains(&format!("acked {t} as "))))
+            .collect(),
+        ..found
+    };
+
     let victim_acks_after = acks.iter().filter(|a| a.at > t_kill && victim_chans.contains(&a.ch)).count();
     let total: u64 = head.values().sum();
     println!(
@@ -301,6 +333,9 @@ async fn cluster_two_nodes_exactly_once_and_master_failover() {
         store_behind.len(),
         t0.elapsed(),
     );
+    if !lost_in_promotion.is_empty() {
+        println!("  acked writes the promotion lost before any node delivered them: {lost_in_promotion:?}");
+    }
     for line in found.resets.iter().take(10) {
         println!("  {line}");
     }
@@ -317,7 +352,7 @@ async fn cluster_two_nodes_exactly_once_and_master_failover() {
         &unexplained[..unexplained.len().min(10)]
     );
     // A reset is the answer to lost writes only; with nothing lost there must be none.
-    if store_behind.is_empty() && found.lost_acked.is_empty() {
+    if store_behind.is_empty() && found.lost_acked.is_empty() && lost_in_promotion.is_empty() {
         assert!(found.resets.is_empty(), "resets although no acked write was lost: {:?}", found.resets);
     }
     assert!(

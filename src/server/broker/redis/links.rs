@@ -253,8 +253,14 @@ pub(super) async fn health(ctx: Rc<Ctx>) {
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
-        if ctx.link().is_some() {
-            let _ = ctx.query::<Value>(&redis::cmd("PING")).await;
+        if let Some((gen, _)) = ctx.link() {
+            // A timeout here means Redis as a whole stopped answering (on a cluster, a request
+            // timeout alone only counts: see `Ctx::failed`).
+            if let Err(e) = ctx.query::<Value>(&redis::cmd("PING")).await {
+                if e.is_timeout() {
+                    ctx.drop_link(gen, &e);
+                }
+            }
         }
     }
 }

@@ -127,11 +127,17 @@ impl Ctx {
     /// takes that link down (the command-link task reconnects). A failure on a link that a
     /// reconnect already replaced leaves the new one alone: during a cluster failover,
     /// requests sent to the lost master time out `request_timeout_ms` later, after the new
-    /// link is up, and must not take it down again.
+    /// link is up, and must not take it down again. On a cluster a timeout is one shard's
+    /// (the cluster client holds a connection per node and repairs them itself): it is
+    /// counted but leaves the link, and so the other shards' publishes, alone; a cluster
+    /// that stops answering altogether is caught by the health `PING` ([`Ctx::drop_link`]).
     pub fn failed(&self, gen: u64, e: &redis::RedisError) {
         let m = &self.shared.broker;
         if e.is_timeout() {
             m.error(ERR_TIMEOUT);
+            if self.cluster {
+                return;
+            }
         } else if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
             m.error(ERR_CONNECTION);
         } else if is_noscript(e) {
@@ -140,10 +146,16 @@ impl Ctx {
             m.error(ERR_SERVER);
             return;
         }
+        self.drop_link(gen, e);
+    }
+
+    /// Takes command link generation `gen` down after `e`, if it is still the current one (the
+    /// command-link task reconnects).
+    pub(super) fn drop_link(&self, gen: u64, e: &redis::RedisError) {
         let current = self.cmd.borrow().as_ref().is_some_and(|(g, _)| *g == gen);
         if current {
             *self.cmd.borrow_mut() = None;
-            m.up.store(false, Relaxed);
+            self.shared.broker.up.store(false, Relaxed);
             warn_limited(
                 "broker",
                 || tracing::warn!(error = %e, "redis command link failed; publishes are refused until it is back"),
