@@ -286,8 +286,8 @@ impl Subscriber {
         let seen = self.seen.lock().unwrap();
         let v = seen.get(ch)?;
         let at = v.iter().rposition(|e| matches!(e, Seen::Reset { .. }))?;
-        v[at..].iter().rev().find_map(|e| match e {
-            Seen::Msg(s, _) | Seen::Reset { seq: s, .. } => Some(*s),
+        v[at..].last().map(|e| match e {
+            Seen::Msg(s, _) | Seen::Reset { seq: s, .. } => *s,
         })
     }
 }

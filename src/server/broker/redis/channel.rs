@@ -376,8 +376,7 @@ impl Chan {
     fn reset_all(&self, reason: ResetReason, head: u64, epoch: &Arc<str>, oldest: u64, until: u64) {
         for (core, n) in self.interest.iter().enumerate() {
             if *n > 0 {
-                let msg =
-                    CoreMsg::Reset { ch: self.name.clone(), head, epoch: epoch.clone(), reason, oldest, until };
+                let msg = CoreMsg::Reset { ch: self.name.clone(), head, epoch: epoch.clone(), reason, oldest, until };
                 self.ctx.to_core(core, msg);
             }
         }
