@@ -119,7 +119,8 @@ async fn promotion_that_lost_acked_writes_is_a_reset_not_a_silent_gap() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let key = format!("tether:{{{CH}}}:m");
-    let head: Option<u64> = redis_cluster::query(replica.port, ::redis::cmd("HGET").arg(&key).arg("seq")).expect("HGET");
+    let head: Option<u64> =
+        redis_cluster::query(replica.port, ::redis::cmd("HGET").arg(&key).arg("seq")).expect("HGET");
     let head = head.unwrap_or(0);
     assert!(head < last, "the promoted replica holds every write ({head}); the scenario lost nothing");
     println!("promoted {:?} after the kill with head {head}; {last} were acked and delivered", t.elapsed());
