@@ -353,8 +353,21 @@ pub async fn http_publisher(
     tally: Arc<Tally>,
     stop: watch::Receiver<bool>,
 ) {
+    http_publisher_at(addr, k, chans, RATE, tally, stop).await;
+}
+
+/// [`http_publisher`] at `rate` publishes per second. Its publishes go one at a time: each is
+/// sent after the one before it was acked.
+pub async fn http_publisher_at(
+    addr: SocketAddr,
+    k: usize,
+    chans: Arc<Vec<String>>,
+    rate: u64,
+    tally: Arc<Tally>,
+    stop: watch::Receiver<bool>,
+) {
     let mut conn = None;
-    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / RATE));
+    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / rate));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut i = 0;
     while !*stop.borrow() {
