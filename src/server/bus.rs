@@ -220,7 +220,7 @@ pub struct ConnRow {
 }
 
 /// How a `sub` with `from` resolved at the home core.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Resume {
     /// No `from` was given: live from `head`.
     Live,

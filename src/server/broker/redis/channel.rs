@@ -29,6 +29,7 @@
 //!
 //! [`Broker`]: crate::server::broker::Broker
 
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -219,11 +220,18 @@ impl Chan {
         let ahead = self.waiting.iter().any(|(_, from, _)| from.is_some_and(|f| f > self.last));
         let ok = self.linked && (self.synced && !ahead || self.sync().await.is_ok());
         let waiting = std::mem::take(&mut self.waiting);
+        // Subscribers resuming together mostly resume from the same few points (a node died
+        // and its clients all came here): one history read per point, not per subscriber.
+        let mut answered: HashMap<(Option<u64>, Option<Box<str>>), Resume> = HashMap::new();
         for (conn, from, epoch) in waiting {
             let resume = if !ok {
                 Resume::Unavailable(Box::new(unavailable("redis is unreachable")))
+            } else if let Some(r) = answered.get(&(from, epoch.clone())) {
+                r.clone()
             } else {
-                self.resume(from, epoch.as_deref()).await
+                let r = self.resume(from, epoch.as_deref()).await;
+                answered.insert((from, epoch.clone()), r.clone());
+                r
             };
             // Counted for every answer: the core ends refused ones with an `Unsubscribe`.
             self.interest[conn.core as usize] += 1;
