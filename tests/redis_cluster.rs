@@ -8,8 +8,10 @@
 //! Every subscriber must see every channel as 1..N exactly once with each acked message under
 //! its acked seq. Replication is asynchronous, so a promotion may lose the last writes of the
 //! dead master: then the contract is a `reset` before the discontinuity, never a silent gap or
-//! a seq reused with other data. The test prints what happened at failover. (A kill on
-//! loopback rarely loses a write; tests/redis_lossy_failover.rs forces such a loss.)
+//! a seq reused with other data. Before the failover, every master must have run publish
+//! scripts and answered none of them MOVED or CROSSSLOT (one call per channel, routed by its
+//! first key). The test prints what happened at failover. (A kill on loopback rarely loses a
+//! write; tests/redis_lossy_failover.rs forces such a loss.)
 
 mod common;
 
@@ -156,6 +158,21 @@ async fn cluster_two_nodes_exactly_once_and_master_failover() {
         let len: u64 =
             redis_cluster::query(m.port, ::redis::cmd("XLEN").arg(format!("tether:{{{ch}}}:s"))).expect("XLEN");
         assert!(keys > 0 && len > 0, "master {} holds {keys} keys, {ch}'s stream {len} entries", m.port);
+        // The publish script (a `#!lua` script, one call per channel) went straight to the master
+        // of its keys' slot: the cluster client routes EVALSHA by its first key, and every key
+        // of a call shares the channel's slot. A misrouted call would have been answered MOVED,
+        // a call spanning slots CROSSSLOT.
+        let errors: String =
+            redis_cluster::query(m.port, ::redis::cmd("INFO").arg("errorstats")).expect("INFO errorstats");
+        assert!(
+            !errors.contains("errorstat_MOVED") && !errors.contains("errorstat_CROSSSLOT"),
+            "master {}: {}",
+            m.port,
+            errors.trim()
+        );
+        let stats: String =
+            redis_cluster::query(m.port, ::redis::cmd("INFO").arg("commandstats")).expect("INFO commandstats");
+        assert!(stats.contains("cmdstat_evalsha:"), "master {} ran no EVALSHA: {}", m.port, stats.trim());
     }
 
     // A healthy cluster refuses nothing and the broker sees no error.

@@ -127,14 +127,17 @@ impl Drop for RedisServer {
 /// Connections of the Redis-alone run.
 pub const ALONE_CLIENTS: usize = 2;
 /// Script calls per pipeline of the Redis-alone run.
-pub const ALONE_DEPTH: usize = 64;
+pub const ALONE_DEPTH: usize = 2;
+/// Publishes per script call of the Redis-alone run (the broker thread's largest batch).
+pub const ALONE_BATCH: usize = 512;
 
 /// Redis alone, no tether: [`ALONE_CLIENTS`] threads, each with its own connection, send the
 /// publish script tether uses (`keys::PUBLISH_LUA`, with the arguments the broker thread
-/// sends and an id on every publish) in pipelines of [`ALONE_DEPTH`] for `secs`: the ceiling
-/// Redis itself sets on this box, and its CPU per call.
+/// builds: [`ALONE_BATCH`] publishes per call, over `channels` channels, an id on every
+/// publish) in pipelines of [`ALONE_DEPTH`] calls for `secs`: the ceiling Redis itself sets
+/// on this box, and its CPU per publish.
 pub fn redis_alone(redis: &RedisServer, secs: f64, channels: usize, size: usize) -> Value {
-    use tether::server::broker::redis::keys::{Keys, PUBLISH_LUA};
+    use tether::server::broker::redis::keys::{Keys, PublishCall, PublishParams, PUBLISH_LUA};
     let client = ::redis::Client::open(format!("unix://{}", redis.sock.display()).as_str()).expect("redis URL");
     let loaded = client
         .get_connection()
@@ -160,26 +163,27 @@ pub fn redis_alone(redis: &RedisServer, secs: f64, channels: usize, size: usize)
                 scope.spawn(move || -> Result<u64, String> {
                     let mut conn = client.get_connection().map_err(|e| e.to_string())?;
                     let keys = Keys::new("tether:");
+                    let params =
+                        PublishParams { ttl_ms: 600_000, dedup_window_ms: window_ms, epoch: &run, command: "PUBLISH" };
                     let mut n = 0u64;
                     while Instant::now() < stop_at {
                         let mut pipe = ::redis::pipe();
                         for _ in 0..ALONE_DEPTH {
-                            n += 1;
-                            let ch = format!("load.alone.{run}.{}", n as usize % channels.max(1));
-                            pipe.cmd("EVALSHA")
-                                .arg(&sha)
-                                .arg(3)
-                                .arg(keys.meta(&ch))
-                                .arg(keys.stream(&ch))
-                                .arg(keys.dedup(&ch, &format!("{run}-{c}-{n}")))
-                                .arg(tether::load::publish::stamp(n, size))
-                                .arg(history)
-                                .arg(600_000)
-                                .arg(window_ms)
-                                .arg(&run)
-                                .arg(keys.topic(&ch))
-                                .arg("PUBLISH")
-                                .arg("1");
+                            let pubs: Vec<(String, String, Vec<u8>)> = (0..ALONE_BATCH)
+                                .map(|_| {
+                                    n += 1;
+                                    let ch = format!("load.alone.{run}.{}", n as usize % channels.max(1));
+                                    (ch, format!("{run}-{c}-{n}"), tether::load::publish::stamp(n, size).into_bytes())
+                                })
+                                .collect();
+                            let mut call = PublishCall::default();
+                            for (ch, id, data) in &pubs {
+                                call.push(ch, Some(id), data, || history);
+                            }
+                            let cmd = pipe.cmd("EVALSHA").arg(&sha);
+                            call.args(&keys, &params, |a| {
+                                cmd.arg(a);
+                            });
                         }
                         pipe.query::<Vec<::redis::Value>>(&mut conn).map_err(|e| e.to_string())?;
                     }
@@ -192,16 +196,17 @@ pub fn redis_alone(redis: &RedisServer, secs: f64, channels: usize, size: usize)
     let wall = start.elapsed().as_secs_f64();
     let (cpu1, wait1) =
         (super::proc_seconds(&stat).unwrap_or(f64::NAN), super::proc_seconds(&sched).unwrap_or(f64::NAN));
-    let calls: u64 = results.iter().filter_map(|r| r.as_ref().ok()).sum();
+    let publishes: u64 = results.iter().filter_map(|r| r.as_ref().ok()).sum();
     let errors: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     let evalsha = &redis.commandstats()["evalsha"];
     json!({
-        "clients": ALONE_CLIENTS, "depth": ALONE_DEPTH, "wall_s": wall, "calls": calls,
-        "calls_per_s": calls as f64 / wall,
+        "clients": ALONE_CLIENTS, "depth": ALONE_DEPTH, "batch": ALONE_BATCH, "wall_s": wall, "publishes": publishes,
+        "publishes_per_s": publishes as f64 / wall,
         "redis_cpu_pct": (cpu1 - cpu0) / wall * 100.0, "redis_wait_pct": (wait1 - wait0) / wall * 100.0,
-        "redis_cpu_us_per_call": (cpu1 - cpu0) / calls as f64 * 1e6,
+        "redis_cpu_us_per_publish": (cpu1 - cpu0) / publishes as f64 * 1e6,
         "redis_usec_per_evalsha": super::num(evalsha, "usec") / super::num(evalsha, "calls"),
-        "redis_bytes_per_publish": redis.used_memory() / calls as f64,
+        "redis_usec_per_publish": super::num(evalsha, "usec") / publishes as f64,
+        "redis_bytes_per_publish": redis.used_memory() / publishes as f64,
         "errors": errors,
     })
 }

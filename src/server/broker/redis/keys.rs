@@ -1,6 +1,6 @@
 //! What tether stores in Redis and how it is named: the keys of a channel, its pub/sub topic,
-//! the payload of a published message, and the two server-side scripts. Sans-IO and
-//! unit-tested; the broker thread only sends what this file builds.
+//! the payload of a published message, the server-side scripts and the arguments of a
+//! publish call. Sans-IO and unit-tested; the broker thread only sends what this file builds.
 //!
 //! Every key of channel `CH` carries the hash tag `{CH}`, so on a Redis Cluster all of them
 //! (and the sharded pub/sub topic) live in one slot and one script may touch them all:
@@ -12,36 +12,91 @@
 //! | dedup | `PREFIX{CH}:d:ID` | string: the seq stored for publish id `ID` |
 //! | topic | `PREFIX{CH}` | (sharded) pub/sub channel, payload `SEQ EPOCH DATA` |
 
-/// The publish script: dedup check, seq, history, expiry and fan-out, atomically.
+/// The publish script: stores a batch of publishes (dedup check, seq, history, fan-out,
+/// expiry), in order, in one call.
 ///
-/// KEYS: meta, stream, dedup key. ARGV: data, history length (0 keeps none), ttl ms, dedup
-/// window ms, epoch for a channel without one, topic, `PUBLISH` or `SPUBLISH`, `1` when the
-/// publish has an id. Returns `{seq, epoch, duplicate}`: a duplicate id returns the seq stored
-/// for it and publishes nothing.
-pub const PUBLISH_LUA: &str = r#"
-local meta, stream, dkey = KEYS[1], KEYS[2], KEYS[3]
-if ARGV[8] == '1' then
-  local old = redis.call('GET', dkey)
-  if old then
-    return {tonumber(old), redis.call('HGET', meta, 'epoch') or '', 1}
+/// With `C` channels and `N` publishes (build them with [`PublishCall`]):
+/// - KEYS: per channel `c` = 1..C its meta then its stream (`KEYS[2c-1]`, `KEYS[2c]`), then per
+///   publish `i` = 1..N its dedup key (`KEYS[2C+i]`; for a publish without id any key of its
+///   channel, untouched, so that every key stays in the channel's slot);
+/// - ARGV: `C`, ttl in ms, dedup window in ms, the epoch for a channel without one, `PUBLISH` or
+///   `SPUBLISH`; then per channel its topic and history length (0 keeps none); then per
+///   publish its channel's index `c`, `1` when it has an id (else `0`), and its data.
+///
+/// Returns `N` triples `seq, epoch, duplicate` in one flat array, in publish order. A publish
+/// whose dedup key exists (stored by an earlier call, or by an earlier publish of this call)
+/// is a duplicate: it returns the seq stored for it and the channel's epoch (empty if the
+/// channel has none), and publishes nothing. Any other gets the channel's next seq: its dedup
+/// key is set to that seq for the window (`SET NX GET`: the check and the claim are one
+/// command), its entry `SEQ-0` added to the stream (trimmed to about the history length),
+/// `SEQ EPOCH DATA` published on the topic. Each channel's meta is read once (`HMGET`) and its
+/// `seq` written once, and its expiry (meta and stream) pushed to the ttl once, at the end.
+///
+/// A command that fails (`WRONGTYPE`, a stream whose top is past the meta's seq) fails the
+/// call with its error, but what was written stays consistent: the `seq` written back covers
+/// every seq handed out, the failing one included, so none is ever handed out twice; and the
+/// dedup key the failing publish claimed is removed, so a retry is stored rather than
+/// answered as a duplicate of nothing. The `#!lua` shebang (Redis 7 script flags, none set)
+/// makes Redis refuse the whole call with `OOM` before it runs when `maxmemory` is reached,
+/// rather than failing a write half-way.
+pub const PUBLISH_LUA: &str = r#"#!lua
+local nc = tonumber(ARGV[1])
+local ttl, window, fresh, command = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local base = 5 + 2 * nc
+local n = (#ARGV - base) / 3
+local epoch, seq, head = {}, {}, {}
+for c = 1, nc do
+  local m = redis.call('HMGET', KEYS[2 * c - 1], 'epoch', 'seq')
+  epoch[c], seq[c] = m[1], tonumber(m[2] or '0')
+  head[c] = seq[c]
+end
+local out, claimed = {}, nil
+local function store()
+  for i = 1, n do
+    local a = base + 3 * i - 2
+    local c, id, data = tonumber(ARGV[a]), ARGV[a + 1] == '1', ARGV[a + 2]
+    local s = seq[c] + 1
+    local ss = string.format('%d', s)
+    local old = id and redis.call('SET', KEYS[2 * nc + i], ss, 'NX', 'GET', 'PX', window)
+    if old then
+      out[3 * i - 2], out[3 * i - 1], out[3 * i] = tonumber(old), epoch[c] or '', 1
+    else
+      if id then claimed = KEYS[2 * nc + i] end
+      seq[c] = s
+      if not epoch[c] then
+        epoch[c] = fresh
+        redis.call('HSET', KEYS[2 * c - 1], 'epoch', fresh)
+      end
+      local history = ARGV[5 + 2 * c]
+      if history ~= '0' then
+        redis.call('XADD', KEYS[2 * c], 'MAXLEN', '~', history, ss .. '-0', 'd', data)
+      end
+      redis.call(command, ARGV[4 + 2 * c], ss .. ' ' .. epoch[c] .. ' ' .. data)
+      claimed = nil
+      out[3 * i - 2], out[3 * i - 1], out[3 * i] = s, epoch[c], 0
+    end
   end
 end
-local epoch = redis.call('HGET', meta, 'epoch')
-if not epoch then
-  epoch = ARGV[5]
-  redis.call('HSET', meta, 'epoch', epoch)
+local ok, err = pcall(store)
+if claimed then
+  redis.call('DEL', claimed)
 end
-local seq = redis.call('HINCRBY', meta, 'seq', 1)
-if tonumber(ARGV[2]) > 0 then
-  redis.call('XADD', stream, 'MAXLEN', '~', ARGV[2], seq .. '-0', 'd', ARGV[1])
-  redis.call('PEXPIRE', stream, ARGV[3])
+for c = 1, nc do
+  if seq[c] ~= head[c] then
+    redis.call('HSET', KEYS[2 * c - 1], 'seq', seq[c])
+    if ARGV[5 + 2 * c] ~= '0' then
+      redis.call('PEXPIRE', KEYS[2 * c], ttl)
+    end
+    redis.call('PEXPIRE', KEYS[2 * c - 1], ttl)
+  end
 end
-redis.call('PEXPIRE', meta, ARGV[3])
-if ARGV[8] == '1' then
-  redis.call('SET', dkey, seq, 'PX', ARGV[4])
+if not ok then
+  if type(err) == 'table' then
+    return err
+  end
+  return redis.error_reply(tostring(err))
 end
-redis.call(ARGV[7], ARGV[6], seq .. ' ' .. epoch .. ' ' .. ARGV[1])
-return {seq, epoch, 0}
+return out
 "#;
 
 /// The meta script: reads a channel's head, creating its meta (seq 0 and the given epoch) when
@@ -135,6 +190,91 @@ impl Keys {
     }
 }
 
+/// What every publish of one [`PUBLISH_LUA`] call shares.
+#[derive(Debug, Clone, Copy)]
+pub struct PublishParams<'a> {
+    /// Expiry of a channel's meta and stream after its last publish, in milliseconds
+    /// (`[broker] history_ttl_ms`).
+    pub ttl_ms: u64,
+    /// How long a publish id is remembered, in milliseconds (`dedup.window_ms`).
+    pub dedup_window_ms: u64,
+    /// The epoch a channel without one gets.
+    pub epoch: &'a str,
+    /// `PUBLISH`, or `SPUBLISH` on a cluster.
+    pub command: &'a str,
+}
+
+/// The arguments of one [`PUBLISH_LUA`] call, built publish by publish: the channels in the
+/// order they first appear, each publish pointing at its channel. Sans-IO; the caller writes
+/// [`PublishCall::args`] after `EVALSHA sha` (or `EVAL script`).
+#[derive(Debug, Default)]
+pub struct PublishCall<'a> {
+    /// `(name, history length)` per channel; a channel's index in the script is its place
+    /// here plus one.
+    channels: Vec<(&'a str, usize)>,
+    index: std::collections::HashMap<&'a str, usize>,
+    /// `(channel index from 1, id, data)` per publish.
+    pubs: Vec<(usize, Option<&'a str>, &'a [u8])>,
+}
+
+impl<'a> PublishCall<'a> {
+    /// Adds a publish of `data` to `ch` (with publish id `id`, if any). `history` gives the
+    /// channel's history length; it is asked once per channel of the call.
+    pub fn push(&mut self, ch: &'a str, id: Option<&'a str>, data: &'a [u8], history: impl FnOnce() -> usize) {
+        let c = match self.index.get(ch) {
+            Some(&c) => c,
+            None => {
+                self.channels.push((ch, history()));
+                self.index.insert(ch, self.channels.len());
+                self.channels.len()
+            }
+        };
+        self.pubs.push((c, id, data));
+    }
+
+    /// Publishes added.
+    pub fn len(&self) -> usize {
+        self.pubs.len()
+    }
+
+    /// Whether no publish was added.
+    pub fn is_empty(&self) -> bool {
+        self.pubs.is_empty()
+    }
+
+    /// Calls `arg` with each argument after the script, in order: the number of keys, KEYS,
+    /// ARGV (their shapes are in [`PUBLISH_LUA`]).
+    pub fn args(&self, keys: &Keys, p: &PublishParams, mut arg: impl FnMut(&[u8])) {
+        let n = |v: usize| v.to_string();
+        arg(n(2 * self.channels.len() + self.pubs.len()).as_bytes());
+        for (ch, _) in &self.channels {
+            arg(keys.meta(ch).as_bytes());
+            arg(keys.stream(ch).as_bytes());
+        }
+        for (c, id, _) in &self.pubs {
+            let ch = self.channels[c - 1].0;
+            match id {
+                Some(id) => arg(keys.dedup(ch, id).as_bytes()),
+                None => arg(keys.meta(ch).as_bytes()),
+            }
+        }
+        arg(n(self.channels.len()).as_bytes());
+        arg(p.ttl_ms.to_string().as_bytes());
+        arg(p.dedup_window_ms.to_string().as_bytes());
+        arg(p.epoch.as_bytes());
+        arg(p.command.as_bytes());
+        for (ch, history) in &self.channels {
+            arg(keys.topic(ch).as_bytes());
+            arg(n(*history).as_bytes());
+        }
+        for (c, id, data) in &self.pubs {
+            arg(n(*c).as_bytes());
+            arg(if id.is_some() { b"1" } else { b"0" });
+            arg(data);
+        }
+    }
+}
+
 /// One message as it travels on a topic: `SEQ EPOCH DATA` (the epoch has no space, DATA is
 /// the message JSON).
 #[derive(Debug, PartialEq, Eq)]
@@ -176,6 +316,42 @@ mod tests {
         assert_eq!(k.channel_of(b"tether:{news.eu}"), Some("news.eu"));
         assert_eq!(k.channel_of(b"other:{news.eu}"), None);
         assert_eq!(k.channel_of(b"tether:news"), None);
+    }
+
+    #[test]
+    fn publish_call_arguments() {
+        let k = Keys::new("t:");
+        let mut call = PublishCall::default();
+        let asked = std::cell::Cell::new(0);
+        let history = |h: usize| {
+            let asked = &asked;
+            move || {
+                asked.set(asked.get() + 1);
+                h
+            }
+        };
+        call.push("a", Some("x"), b"1", history(10));
+        call.push("b", None, b"2", history(0));
+        call.push("a", None, b"3", history(10));
+        call.push("a", Some("x"), b"4", history(10));
+        assert_eq!(call.len(), 4);
+        assert_eq!(asked.get(), 2, "a channel's history is asked once per call");
+        let p = PublishParams { ttl_ms: 600_000, dedup_window_ms: 300_000, epoch: "e1", command: "PUBLISH" };
+        let mut args = Vec::new();
+        call.args(&k, &p, |a| args.push(String::from_utf8(a.to_vec()).unwrap()));
+        #[rustfmt::skip]
+        let want = [
+            "8",
+            "t:{a}:m", "t:{a}:s", "t:{b}:m", "t:{b}:s",
+            "t:{a}:d:x", "t:{b}:m", "t:{a}:m", "t:{a}:d:x",
+            "2", "600000", "300000", "e1", "PUBLISH",
+            "t:{a}", "10", "t:{b}", "0",
+            "1", "1", "1",
+            "2", "0", "2",
+            "1", "0", "3",
+            "1", "1", "4",
+        ];
+        assert_eq!(args, want);
     }
 
     #[test]

@@ -11,7 +11,9 @@
 //! # Layout
 //! - this file: the core's side ([`RedisBroker`], the [`Broker`] implementation) and
 //!   [`start`], which starts the thread;
-//! - [`thread`]: the broker thread: links, publish pipelines, history reads, pub/sub;
+//! - [`thread`]: the broker thread: its serve loop, the command link's requests, history
+//!   reads;
+//! - [`publish`]: storing a batch of publishes with one script call, answering publishers;
 //! - [`channel`]: one task per channel with subscribers on this node: seq continuity, gap
 //!   repair, epoch changes, the subscribe seam;
 //! - [`links`]: the tasks that keep the command and pub/sub links up;
@@ -22,6 +24,7 @@ pub mod channel;
 pub mod keys;
 pub mod link;
 pub mod links;
+pub mod publish;
 pub mod thread;
 
 use std::collections::VecDeque;

@@ -1,0 +1,201 @@
+//! Storing publishes: the publishes that reach the broker thread together go to Redis as one
+//! call of the publish script ([`keys::PUBLISH_LUA`]), and each publisher gets its answer.
+//!
+//! One script call per batch rather than one per publish: Redis's cost of a publish is mostly
+//! the script machinery around each command (building its arguments, running it, turning its
+//! reply into Lua), not the commands themselves, and a batch reads and writes each channel's
+//! meta and expiry once instead of once per publish.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use redis::Value;
+
+use super::keys::{self, PublishCall, PublishParams};
+use super::thread::{down, script_cmd, unavailable, warn_limited, Ctx, ERR_SCRIPT};
+use crate::protocol::RequestError;
+use crate::server::broker::epoch::new_epoch;
+use crate::server::bus::{ConnRef, CoreMsg, PublishResult};
+
+/// Publishes per batch at most (one script call on one Redis).
+const BATCH_MAX: usize = 512;
+/// Bytes of data per batch at most (a single larger publish is a batch of its own). Redis runs
+/// one script call to its end before anything else, and holds every argument of it in memory
+/// twice over (the command, the script's `ARGV`): 512 publishes of the largest size
+/// (`limits.max_publish_bytes`, 1 MiB) would block it for seconds and take gigabytes.
+const BATCH_MAX_BYTES: usize = 1 << 20;
+
+/// Where the first batch of `pubs` ends: after [`BATCH_MAX`] publishes, or after the publish
+/// that brings its data to [`BATCH_MAX_BYTES`]; at least one publish.
+pub(super) fn batch_end(pubs: &[Pub]) -> usize {
+    let mut bytes = 0;
+    for (i, p) in pubs.iter().take(BATCH_MAX).enumerate() {
+        bytes += p.data.len();
+        if bytes >= BATCH_MAX_BYTES {
+            return i + 1;
+        }
+    }
+    pubs.len().min(BATCH_MAX)
+}
+
+/// A publish waiting for its batch.
+pub(super) struct Pub {
+    pub ch: Arc<str>,
+    pub id: Option<Box<str>>,
+    pub data: Bytes,
+    pub reply: Option<ConnRef>,
+}
+
+/// Stores a batch of publishes and answers each publisher. On one Redis the batch is one
+/// script call. On a Redis Cluster every key of a call must live in one hash slot, so the
+/// batch goes out as one call per channel, all at once, each with its channel's publishes in
+/// the order they arrived.
+pub(super) async fn publish_batch(ctx: &Ctx, batch: Vec<Pub>) {
+    if !ctx.cluster {
+        return publish_call(ctx, batch).await;
+    }
+    let mut groups: Vec<Vec<Pub>> = Vec::new();
+    let mut group_of: HashMap<Arc<str>, usize> = HashMap::new();
+    for p in batch {
+        let i = *group_of.entry(p.ch.clone()).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[i].push(p);
+    }
+    futures::future::join_all(groups.into_iter().map(|g| publish_call(ctx, g))).await;
+}
+
+/// One script call for `batch`; answers each publisher. A call that fails (Redis unreachable,
+/// a script error) answers every publish of it `unavailable`.
+async fn publish_call(ctx: &Ctx, batch: Vec<Pub>) {
+    match store(ctx, &batch).await {
+        Ok(results) => {
+            let metrics = &ctx.shared.metrics;
+            for (p, (seq, dup)) in batch.into_iter().zip(results) {
+                let core = p.reply.map_or(0, |r| r.core as usize);
+                if dup {
+                    metrics[core].publish_duplicates.fetch_add(1, Relaxed);
+                } else {
+                    metrics[core].published.fetch_add(1, Relaxed);
+                }
+                answer(ctx, p, Ok(seq));
+            }
+        }
+        Err(why) => {
+            for p in batch {
+                answer(ctx, p, Err(unavailable(&why)));
+            }
+        }
+    }
+}
+
+/// Runs the script for `batch` (`EVALSHA`, then `EVAL` with its text after a `NOSCRIPT`: the
+/// script cache is empty after a Redis restart): `(seq, duplicate)` per publish, in order, or
+/// why there is none.
+async fn store(ctx: &Ctx, batch: &[Pub]) -> Result<Vec<(u64, bool)>, String> {
+    let reply = match send(ctx, batch, true).await {
+        Ok(Value::ServerError(e)) if e.code() == "NOSCRIPT" => send(ctx, batch, false).await,
+        r => r,
+    };
+    match reply.map_err(|e| e.to_string())? {
+        Value::ServerError(e) => {
+            ctx.shared.broker.error(ERR_SCRIPT);
+            warn_limited(
+                "broker-script",
+                || tracing::warn!(error = %e.details().unwrap_or(e.code()), "the publish script failed"),
+            );
+            Err(e.code().to_owned())
+        }
+        v => parse_published(v, batch.len()).ok_or_else(|| {
+            ctx.shared.broker.error(ERR_SCRIPT);
+            "unexpected script reply".to_owned()
+        }),
+    }
+}
+
+/// One script call for `batch` on the command link. It goes as a pipeline of one command with
+/// errors kept as values, so that a script's error reply is an answer to map, not a failure
+/// of the link.
+async fn send(ctx: &Ctx, batch: &[Pub], by_sha: bool) -> redis::RedisResult<Value> {
+    let Some((gen, mut link)) = ctx.link() else { return Err(down()) };
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    pipe.add_command(publish_cmd(ctx, batch, by_sha));
+    let mut values = ctx.measured(gen, pipe.query_async::<Vec<Value>>(&mut link)).await?;
+    values.pop().ok_or_else(|| redis::RedisError::from((redis::ErrorKind::Parse, "no reply to the publish script")))
+}
+
+fn answer(ctx: &Ctx, p: Pub, outcome: Result<u64, RequestError>) {
+    let Some(reply) = p.reply else { return };
+    let result = match outcome {
+        Ok(seq) => PublishResult::Stored { seq },
+        Err(e) => PublishResult::Refused(Box::new(e)),
+    };
+    ctx.to_core(reply.core as usize, CoreMsg::Published { reply, ch: p.ch, id: p.id, result });
+}
+
+/// The script call for `batch` (`EVALSHA`, or `EVAL` with the script's text).
+fn publish_cmd(ctx: &Ctx, batch: &[Pub], by_sha: bool) -> redis::Cmd {
+    let mut call = PublishCall::default();
+    for p in batch {
+        call.push(&p.ch, p.id.as_deref(), &p.data, || ctx.shared.config.channel_rule(&p.ch).history);
+    }
+    let epoch = new_epoch();
+    let params = PublishParams {
+        ttl_ms: ctx.cfg.history_ttl_ms,
+        dedup_window_ms: ctx.shared.config.dedup.window_ms,
+        epoch: &epoch,
+        command: ctx.publish_command,
+    };
+    let mut cmd = script_cmd(&ctx.publish_script, keys::PUBLISH_LUA, by_sha);
+    call.args(&ctx.keys, &params, |a| {
+        cmd.arg(a);
+    });
+    cmd
+}
+
+/// The script's flat array of `n` triples `seq, epoch, duplicate` → `(seq, duplicate)` per
+/// publish; `None` when it is anything else.
+fn parse_published(v: Value, n: usize) -> Option<Vec<(u64, bool)>> {
+    let Value::Array(a) = v else { return None };
+    if a.len() != 3 * n {
+        return None;
+    }
+    let int = |v: &Value| match v {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        _ => None,
+    };
+    a.chunks(3).map(|t| Some((int(&t[0])?, int(&t[2])? == 1))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_end_at_a_count_or_a_size() {
+        let p = |len: usize| Pub { ch: "c".into(), id: None, data: Bytes::from(vec![b'x'; len]), reply: None };
+        let small: Vec<Pub> = (0..1000).map(|_| p(64)).collect();
+        assert_eq!(batch_end(&small), BATCH_MAX);
+        assert_eq!(batch_end(&small[..3]), 3);
+        assert_eq!(batch_end(&[]), 0);
+        let big: Vec<Pub> = (0..10).map(|_| p(BATCH_MAX_BYTES / 4)).collect();
+        assert_eq!(batch_end(&big), 4, "the publish that reaches the size ends the batch");
+        let huge = [p(BATCH_MAX_BYTES * 3), p(1)];
+        assert_eq!(batch_end(&huge), 1, "a publish larger than the bound is a batch of its own");
+    }
+
+    #[test]
+    fn published_triples() {
+        let t = |seq: i64, dup: i64| [Value::Int(seq), Value::BulkString(b"e".to_vec()), Value::Int(dup)];
+        let v = Value::Array([t(7, 0), t(3, 1)].concat());
+        assert_eq!(parse_published(v.clone(), 2), Some(vec![(7, false), (3, true)]));
+        assert_eq!(parse_published(v, 3), None, "a reply short of a publish answers none");
+        assert_eq!(parse_published(Value::Array(t(-1, 0).to_vec()), 1), None);
+        assert_eq!(parse_published(Value::Nil, 1), None);
+    }
+}
