@@ -13,7 +13,8 @@
 //!   seq taken, no dedup key kept), and the same id is stored once memory is back;
 //! - a call that fails half-way (a stream key of the wrong type) answers `unavailable`, keeps
 //!   no dedup key for the failed publish, and takes its seq for good: the next publish gets the
-//!   one after it.
+//!   one after it; the publishes of the call before the failing one are acked and stored, and
+//!   none that is refused is stored.
 
 mod common;
 mod nodes;
@@ -175,4 +176,37 @@ async fn batched_publishes_are_acked_in_order_and_delivered_once() {
     cli(&redis, &["DEL", &stream]);
     let v = publish(&mut ws, ch, "wrongtype", 0).await;
     assert_eq!((v["op"].as_str(), v["seq"].as_u64()), (Some("ack"), Some(before + 2)), "retry after WRONGTYPE: {v}");
+
+    // A call that stops at a failing publish answers each publish for what happened to it:
+    // sent together (most likely one call), a publish before the failing one is acked and
+    // stored, the failing one and any after it are refused and not stored, so a retry (even
+    // one without an id) stores each once.
+    cli(&redis, &["DEL", &stream]);
+    cli(&redis, &["SET", &stream, "not a stream"]);
+    let burst = [(CHANNELS[0], "burst-pre", 900_001), (ch, "burst-bad", 900_002), (CHANNELS[0], "burst-post", 900_003)];
+    for (c, id, n) in burst {
+        ws.send(&json!({"op": "pub", "ch": c, "id": id, "data": {"n": n}})).await;
+    }
+    let mut replies = HashMap::new();
+    for _ in 0..burst.len() {
+        let v = ws.recv_within(STEP).await;
+        replies.insert(v["id"].as_str().expect("reply id").to_owned(), v);
+    }
+    let history = cli(&redis, &["XRANGE", &format!("tether:{{{}}}:s", CHANNELS[0]), "-", "+"]);
+    for (c, id, n) in burst {
+        let v = &replies[id];
+        let stored = history.contains(&format!("\"n\":{n}"));
+        match v["op"].as_str() {
+            Some("ack") => assert!(c == CHANNELS[0] && stored, "{id} acked but not stored: {v}"),
+            Some("error") => {
+                assert_eq!(v["code"], "unavailable", "{v}");
+                assert!(!stored, "{id} refused but stored: a retry would store it twice");
+            }
+            _ => panic!("reply to {id}: {v}"),
+        }
+    }
+    assert_eq!(replies["burst-bad"]["op"], "error", "the failing publish is refused");
+    assert_eq!(replies["burst-pre"]["op"], "ack", "a publish before the failing one is stored and acked");
+    eprintln!("burst around a failing publish: post {}", replies["burst-post"]["op"]);
+    cli(&redis, &["DEL", &stream]);
 }

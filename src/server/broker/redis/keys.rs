@@ -32,8 +32,11 @@
 /// `SEQ EPOCH DATA` published on the topic. Each channel's meta is read once (`HMGET`) and its
 /// `seq` written once, and its expiry (meta and stream) pushed to the ttl once, at the end.
 ///
-/// A command that fails (`WRONGTYPE`, a stream whose top is past the meta's seq) fails the
-/// call with its error, but what was written stays consistent: the `seq` written back covers
+/// A command that fails (`WRONGTYPE`, a stream whose top is past the meta's seq) ends the call
+/// at that publish: the reply is then the triples of the `K` publishes before it (stored, or
+/// duplicates) followed by one string, the error (`3K + 1` elements, never a multiple of 3);
+/// that publish and the ones after it are not stored. What was written stays consistent: the
+/// `seq` written back covers
 /// every seq handed out, the failing one included, so none is ever handed out twice; and the
 /// dedup key the failing publish claimed is removed, so a retry is stored rather than
 /// answered as a duplicate of nothing. The `#!lua` shebang (Redis 7 script flags, none set)
@@ -92,9 +95,9 @@ for c = 1, nc do
 end
 if not ok then
   if type(err) == 'table' then
-    return err
+    err = err.err or 'ERR the publish script failed'
   end
-  return redis.error_reply(tostring(err))
+  out[#out + 1] = tostring(err)
 end
 return out
 "#;

@@ -69,12 +69,17 @@ pub(super) async fn publish_batch(ctx: &Ctx, batch: Vec<Pub>) {
 }
 
 /// One script call for `batch`; answers each publisher. A call that fails (Redis unreachable,
-/// a script error) answers every publish of it `unavailable`.
+/// Redis refusing the script) answers every publish of it `unavailable`; one that stopped at a
+/// failing publish answers those before it with their seqs and the rest `unavailable` (none
+/// of those is stored, so a retry, even without an id, stores it once).
 async fn publish_call(ctx: &Ctx, batch: Vec<Pub>) {
     match store(ctx, &batch).await {
-        Ok(results) => {
+        Ok((results, failed)) => {
             let metrics = &ctx.shared.metrics;
-            for (p, (seq, dup)) in batch.into_iter().zip(results) {
+            let mut batch = batch.into_iter();
+            // `results` first: zip takes from its left side before it finds the right one
+            // exhausted, which would drop the first publish left unanswered.
+            for ((seq, dup), p) in results.into_iter().zip(batch.by_ref()) {
                 let core = p.reply.map_or(0, |r| r.core as usize);
                 if dup {
                     metrics[core].publish_duplicates.fetch_add(1, Relaxed);
@@ -82,6 +87,12 @@ async fn publish_call(ctx: &Ctx, batch: Vec<Pub>) {
                     metrics[core].published.fetch_add(1, Relaxed);
                 }
                 answer(ctx, p, Ok(seq));
+            }
+            if let Some(why) = failed {
+                script_failed(ctx, &why);
+                for p in batch {
+                    answer(ctx, p, Err(unavailable(&why)));
+                }
             }
         }
         Err(why) => {
@@ -93,20 +104,16 @@ async fn publish_call(ctx: &Ctx, batch: Vec<Pub>) {
 }
 
 /// Runs the script for `batch` (`EVALSHA`, then `EVAL` with its text after a `NOSCRIPT`: the
-/// script cache is empty after a Redis restart): `(seq, duplicate)` per publish, in order, or
-/// why there is none.
-async fn store(ctx: &Ctx, batch: &[Pub]) -> Result<Vec<(u64, bool)>, String> {
+/// script cache is empty after a Redis restart): `(seq, duplicate)` per publish, in order, up
+/// to a publish that failed and why; or why there is none.
+async fn store(ctx: &Ctx, batch: &[Pub]) -> Result<Published, String> {
     let reply = match send(ctx, batch, true).await {
         Ok(Value::ServerError(e)) if e.code() == "NOSCRIPT" => send(ctx, batch, false).await,
         r => r,
     };
     match reply.map_err(|e| e.to_string())? {
         Value::ServerError(e) => {
-            ctx.shared.broker.error(ERR_SCRIPT);
-            warn_limited(
-                "broker-script",
-                || tracing::warn!(error = %e.details().unwrap_or(e.code()), "the publish script failed"),
-            );
+            script_failed(ctx, e.details().unwrap_or(e.code()));
             Err(e.code().to_owned())
         }
         v => parse_published(v, batch.len()).ok_or_else(|| {
@@ -126,6 +133,12 @@ async fn send(ctx: &Ctx, batch: &[Pub], by_sha: bool) -> redis::RedisResult<Valu
     pipe.add_command(publish_cmd(ctx, batch, by_sha));
     let mut values = ctx.measured(gen, pipe.query_async::<Vec<Value>>(&mut link)).await?;
     values.pop().ok_or_else(|| redis::RedisError::from((redis::ErrorKind::Parse, "no reply to the publish script")))
+}
+
+/// Counts and logs (rate-limited) a failed publish script call.
+fn script_failed(ctx: &Ctx, why: &str) {
+    ctx.shared.broker.error(ERR_SCRIPT);
+    warn_limited("broker-script", || tracing::warn!(error = %why, "the publish script failed"));
 }
 
 fn answer(ctx: &Ctx, p: Pub, outcome: Result<u64, RequestError>) {
@@ -157,19 +170,30 @@ fn publish_cmd(ctx: &Ctx, batch: &[Pub], by_sha: bool) -> redis::Cmd {
     cmd
 }
 
+/// `(seq, duplicate)` per publish stored (in order), and why the call stopped before the rest.
+type Published = (Vec<(u64, bool)>, Option<String>);
+
 /// The script's flat array of `n` triples `seq, epoch, duplicate` → `(seq, duplicate)` per
-/// publish; `None` when it is anything else.
-fn parse_published(v: Value, n: usize) -> Option<Vec<(u64, bool)>> {
-    let Value::Array(a) = v else { return None };
-    if a.len() != 3 * n {
-        return None;
-    }
+/// publish; or `k < n` triples and the error that stopped the call at publish `k + 1`; `None`
+/// when it is anything else.
+fn parse_published(v: Value, n: usize) -> Option<Published> {
+    let Value::Array(mut a) = v else { return None };
+    let failed = match a.len() % 3 {
+        0 if a.len() == 3 * n => None,
+        1 if a.len() < 3 * n => match a.pop() {
+            Some(Value::BulkString(b)) => Some(String::from_utf8_lossy(&b).into_owned()),
+            Some(Value::SimpleString(s)) => Some(s),
+            _ => return None,
+        },
+        _ => return None,
+    };
     let int = |v: &Value| match v {
         Value::Int(i) => u64::try_from(*i).ok(),
         Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
         _ => None,
     };
-    a.chunks(3).map(|t| Some((int(&t[0])?, int(&t[2])? == 1))).collect()
+    let stored = a.chunks(3).map(|t| Some((int(&t[0])?, int(&t[2])? == 1))).collect::<Option<Vec<_>>>()?;
+    Some((stored, failed))
 }
 
 #[cfg(test)]
@@ -193,8 +217,22 @@ mod tests {
     fn published_triples() {
         let t = |seq: i64, dup: i64| [Value::Int(seq), Value::BulkString(b"e".to_vec()), Value::Int(dup)];
         let v = Value::Array([t(7, 0), t(3, 1)].concat());
-        assert_eq!(parse_published(v.clone(), 2), Some(vec![(7, false), (3, true)]));
-        assert_eq!(parse_published(v, 3), None, "a reply short of a publish answers none");
+        assert_eq!(parse_published(v.clone(), 2), Some((vec![(7, false), (3, true)], None)));
+        assert_eq!(parse_published(v.clone(), 3), None, "a reply short of a publish answers none");
+        let stopped = |v: &Value, why: &[u8]| match v {
+            Value::Array(a) => Value::Array([a.clone(), vec![Value::BulkString(why.to_vec())]].concat()),
+            _ => unreachable!(),
+        };
+        assert_eq!(
+            parse_published(stopped(&v, b"WRONGTYPE"), 4),
+            Some((vec![(7, false), (3, true)], Some("WRONGTYPE".to_owned()))),
+            "two stored, the third failed, the fourth not tried"
+        );
+        assert_eq!(
+            parse_published(Value::Array(vec![Value::BulkString(b"ERR x".to_vec())]), 1),
+            Some((vec![], Some("ERR x".to_owned())))
+        );
+        assert_eq!(parse_published(stopped(&v, b"x"), 2), None, "an error after every publish is no reply");
         assert_eq!(parse_published(Value::Array(t(-1, 0).to_vec()), 1), None);
         assert_eq!(parse_published(Value::Nil, 1), None);
     }
