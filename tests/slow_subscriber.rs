@@ -77,6 +77,16 @@ async fn publish_64mib_past_a_non_reader(policy: &str) -> Run {
 
     let (mut reader, _) = connect_async(srv.ws_url()).await.expect("reader connect");
     reader.send(Message::text(json!({"op": "sub", "ch": CH}).to_string())).await.unwrap();
+    // The first publish goes out only once the reader is subscribed (its connection being
+    // counted is not enough: the `sub` may still be on its way to the channel's home core).
+    loop {
+        let m = tokio::time::timeout(STEP, reader.next()).await.expect("no reply to sub").expect("reader ended");
+        if let Message::Text(t) = m.expect("reader ws error") {
+            let v: Value = serde_json::from_str(&t).unwrap();
+            assert_eq!(v["op"], "subscribed", "reply to sub: {t}");
+            break;
+        }
+    }
     let progress = Arc::new(AtomicU64::new(0));
     let seen = progress.clone();
     let reader_task = tokio::spawn(async move {
@@ -89,9 +99,6 @@ async fn publish_64mib_past_a_non_reader(policy: &str) -> Run {
                 .expect("reader ws error");
             let Message::Text(t) = m else { continue };
             let v: Value = serde_json::from_str(&t).unwrap();
-            if v["op"] == "subscribed" {
-                continue;
-            }
             assert_eq!(v["op"], "msg", "reader got {:?}", &t[..t.len().min(200)]);
             assert_eq!(v["seq"].as_u64(), Some(next), "reader: out of order or gap");
             assert_eq!(data_k(v["data"].as_str().unwrap()), next, "reader: wrong data for seq {next}");
