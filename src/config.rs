@@ -14,9 +14,11 @@
 //! - `validate`: the range and shape checks behind [`Config::validate`].
 //! - `toml_error`: turning a `toml` parse or type error into a [`ConfigError`] with a key path.
 
+mod security;
 mod toml_error;
 mod validate;
 
+pub use security::{Admin, Auth, PerConnection};
 pub use validate::{QUEUE_CONTROL_RESERVE, SHIPPED_UNIT_STOP_TIMEOUT_MS};
 
 #[cfg(test)]
@@ -77,6 +79,12 @@ pub struct Config {
     /// (non-browser clients send none; the allow-list guards against cross-site browsers).
     /// Danger: it is not authentication; any non-browser client can send any Origin.
     pub allowed_origins: Vec<String>,
+    /// JWT connection auth and HTTP publish keys (`[auth]`, docs/security.md). `None` (the
+    /// section absent, the default) = no auth: anyone who reaches the port may connect,
+    /// subscribe and publish.
+    pub auth: Option<Auth>,
+    /// The admin token guarding `/connections` and the other admin endpoints (`[admin]`).
+    pub admin: Admin,
 }
 
 /// Handshake, header, message and outbound-queue limits (`[limits]`).
@@ -125,6 +133,13 @@ pub struct Limits {
     /// peer's close, then drops the TCP connection. Default 5000, between 100 and 86,400,000. Trade-off: a slow subscriber that
     /// resumes reading within it still receives its 1013; the socket stays open meanwhile.
     pub close_timeout_ms: u64,
+    /// Channels this process keeps at once (on their home cores, with or without
+    /// subscribers); a `sub` or publish that would create one more gets `error` `limit` (HTTP
+    /// 503 for an HTTP publish). Default 1,000,000, at least 1. Bounds the memory that unique
+    /// channel names can claim.
+    pub max_channels: usize,
+    /// Abuse limits per connection (`[limits.per_connection]`).
+    pub per_connection: PerConnection,
 }
 
 /// Server pings and the pong deadline (`[heartbeat]`, docs/operations.md, heartbeats).
@@ -356,6 +371,8 @@ impl Default for Limits {
             queue_max_bytes: 2_097_152,
             queue_max_messages: 4096,
             close_timeout_ms: 5000,
+            max_channels: 1_000_000,
+            per_connection: PerConnection::default(),
         }
     }
 }
@@ -407,6 +424,8 @@ impl Default for Config {
             dedup: Dedup::default(),
             broker: Broker::default(),
             allowed_origins: Vec::new(),
+            auth: None,
+            admin: Admin::default(),
         }
     }
 }
@@ -506,6 +525,22 @@ impl Config {
                 b.request_timeout_ms
             ));
         }
+        let p = &l.per_connection;
+        out.push_str(&format!(
+            " limits.max_channels={} limits.per_connection.max_subscriptions={} \
+             limits.per_connection.publish_rate={} limits.per_connection.publish_bytes_rate={} \
+             limits.per_connection.control_frames_rate={} auth.jwt={} auth.publish_keys={} admin.token={} \
+             admin.protect_metrics={}",
+            l.max_channels,
+            p.max_subscriptions,
+            p.publish_rate,
+            p.publish_bytes_rate,
+            p.control_frames_rate,
+            self.auth.as_ref().is_some_and(|a| a.jwt_enabled()),
+            self.auth.as_ref().map_or(0, |a| a.publish_keys.len()),
+            if self.admin.token.is_empty() { "unset" } else { "set" },
+            self.admin.protect_metrics,
+        ));
         for (i, r) in self.channels.iter().enumerate() {
             out.push_str(&format!(
                 " channels[{i}]={{pattern={:?},overflow={},history={}}}",

@@ -46,7 +46,7 @@ const COMMON_IDLE_CUT_MS: u64 = 60_000;
 const MEMORY_SHARE: u64 = 4;
 
 /// `key = value` must lie in `lo..=hi`.
-fn range<T>(key: &str, value: T, lo: T, hi: T) -> Result<(), ConfigError>
+pub(super) fn range<T>(key: &str, value: T, lo: T, hi: T) -> Result<(), ConfigError>
 where
     T: PartialOrd + std::fmt::Display + Copy,
 {
@@ -100,6 +100,7 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
         validate_redis(&c.broker)?;
     }
 
+    super::security::validate(c)?;
     validate_origins(c)
 }
 
