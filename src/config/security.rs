@@ -68,7 +68,7 @@ impl Auth {
 }
 
 /// The admin API guard (`[admin]`).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Admin {
     /// `Authorization: Bearer <token>` required by `GET /connections` and every admin
@@ -84,12 +84,6 @@ pub struct Admin {
     /// (`127.0.0.0/8`, `::1`). Danger: behind a reverse proxy on the same box every client
     /// looks local; set a token there.
     pub local_peers: Vec<IpAddr>,
-}
-
-impl Default for Admin {
-    fn default() -> Self {
-        Admin { token: String::new(), protect_metrics: false, local_peers: Vec::new() }
-    }
 }
 
 impl Admin {
