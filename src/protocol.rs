@@ -48,6 +48,15 @@ pub mod codes {
     /// The broker cannot serve the request now (Redis unreachable); the `error` carries
     /// `retry_after_ms`, and retrying the same request (same `id`) later is safe.
     pub const UNAVAILABLE: &str = "unavailable";
+    /// `sub` or `pub` on a channel the connection's token does not allow (its `channels.sub`
+    /// / `channels.pub` globs, docs/security.md); the connection stays.
+    pub const FORBIDDEN: &str = "forbidden";
+    /// The connection's token reached its `exp`: send `{"op":"refresh","token":…}` within
+    /// `auth.token_refresh_grace_ms`, or the connection is closed with 4001.
+    pub const TOKEN_EXPIRED: &str = "token_expired";
+    /// A per-connection or process limit refused the request (`limits.per_connection`,
+    /// `limits.max_channels`); rate limits add `retry_after_ms`. The connection stays.
+    pub const LIMIT: &str = "limit";
 }
 
 /// One client → server request (docs/protocol.md).
