@@ -70,6 +70,11 @@ pub struct Request {
     pub ws_version: Option<String>,
     /// `Expect` (RFC 9110 §10.1.1), comma lists combined; `crate::http::expectation` reads it.
     pub expect: Option<String>,
+    /// The credentials of `Authorization: Bearer <credentials>` (RFC 6750 §2.1; the scheme is
+    /// case-insensitive), as sent. `None` when the header is absent or uses another scheme.
+    /// A repeated `Authorization` header is refused with 400 (which of two credentials would
+    /// count is ambiguous).
+    pub bearer: Option<String>,
 }
 
 /// A request refused before it reaches a route: the HTTP status to answer with and a short,
@@ -104,6 +109,15 @@ impl std::fmt::Display for HttpError {
 }
 
 impl std::error::Error for HttpError {}
+
+/// The credentials of an `Authorization` value using the `Bearer` scheme (RFC 6750 §2.1:
+/// `Bearer` case-insensitive, then one or more spaces, then the token), or `None` for another
+/// scheme or an empty token.
+fn bearer_credentials(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.split_once(' ')?;
+    let token = rest.trim_start_matches(' ');
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
 
 /// Parses the request head at the start of `buf` (RFC 9112 §2–§3, via `httparse`).
 ///
@@ -173,10 +187,12 @@ pub fn parse_request(buf: &[u8], max_head_bytes: usize) -> Result<Option<Request
         ws_key: None,
         ws_version: None,
         expect: None,
+        bearer: None,
     };
     let mut conn_close = false;
     let mut conn_keep_alive = false;
     let mut host_seen = false;
+    let mut authorization_seen = false;
     let mut transfer_codings: Vec<String> = Vec::new();
 
     for h in parsed.headers.iter() {
@@ -229,6 +245,12 @@ pub fn parse_request(buf: &[u8], max_head_bytes: usize) -> Result<Option<Request
             combine(&mut req.ws_version, utf8(value)?);
         } else if name.eq_ignore_ascii_case("expect") {
             combine(&mut req.expect, utf8(value)?);
+        } else if name.eq_ignore_ascii_case("authorization") {
+            if authorization_seen {
+                return Err(HttpError::bad("repeated Authorization header"));
+            }
+            authorization_seen = true;
+            req.bearer = bearer_credentials(utf8(value)?).map(str::to_owned);
         }
     }
 

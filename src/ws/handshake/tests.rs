@@ -313,3 +313,14 @@ fn switching_protocols_head() {
          Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n"
     );
 }
+
+#[test]
+fn bearer_credentials_are_read_and_a_repeat_is_refused() {
+    let r = req(&upgrade_head("Authorization: bearer  abc.def.ghi\r\n"));
+    assert_eq!(r.bearer.as_deref(), Some("abc.def.ghi"));
+    assert_eq!(req(&upgrade_head("Authorization: Basic dXNlcjpwdw==\r\n")).bearer, None);
+    assert_eq!(req(&upgrade_head("Authorization: Bearer\r\n")).bearer, None);
+    assert_eq!(req(&upgrade_head("")).bearer, None);
+    let twice = upgrade_head("Authorization: Bearer a\r\nAuthorization: Bearer b\r\n");
+    assert_eq!(parse(&twice).unwrap_err(), HttpError::new(400, "repeated Authorization header"));
+}
