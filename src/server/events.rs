@@ -90,6 +90,14 @@ pub fn handshake_failed(core: usize, fd: Option<RawFd>, why: HandshakeFailure, s
     }
 }
 
+/// An HTTP API request refused for its credentials (`endpoint`: `publish` or `admin`):
+/// `debug`, rate-limited with the handshake failures. The credentials are never logged.
+pub fn http_auth_failed(core: usize, fd: Option<RawFd>, endpoint: &str, reason: &str) {
+    if tracing::enabled!(Level::DEBUG) && admit(Kind::Handshake, Level::DEBUG, core) {
+        tracing::debug!(core, peer = %peer(fd), endpoint, reason, "HTTP request refused: 401");
+    }
+}
+
 /// An upgraded connection removed, with why: `debug`, rate-limited.
 pub fn reaped(core: usize, fd: RawFd, why: ReapReason) {
     if tracing::enabled!(Level::DEBUG) && admit(Kind::Reap, Level::DEBUG, core) {

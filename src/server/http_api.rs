@@ -10,6 +10,7 @@ use bytes::Bytes;
 
 use super::bus::{ConnRow, PublishResult};
 use super::core::CoreState;
+use super::http_auth::{self, Guarded, Refusal};
 use super::metrics::{self, HandshakeFailure};
 use super::session::{ConnId, State};
 use crate::http;
@@ -94,7 +95,17 @@ impl CoreState {
                     keep_alive,
                 );
             }
+            if let Err(r) = http_auth::check_publish(&self.shared.config, req) {
+                return self.refuse_auth(id, Guarded::Publish, r, keep_alive);
+            }
             return self.http_publish(id, req, ch, body);
+        }
+        let admin_only = path == "/connections" || (path == "/metrics" && self.shared.config.admin.protect_metrics);
+        if admin_only {
+            let peer = self.conn(id).and_then(|s| s.peer()).map(|a| a.ip());
+            if let Err(r) = http_auth::check_admin(&self.shared.config, req, peer) {
+                return self.refuse_auth(id, Guarded::Admin, r, keep_alive);
+            }
         }
         let draining = self.shared.draining();
         let resp = match (req.method, path) {
@@ -134,6 +145,16 @@ impl CoreState {
             }
             _ => http::error_response(404, "no such endpoint", &[], keep_alive),
         };
+        self.send(id, resp, keep_alive);
+    }
+
+    /// Answers 401 to a request refused by a credentials guard (the connection stays open
+    /// when the request asked for keep-alive: a client may retry with the right token).
+    fn refuse_auth(&mut self, id: ConnId, what: Guarded, r: Refusal, keep_alive: bool) {
+        self.metrics().http_auth_failures[what as usize].fetch_add(1, Relaxed);
+        let fd = self.conn(id).map(|s| s.fd);
+        super::events::http_auth_failed(self.me, fd, http_auth::GUARDED_NAMES[what as usize], r.reason);
+        let resp = http::error_response(401, r.reason, &[("WWW-Authenticate", r.challenge)], keep_alive);
         self.send(id, resp, keep_alive);
     }
 

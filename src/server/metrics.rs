@@ -89,6 +89,8 @@ pub struct CoreMetrics {
     pub pings_sent: AtomicU64,
     /// HTTP requests served (non-upgrade).
     pub http_requests: AtomicU64,
+    /// HTTP API requests refused with 401, by [`Guarded`](super::http_auth::Guarded).
+    pub http_auth_failures: [AtomicU64; 2],
     /// Connections still to be closed by the drain on this core (gauge).
     pub drain_remaining: AtomicI64,
     /// Messages waiting in spill lists because a cross-core queue was full (gauge).
@@ -191,6 +193,19 @@ pub fn render(cores: &[CoreMetrics], draining: bool) -> String {
         "counter",
         "Plain HTTP requests served.",
         per_core(&|m| m.http_requests.load(Relaxed)),
+    );
+    let auth_failures = cores.iter().enumerate().flat_map(|(c, m)| {
+        super::http_auth::GUARDED_NAMES
+            .iter()
+            .enumerate()
+            .map(move |(i, n)| (format!("core=\"{c}\",endpoint=\"{n}\""), m.http_auth_failures[i].load(Relaxed)))
+    });
+    counter(
+        &mut out,
+        "tether_http_auth_failures_total",
+        "counter",
+        "HTTP API requests refused with 401 (publish key or admin token).",
+        auth_failures,
     );
     counter(
         &mut out,

@@ -39,6 +39,7 @@ pub mod conn;
 pub mod core;
 pub mod events;
 pub mod http_api;
+pub mod http_auth;
 pub mod inspect;
 pub mod io;
 pub mod local;
