@@ -472,7 +472,10 @@ impl CoreState {
                         protocol::error_json_retry(e.code, &e.reason, id.as_deref(), e.retry_after_ms)
                     }
                 };
-                self.reply(reply.id, codec::text_frame(&json));
+                // Queued, not written: the processor flushes every touched connection once per
+                // pass, so the acks of one broker batch leave in one `sendmsg` per connection.
+                let frame = codec::text_frame(&json);
+                self.with_session(reply.id, |s, ctx| s.reply(ctx, frame));
             }
             CoreMsg::Subscribed { ch, conn, head, epoch, resume } => self.subscribed(&ch, conn, head, &epoch, resume),
             CoreMsg::Reset { ch, head, epoch, reason, oldest, until } => {
