@@ -133,10 +133,16 @@ pub struct Limits {
     /// peer's close, then drops the TCP connection. Default 5000, between 100 and 86,400,000. Trade-off: a slow subscriber that
     /// resumes reading within it still receives its 1013; the socket stays open meanwhile.
     pub close_timeout_ms: u64,
-    /// Channels this process keeps at once (on their home cores, with or without
-    /// subscribers); a `sub` or publish that would create one more gets `error` `limit` (HTTP
-    /// 503 for an HTTP publish). Default 1,000,000, at least 1. Bounds the memory that unique
-    /// channel names can claim.
+    /// Channels this process keeps at once; a `sub` or publish that would create one more
+    /// gets `error` `limit` with `retry_after_ms` 5000 (HTTP 503 with `Retry-After: 5` for an
+    /// HTTP publish); existing channels are unaffected. Counted in `tether_channels`. Default
+    /// 1,000,000, at least 1. Bounds the memory that unique channel names can claim.
+    /// With the memory broker a channel is kept on its home core from its first `sub` or
+    /// publish until it is forgotten: at once when its last subscriber leaves and nothing was
+    /// published to it, else once it has had no subscriber and no publish for
+    /// `dedup.window_ms` (checked every 5 s). With the Redis broker channels live in Redis:
+    /// this bounds the channels with subscribers on this node (one task each), and a publish
+    /// is never refused by it. docs/security.md.
     pub max_channels: usize,
     /// Abuse limits per connection (`[limits.per_connection]`).
     pub per_connection: PerConnection,

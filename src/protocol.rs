@@ -55,7 +55,9 @@ pub mod codes {
     /// `auth.token_refresh_grace_ms`, or the connection is closed with 4001.
     pub const TOKEN_EXPIRED: &str = "token_expired";
     /// A per-connection or process limit refused the request (`limits.per_connection`,
-    /// `limits.max_channels`); rate limits add `retry_after_ms`. The connection stays.
+    /// `limits.max_channels`, docs/security.md); rate limits and `max_channels` add
+    /// `retry_after_ms`. The connection stays (a client that goes on far past a rate is closed
+    /// with 1008).
     pub const LIMIT: &str = "limit";
 }
 
@@ -101,8 +103,9 @@ pub struct RequestError {
     pub reason: String,
     /// The request's `id`, when it could be read.
     pub id: Option<String>,
-    /// For a refusal that a later retry can overcome ([`codes::UNAVAILABLE`]): how long to
-    /// wait first, in milliseconds.
+    /// For a refusal that a later retry can overcome ([`codes::UNAVAILABLE`], a
+    /// [`codes::LIMIT`] of a rate or of `max_channels`): how long to wait first, in
+    /// milliseconds.
     pub retry_after_ms: Option<u64>,
 }
 
@@ -114,6 +117,11 @@ impl RequestError {
     /// A [`codes::UNAVAILABLE`] refusal: retry after `retry_after_ms` milliseconds.
     pub fn unavailable(reason: impl Into<String>, retry_after_ms: u64) -> Self {
         Self { code: codes::UNAVAILABLE, reason: reason.into(), id: None, retry_after_ms: Some(retry_after_ms) }
+    }
+
+    /// A [`codes::LIMIT`] refusal; `retry_after_ms` (milliseconds) when waiting can help.
+    pub fn limit(reason: impl Into<String>, retry_after_ms: Option<u64>) -> Self {
+        Self { code: codes::LIMIT, reason: reason.into(), id: None, retry_after_ms }
     }
 
     /// The `error` reply for this refusal ([`error_json`], plus `retry_after_ms` when set).

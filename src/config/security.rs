@@ -103,8 +103,17 @@ impl Admin {
     }
 }
 
-/// Abuse limits on one connection (`[limits.per_connection]`). Each refusal is an `error`
-/// with code `limit` and the connection stays, except where said.
+/// Abuse limits on one connection (`[limits.per_connection]`, docs/security.md,
+/// "Per-connection limits"). Each refusal is an `error` with code `limit` (or, for a control
+/// frame, no answer), counted in `tether_limit_refusals_total{limit}`, and the connection
+/// stays, except where said.
+///
+/// The rates are token buckets on the core's clock (10 ms ticks): a bucket holds at most its
+/// burst, refills continuously at its rate, and a refused request takes nothing. "Past 10×
+/// the rate" is exact: the refusals of one bucket within one second (a window that opens at
+/// its first refusal) exceed 10 × its burst; the connection is then closed with 1008 and the
+/// JSON reason `{"reason":"limit","limit":"<key>"}`. A client that waits `retry_after_ms`
+/// after a refusal never gets there.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PerConnection {
@@ -113,17 +122,23 @@ pub struct PerConnection {
     /// the channel a few dozen bytes.
     pub max_subscriptions: usize,
     /// WebSocket `pub` messages per second per connection (token bucket, burst = rate); an
-    /// excess `pub` gets `error` `limit` with `retry_after_ms`, and a connection that goes on
-    /// past 10× the rate is closed with 1008. Default 0 = unlimited (a backend publisher may
-    /// send thousands per second): set it where browsers publish.
+    /// excess `pub` gets `error` `limit` with its `id` and `retry_after_ms` (when the bucket
+    /// holds a token again, rounded up to 10 ms) and is not published; more than 10 × the rate
+    /// refused within one second closes the connection with 1008. Default 0 = unlimited (a
+    /// backend publisher may send thousands per second): set it where browsers publish. HTTP
+    /// publishes are not counted (`auth.publish_keys` guards those).
     pub publish_rate: u32,
-    /// WebSocket `pub` bytes (the `data` JSON) per second per connection, token bucket with a
-    /// burst of one second's worth (at least the largest message); same answers as
-    /// `publish_rate`. Default 0 = unlimited.
+    /// WebSocket `pub` bytes (the `data` JSON as sent) per second per connection, token
+    /// bucket with a burst of one second's worth but at least `limits.max_message_bytes` (so
+    /// every accepted message can pass); same answers as `publish_rate`, and refused bytes
+    /// beyond 10 × the burst within one second close with 1008. Default 0 = unlimited.
     pub publish_bytes_rate: u64,
-    /// Control frames (ping, pong) a client may send per second; past 10× this sustained the
-    /// connection is closed with 1008. Default 100, 0 = unlimited. Trade-off: each ping costs
-    /// the server a pong; a browser sends none, a client library a few per minute.
+    /// Control frames a client may send per second (token bucket, burst = rate): pings, and
+    /// pongs that answer none of the server's heartbeat pings (the one pong answering each
+    /// heartbeat ping is free). A ping beyond the rate is not answered; more than 10 × the
+    /// rate refused within one second closes the connection with 1008. Default 100, 0 =
+    /// unlimited. Trade-off: each ping costs the server a pong; a browser sends none, a client
+    /// library a few per minute.
     pub control_frames_rate: u32,
 }
 

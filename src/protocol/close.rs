@@ -41,15 +41,18 @@ pub fn classify(code: CloseCode) -> CloseAction {
 /// Shapes the server sends (the reason must fit a close frame: at most 123 bytes):
 /// - overflow (1013): `{"reason":"slow","limit":"queue_max_bytes=…,queue_max_messages=…","retry_after_ms":1000}`;
 /// - drain (1012 / 1001): `{"reason":"restart","retry_after_ms":N}` or `"shutdown"`, N random
-///   in 0–3000 per connection so returning clients spread out.
+///   in 0–3000 per connection so returning clients spread out;
+/// - abuse limit (1008): `{"reason":"limit","limit":"publish_rate"}`, naming the
+///   `limits.per_connection` key the client went far past (docs/security.md); no
+///   `retry_after_ms`: 1008 is not in the reconnect class.
 ///
 /// `retry_after_ms` is the floor of the client's next reconnect delay, in milliseconds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CloseReason {
-    /// Why, one word: `slow`, `restart`, `shutdown`.
+    /// Why, one word: `slow`, `restart`, `shutdown`, `limit`.
     #[serde(default)]
     pub reason: Cow<'static, str>,
-    /// The limit that was hit, for overflow closes.
+    /// The limit that was hit, for overflow and abuse-limit closes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<Cow<'static, str>>,
     /// Wait at least this long before reconnecting, in milliseconds.
@@ -71,6 +74,12 @@ impl CloseReason {
     pub fn drain(code: CloseCode, retry_after_ms: u64) -> CloseReason {
         let reason = if code == CloseCode::Away { "shutdown" } else { "restart" };
         CloseReason { reason: reason.into(), limit: None, retry_after_ms: Some(retry_after_ms) }
+    }
+
+    /// An abuse-limit close (1008): `key` names the `limits.per_connection` key
+    /// (`publish_rate`, `publish_bytes_rate`, `control_frames_rate`).
+    pub fn limit(key: &'static str) -> CloseReason {
+        CloseReason { reason: "limit".into(), limit: Some(key.into()), retry_after_ms: None }
     }
 
     /// The compact JSON text.
@@ -113,6 +122,9 @@ mod tests {
         let drain = CloseReason::drain(CloseCode::Restart, 2999);
         assert_eq!(drain.to_json(), r#"{"reason":"restart","retry_after_ms":2999}"#);
         assert_eq!(CloseReason::drain(CloseCode::Away, 0).reason, "shutdown");
+        let limit = CloseReason::limit("publish_bytes_rate");
+        assert_eq!(limit.to_json(), r#"{"reason":"limit","limit":"publish_bytes_rate"}"#);
+        assert_eq!(CloseReason::parse(&limit.to_json()), Some(limit));
     }
 
     #[test]

@@ -43,7 +43,7 @@ pub enum PublishResult {
         /// The channel's seq for this message.
         seq: u64,
     },
-    /// Refused (a broker that cannot store it now).
+    /// Refused (a broker that cannot store it now, or `limits.max_channels` reached).
     Refused(Box<RequestError>),
 }
 
@@ -246,6 +246,11 @@ pub enum Resume {
     /// The broker cannot answer now (Redis unreachable): answer with this `error`
     /// (`unavailable`, with `retry_after_ms`); the subscription is not made.
     Unavailable(Box<RequestError>),
+    /// The home refused to register the subscription (`limit`: the channel does not exist
+    /// and `limits.max_channels` channels do): answer with this `error`. Unlike the other
+    /// answers nothing was registered, so nothing is released (no `Unsubscribe` follows);
+    /// `head` and `epoch` of such an answer mean nothing.
+    Refused(Box<RequestError>),
 }
 
 /// The wake-up half of a core, shared by every producer.

@@ -56,7 +56,10 @@ impl CoreState {
                 http::response(200, "application/json", &protocol::seq_json(seq), &[], keep_alive)
             }
             PublishResult::Refused(e) => match e.retry_after_ms {
-                // The broker cannot store it now (Redis unreachable): RFC 9110 §15.6.4.
+                // The broker cannot store it now (Redis unreachable), or `limits.max_channels`
+                // channels exist and this one would be new: the server, not this client, is
+                // at capacity (so 503, RFC 9110 §15.6.4, not 429, RFC 6585 §4, which says the
+                // client sent too many requests). docs/security.md.
                 Some(ms) => {
                     let secs = ms.div_ceil(1000).max(1).to_string();
                     http::error_response(503, &e.reason, &[("Retry-After", &secs)], keep_alive)
@@ -125,6 +128,7 @@ impl CoreState {
             }
             (Method::Get | Method::Head, "/metrics") => {
                 let mut text = metrics::render(&self.shared.metrics, draining);
+                metrics::render_channels(&mut text, self.shared.channels.count());
                 self.shared.broker.render_into(&mut text, self.shared.config.broker.kind.as_str());
                 http::response(200, "text/plain; version=0.0.4", text.as_bytes(), &[], keep_alive)
             }

@@ -57,6 +57,43 @@ impl HandshakeFailure {
     }
 }
 
+/// The limit that refused a request or a frame: the `limit` label of
+/// `tether_limit_refusals_total` (docs/security.md, "Per-connection limits").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Limit {
+    /// `limits.per_connection.max_subscriptions`: a `sub` beyond it.
+    MaxSubscriptions = 0,
+    /// `limits.per_connection.publish_rate`: a `pub` with the message bucket empty.
+    PublishRate,
+    /// `limits.per_connection.publish_bytes_rate`: a `pub` with too few bytes in its bucket.
+    PublishBytesRate,
+    /// `limits.per_connection.control_frames_rate`: a ping left unanswered, or an unsolicited
+    /// pong, beyond the rate.
+    ControlFrames,
+    /// `limits.max_channels`: a `sub` or publish that would create one channel too many.
+    MaxChannels,
+}
+
+const LIMIT_NAMES: [&str; 5] =
+    ["max_subscriptions", "publish_rate", "publish_bytes_rate", "control_frames", "max_channels"];
+
+impl Limit {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        LIMIT_NAMES[self as usize]
+    }
+
+    /// The configuration key (without its table), as named in `error` reasons and in the
+    /// JSON reason of a 1008 close.
+    pub fn key(self) -> &'static str {
+        match self {
+            Limit::ControlFrames => "control_frames_rate",
+            other => other.label(),
+        }
+    }
+}
+
 /// Overflow policies, the `policy` label of `tether_overflow_total`.
 pub const OVERFLOW_POLICIES: [&str; 3] = ["disconnect", "drop-oldest", "conflate"];
 
@@ -79,6 +116,7 @@ pub struct CoreMetrics {
     overflow: [AtomicU64; OVERFLOW_POLICIES.len()],
     overflow_queue_bytes: [AtomicU64; QUEUE_BUCKETS.len()],
     overflow_queue_bytes_sum: AtomicU64,
+    limit_refusals: [AtomicU64; LIMIT_NAMES.len()],
     /// Messages published on channels whose home is this core (dedup hits excluded).
     pub published: AtomicU64,
     /// Publishes answered from the dedup window instead of being published again.
@@ -113,6 +151,11 @@ impl CoreMetrics {
     /// Counts one reaped connection.
     pub fn reaped(&self, why: ReapReason) {
         self.reaped[why as usize].fetch_add(1, Relaxed);
+    }
+
+    /// Counts one refusal by `limit`.
+    pub fn limit_refused(&self, limit: Limit) {
+        self.limit_refusals[limit as usize].fetch_add(1, Relaxed);
     }
 
     /// Counts one overflow under `policy` (index into [`OVERFLOW_POLICIES`]) with the queue
@@ -261,6 +304,13 @@ pub fn render(cores: &[CoreMetrics], draining: bool) -> String {
         "Outbound queue overflows, by policy.",
         labelled(&OVERFLOW_POLICIES, "policy", &|m, i| m.overflow[i].load(Relaxed)),
     );
+    counter(
+        &mut out,
+        "tether_limit_refusals_total",
+        "counter",
+        "Requests and control frames refused by an abuse limit, by limit.",
+        labelled(&LIMIT_NAMES, "limit", &|m, i| m.limit_refusals[i].load(Relaxed)),
+    );
     let _ = writeln!(out, "# HELP tether_overflow_queue_bytes Outbound queue size at overflow.\n# TYPE tether_overflow_queue_bytes histogram");
     let mut cumulative = 0u64;
     for (b, ub) in QUEUE_BUCKETS.iter().enumerate() {
@@ -276,6 +326,15 @@ pub fn render(cores: &[CoreMetrics], draining: bool) -> String {
         draining as u8
     );
     out
+}
+
+/// Appends the process-wide channel gauge `tether_channels` (channels held now, against
+/// `limits.max_channels`) in the Prometheus text format.
+pub fn render_channels(out: &mut String, channels: usize) {
+    let _ = writeln!(
+        out,
+        "# HELP tether_channels Channels held by this process (limits.max_channels bounds it).\n# TYPE tether_channels gauge\ntether_channels {channels}"
+    );
 }
 
 /// Upper bounds of `tether_broker_request_seconds`, in microseconds (the last is +Inf).

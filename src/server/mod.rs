@@ -95,6 +95,8 @@ pub struct Shared {
     /// The process epoch: the memory broker creates every channel under it (16 random hex
     /// digits, new at each start), until a core rotates ([`broker::epoch`]).
     pub epoch: Arc<str>,
+    /// Channels held by the process against `limits.max_channels` (`tether_channels`).
+    pub channels: Arc<broker::cap::ChannelCap>,
 }
 
 impl Shared {
@@ -144,6 +146,7 @@ impl Server {
             open: AtomicUsize::new(0),
             broker: metrics::BrokerMetrics::new(config.broker.kind == BrokerKind::Memory),
             epoch: broker::epoch::new_epoch(),
+            channels: Arc::new(broker::cap::ChannelCap::new(config.limits.max_channels)),
             config,
         });
         let (addr, listeners) = bind_listeners(shared.config.listen, cores)?;

@@ -7,13 +7,27 @@ use super::broker::Request;
 use super::bus::{ConnRef, Resume};
 use super::core::CoreState;
 use super::local::relocate_entry;
+use super::metrics::Limit;
 use super::session::{ConnId, SubEntry, CANCELLED, NO_CHAN, PENDING};
 use crate::protocol::{self, codes, ResetReason};
 use crate::ws::codec;
 
 impl CoreState {
-    /// A client `sub`: records a pending subscription and asks the broker.
+    /// A client `sub`: records a pending subscription and asks the broker. Beyond
+    /// `limits.per_connection.max_subscriptions` (counting pending ones, not those cancelled
+    /// while pending) it is answered with `error` `limit` naming the channel instead.
     pub fn client_sub(&mut self, id: ConnId, ch: &str, from: Option<u64>, epoch: Option<String>) {
+        let max = self.shared.config.limits.per_connection.max_subscriptions;
+        let Some(s) = self.conns.get(id) else { return };
+        if s.subs.len() >= max && s.subs.iter().filter(|e| e.pos != CANCELLED).count() >= max {
+            let chan = self.local.find(ch);
+            if !s.subs.iter().any(|e| Some(e.chan) == chan && e.pos != CANCELLED) {
+                self.metrics().limit_refused(Limit::MaxSubscriptions);
+                let reason = format!("max_subscriptions ({max}) reached: unsub from a channel first");
+                let e = protocol::with_channel(protocol::error_json(codes::LIMIT, &reason, None), ch);
+                return self.reply(id, codec::text_frame(&e));
+            }
+        }
         let cfg = &self.shared.config;
         let chan = self.local.find_or_create(ch, || cfg.channel_rule(ch).overflow);
         let Some(s) = self.conn(id) else { return };
@@ -91,21 +105,28 @@ impl CoreState {
         // request still waiting for this channel (pending or cancelled).
         let entry =
             chan.and_then(|chan| self.conns.get(id)?.subs.iter().position(|e| e.chan == chan && !e.is_active()));
+        // A refusal registered nothing at the home: there is no interest to release.
+        let registered = !matches!(resume, Resume::Refused(_));
         let (Some(chan), Some(i)) = (chan, entry) else {
             // The connection left meanwhile: release the home's interest.
-            return self.unsubscribe_at_home(ch.clone());
+            if registered {
+                self.unsubscribe_at_home(ch.clone());
+            }
+            return;
         };
         let cancelled = self.conn(id).is_some_and(|s| s.subs[i].pos == CANCELLED);
-        if cancelled || matches!(resume, Resume::Ahead | Resume::Unavailable(_)) {
+        if cancelled || matches!(resume, Resume::Ahead | Resume::Unavailable(_) | Resume::Refused(_)) {
             self.local.chans[chan as usize].pending -= 1;
             if let Some(s) = self.conn(id) {
                 s.subs.remove(i);
             }
-            self.unsubscribe_at_home(ch.clone());
+            if registered {
+                self.unsubscribe_at_home(ch.clone());
+            }
             self.tidy(chan);
             if !cancelled {
                 let e = match resume {
-                    Resume::Unavailable(e) => protocol::with_channel(e.to_json(), ch),
+                    Resume::Unavailable(e) | Resume::Refused(e) => protocol::with_channel(e.to_json(), ch),
                     _ => protocol::error_json(
                         codes::BAD_REQUEST,
                         &format!("from is beyond the head of {ch} ({head})"),
@@ -122,7 +143,7 @@ impl CoreState {
             Resume::Live => protocol::subscribed_json(ch, head, epoch, None),
             Resume::Recovered { .. } => protocol::subscribed_json(ch, head, epoch, Some(true)),
             Resume::Reset { reason, oldest } => protocol::reset_json(ch, head, epoch, *reason, *oldest),
-            Resume::Ahead | Resume::Unavailable(_) => unreachable!("handled above"),
+            Resume::Ahead | Resume::Unavailable(_) | Resume::Refused(_) => unreachable!("handled above"),
         };
         let fetch = self.with_session(id, |s, ctx| {
             s.subs[i].pos = pos;

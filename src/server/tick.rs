@@ -14,8 +14,10 @@ use super::core::CoreState;
 use super::session::{ticks, ConnId, Flags, State, Tick};
 use super::timer::TICK_MS;
 
-/// How often idle channels are swept (ticks: 5 s).
-const SWEEP_TICKS: Tick = 500;
+/// How often idle channels are swept, in milliseconds.
+pub const SWEEP_MS: u64 = 5_000;
+/// [`SWEEP_MS`] in ticks.
+const SWEEP_TICKS: Tick = (SWEEP_MS / TICK_MS) as Tick;
 
 /// Longest wait for close answers after the drain window, in milliseconds.
 pub const DRAIN_CLOSE_WAIT_MS: u64 = 2000;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::cap::ChannelCap;
 use super::epoch::Numbering;
 use crate::protocol::ResetReason;
 use crate::server::bus::Resume;
@@ -153,6 +154,8 @@ pub struct Published {
 pub struct Homes {
     cores: usize,
     chans: HashMap<Arc<str>, HomeChannel>,
+    /// The process-wide channel count (`limits.max_channels`): a slot per channel in `chans`.
+    cap: Arc<ChannelCap>,
     /// Publish dedup for the channels homed here.
     pub dedup: Dedup,
     /// The epoch new channels get and the tombstones of forgotten ones.
@@ -160,13 +163,19 @@ pub struct Homes {
 }
 
 impl Homes {
-    /// Empty home table for a process of `cores` cores, creating channels under `numbering`.
-    pub fn new(cores: usize, dedup: Dedup, numbering: Numbering) -> Homes {
-        Homes { cores, chans: HashMap::new(), dedup, numbering }
+    /// Empty home table for a process of `cores` cores, creating channels under `numbering`
+    /// as long as `cap` (shared by every core's table) has room.
+    pub fn new(cores: usize, dedup: Dedup, numbering: Numbering, cap: Arc<ChannelCap>) -> Homes {
+        Homes { cores, chans: HashMap::new(), cap, dedup, numbering }
     }
 
-    fn channel(&mut self, ch: &str, history_cap: usize) -> &mut HomeChannel {
+    /// Channel `ch`, created when absent; `None` when creating it would pass
+    /// `limits.max_channels`.
+    fn channel(&mut self, ch: &str, history_cap: usize) -> Option<&mut HomeChannel> {
         if !self.chans.contains_key(ch) {
+            if !self.cap.try_acquire() {
+                return None;
+            }
             let name: Arc<str> = ch.into();
             let (epoch, head) = self.numbering.start(ch);
             self.chans.insert(
@@ -183,7 +192,7 @@ impl Homes {
                 },
             );
         }
-        self.chans.get_mut(ch).expect("inserted above")
+        self.chans.get_mut(ch)
     }
 
     /// Looks a channel up without creating it.
@@ -193,7 +202,8 @@ impl Homes {
 
     /// Publishes `data` (raw JSON) on `ch`: assigns the next seq, encodes the frame once,
     /// keeps it in history. A publish `id` seen within the dedup window returns its original
-    /// seq and no frame.
+    /// seq and no frame. `None` when `ch` does not exist and `limits.max_channels` channels
+    /// do (nothing is published).
     pub fn publish(
         &mut self,
         ch: &str,
@@ -201,14 +211,14 @@ impl Homes {
         data: &[u8],
         history_cap: usize,
         now_ms: u64,
-    ) -> (Published, Arc<str>) {
+    ) -> Option<(Published, Arc<str>)> {
         if let Some(id) = id {
             if let Some(seq) = self.dedup.get(ch, id, now_ms) {
-                let name = self.channel(ch, history_cap).name.clone();
-                return (Published { seq, frame: None }, name);
+                let name = self.channel(ch, history_cap)?.name.clone();
+                return Some((Published { seq, frame: None }, name));
             }
         }
-        let c = self.channel(ch, history_cap);
+        let c = self.channel(ch, history_cap)?;
         c.last_publish_ms = now_ms;
         c.head += 1;
         let seq = c.head;
@@ -223,11 +233,12 @@ impl Homes {
         if let Some(id) = id {
             self.dedup.insert(ch, id, seq, now_ms);
         }
-        (Published { seq, frame: Some(frame) }, name)
+        Some((Published { seq, frame: Some(frame) }, name))
     }
 
     /// Registers one subscription of core `core` to `ch` and resolves its resume point.
-    /// Returns (name, head, epoch, resume).
+    /// Returns (name, head, epoch, resume); `None` (nothing registered) when `ch` does not
+    /// exist and `limits.max_channels` channels do.
     pub fn subscribe(
         &mut self,
         ch: &str,
@@ -235,8 +246,8 @@ impl Homes {
         from: Option<u64>,
         epoch: Option<&str>,
         history_cap: usize,
-    ) -> (Arc<str>, u64, Arc<str>, Resume) {
-        let c = self.channel(ch, history_cap);
+    ) -> Option<(Arc<str>, u64, Arc<str>, Resume)> {
+        let c = self.channel(ch, history_cap)?;
         c.interest[core] += 1;
         let resume = match from {
             None => Resume::Live,
@@ -247,7 +258,7 @@ impl Homes {
             Some(f) if f + 1 < c.oldest() => Resume::Reset { reason: ResetReason::Evicted, oldest: c.oldest() },
             Some(f) => Resume::Recovered { from: f, frames: c.batch(f, c.head), until: c.head },
         };
-        (c.name.clone(), c.head, c.epoch.clone(), resume)
+        Some((c.name.clone(), c.head, c.epoch.clone(), resume))
     }
 
     /// The next replay batch for a resuming subscriber: frames after `after`, or `Err(oldest)`
@@ -270,6 +281,7 @@ impl Homes {
             if c.head == c.base && c.interest.iter().all(|n| *n == 0) {
                 if let Some(c) = self.chans.remove(ch) {
                     self.numbering.forget(&c.name, &c.epoch, c.head);
+                    self.cap.release();
                 }
             }
         }
@@ -280,15 +292,16 @@ impl Homes {
     /// when it is created again its seqs continue under the same epoch, and a resume from
     /// inside the forgotten range gets `reset` (`evicted`), never a gap or a reused seq. When
     /// the tombstones are full the core rotates its epoch instead ([`super::epoch`]). Keeps
-    /// memory bounded when clients use many short-lived channel names. Returns how many were
-    /// dropped.
+    /// memory bounded when clients use many short-lived channel names, and gives their
+    /// `limits.max_channels` slots back. Returns how many were dropped.
     pub fn sweep(&mut self, now_ms: u64, idle_ms: u64) -> usize {
         let before = self.chans.len();
-        let numbering = &mut self.numbering;
+        let (numbering, cap) = (&mut self.numbering, &self.cap);
         self.chans.retain(|_, c| {
             let keep = c.interest.iter().any(|n| *n > 0) || now_ms.saturating_sub(c.last_publish_ms) < idle_ms;
             if !keep {
                 numbering.forget(&c.name, &c.epoch, c.head);
+                cap.release();
             }
             keep
         });
@@ -318,7 +331,25 @@ mod tests {
     }
 
     fn homes_with(cores: usize, max_tombstones: usize) -> Homes {
-        Homes::new(cores, Dedup::new(1000, 100), Numbering::new(E.into(), max_tombstones))
+        let cap = Arc::new(ChannelCap::new(usize::MAX));
+        Homes::new(cores, Dedup::new(1000, 100), Numbering::new(E.into(), max_tombstones), cap)
+    }
+
+    /// [`Homes::publish`] well under `max_channels`.
+    fn publish(h: &mut Homes, ch: &str, id: Option<&str>, data: &[u8], cap: usize, now: u64) -> (Published, Arc<str>) {
+        h.publish(ch, id, data, cap, now).expect("no channel cap in reach")
+    }
+
+    /// [`Homes::subscribe`] well under `max_channels`.
+    fn subscribe(
+        h: &mut Homes,
+        ch: &str,
+        core: usize,
+        from: Option<u64>,
+        epoch: Option<&str>,
+        cap: usize,
+    ) -> (Arc<str>, u64, Arc<str>, Resume) {
+        h.subscribe(ch, core, from, epoch, cap).expect("no channel cap in reach")
     }
 
     /// The seq a history frame carries.
@@ -332,7 +363,7 @@ mod tests {
     fn seqs_start_at_one_and_history_is_bounded() {
         let mut h = homes(2);
         for i in 1..=5u64 {
-            let (p, _) = h.publish("a", None, b"1", 3, 0);
+            let (p, _) = publish(&mut h, "a", None, b"1", 3, 0);
             assert_eq!(p.seq, i);
         }
         let c = h.get("a").unwrap();
@@ -342,14 +373,14 @@ mod tests {
     #[test]
     fn duplicate_id_gets_original_seq_within_window_only() {
         let mut h = homes(1);
-        let (p, _) = h.publish("a", Some("x"), b"1", 10, 0);
+        let (p, _) = publish(&mut h, "a", Some("x"), b"1", 10, 0);
         assert!(p.frame.is_some());
-        let (d, _) = h.publish("a", Some("x"), b"1", 10, 500);
+        let (d, _) = publish(&mut h, "a", Some("x"), b"1", 10, 500);
         assert_eq!((d.seq, d.frame.is_none()), (1, true));
-        let (other_ch, _) = h.publish("b", Some("x"), b"1", 10, 500);
+        let (other_ch, _) = publish(&mut h, "b", Some("x"), b"1", 10, 500);
         assert_eq!(other_ch.seq, 1);
         assert!(other_ch.frame.is_some());
-        let (late, _) = h.publish("a", Some("x"), b"1", 10, 2000);
+        let (late, _) = publish(&mut h, "a", Some("x"), b"1", 10, 2000);
         assert_eq!(late.seq, 2);
     }
 
@@ -367,28 +398,28 @@ mod tests {
     fn resume_points() {
         let mut h = homes(1);
         for _ in 0..10 {
-            h.publish("a", None, b"1", 4, 0);
+            publish(&mut h, "a", None, b"1", 4, 0);
         }
         let epoch = h.get("a").unwrap().epoch.clone();
-        match h.subscribe("a", 0, Some(7), Some(&epoch), 4).3 {
+        match subscribe(&mut h, "a", 0, Some(7), Some(&epoch), 4).3 {
             Resume::Recovered { from, frames, until } => assert_eq!((from, frames.len(), until), (7, 3, 10)),
             r => panic!("{r:?}"),
         }
-        match h.subscribe("a", 0, Some(6), None, 4).3 {
+        match subscribe(&mut h, "a", 0, Some(6), None, 4).3 {
             Resume::Recovered { frames, .. } => assert_eq!(frames.len(), 4),
             r => panic!("{r:?}"),
         }
         assert!(matches!(
-            h.subscribe("a", 0, Some(5), None, 4).3,
+            subscribe(&mut h, "a", 0, Some(5), None, 4).3,
             Resume::Reset { reason: ResetReason::Evicted, oldest: 7 }
         ));
         assert!(matches!(
-            h.subscribe("a", 0, Some(10), Some("other"), 4).3,
+            subscribe(&mut h, "a", 0, Some(10), Some("other"), 4).3,
             Resume::Reset { reason: ResetReason::Epoch, .. }
         ));
-        assert!(matches!(h.subscribe("a", 0, Some(11), None, 4).3, Resume::Ahead));
+        assert!(matches!(subscribe(&mut h, "a", 0, Some(11), None, 4).3, Resume::Ahead));
         assert!(
-            matches!(h.subscribe("a", 0, Some(10), None, 4).3, Resume::Recovered { ref frames, .. } if frames.is_empty())
+            matches!(subscribe(&mut h, "a", 0, Some(10), None, 4).3, Resume::Recovered { ref frames, .. } if frames.is_empty())
         );
     }
 
@@ -396,9 +427,11 @@ mod tests {
     fn replay_comes_in_batches_and_notices_eviction() {
         let mut h = homes(1);
         for _ in 0..2000 {
-            h.publish("a", None, b"1", 5000, 0);
+            publish(&mut h, "a", None, b"1", 5000, 0);
         }
-        let Resume::Recovered { frames, until, .. } = h.subscribe("a", 0, Some(0), None, 5000).3 else { panic!() };
+        let Resume::Recovered { frames, until, .. } = subscribe(&mut h, "a", 0, Some(0), None, 5000).3 else {
+            panic!()
+        };
         assert_eq!((frames.len(), until), (REPLAY_BATCH, 2000));
         let next = h.replay_batch("a", REPLAY_BATCH as u64, until).unwrap();
         assert_eq!(next.len(), REPLAY_BATCH);
@@ -406,7 +439,7 @@ mod tests {
         assert_eq!(tail.len(), 10);
         let mut small = homes(1);
         for _ in 0..20 {
-            small.publish("b", None, b"1", 10, 0);
+            publish(&mut small, "b", None, b"1", 10, 0);
         }
         assert_eq!(small.replay_batch("b", 5, 20), Err(11));
     }
@@ -414,12 +447,12 @@ mod tests {
     #[test]
     fn idle_channels_are_forgotten() {
         let mut h = homes(1);
-        h.subscribe("only-sub", 0, None, None, 10);
+        subscribe(&mut h, "only-sub", 0, None, None, 10);
         h.unsubscribe("only-sub", 0);
         assert!(h.get("only-sub").is_none());
-        h.publish("published", None, b"1", 10, 1_000);
-        h.subscribe("watched", 0, None, None, 10);
-        h.publish("watched", None, b"1", 10, 1_000);
+        publish(&mut h, "published", None, b"1", 10, 1_000);
+        subscribe(&mut h, "watched", 0, None, None, 10);
+        publish(&mut h, "watched", None, b"1", 10, 1_000);
         assert_eq!(h.sweep(2_000, 5_000), 0);
         assert_eq!(h.sweep(10_000, 5_000), 1);
         assert!(h.get("published").is_none());
@@ -429,15 +462,15 @@ mod tests {
     #[test]
     fn unsubscribed_then_published_keeps_the_epoch_and_replays_everything() {
         let mut h = homes(2);
-        let (_, head, epoch, resume) = h.subscribe("a", 1, None, None, 10);
+        let (_, head, epoch, resume) = subscribe(&mut h, "a", 1, None, None, 10);
         assert_eq!((head, &*epoch, matches!(resume, Resume::Live)), (0, E, true));
         h.unsubscribe("a", 1);
         assert!(h.get("a").is_none(), "a never-published channel is forgotten with its last subscriber");
         for seq in 1..=5 {
-            assert_eq!(h.publish("a", None, b"1", 10, 1_000).0.seq, seq);
+            assert_eq!(publish(&mut h, "a", None, b"1", 10, 1_000).0.seq, seq);
         }
         assert_eq!(&*h.get("a").unwrap().epoch, E);
-        match h.subscribe("a", 0, Some(0), Some(&epoch), 10) {
+        match subscribe(&mut h, "a", 0, Some(0), Some(&epoch), 10) {
             (_, 5, e, Resume::Recovered { from: 0, frames, until: 5 }) if e == epoch => {
                 assert_eq!(frames.iter().map(seq_of).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
             }
@@ -449,28 +482,28 @@ mod tests {
     fn swept_then_republished_continues_numbering_under_the_same_epoch() {
         let mut h = homes(1);
         for _ in 0..3 {
-            h.publish("a", None, b"1", 10, 1_000);
+            publish(&mut h, "a", None, b"1", 10, 1_000);
         }
         assert_eq!(h.sweep(10_000, 5_000), 1);
         assert!(h.get("a").is_none());
         // Back by a resume: the old head under the old epoch, nothing in history.
-        match h.subscribe("a", 0, Some(1), Some(E), 10) {
+        match subscribe(&mut h, "a", 0, Some(1), Some(E), 10) {
             (_, 3, e, Resume::Reset { reason: ResetReason::Evicted, oldest: 4 }) if &*e == E => {}
             (_, head, e, r) => panic!("head {head}, epoch {e}: {r:?}"),
         }
         assert!(matches!(
-            h.subscribe("a", 0, Some(3), Some(E), 10).3,
+            subscribe(&mut h, "a", 0, Some(3), Some(E), 10).3,
             Resume::Recovered { ref frames, until: 3, .. } if frames.is_empty()
         ));
-        assert!(matches!(h.subscribe("a", 0, Some(4), Some(E), 10).3, Resume::Ahead));
+        assert!(matches!(subscribe(&mut h, "a", 0, Some(4), Some(E), 10).3, Resume::Ahead));
         // Forgotten again at once (nothing published since): the head survives that too.
         for _ in 0..3 {
             h.unsubscribe("a", 0);
         }
         assert!(h.get("a").is_none());
-        let (p, _) = h.publish("a", None, b"1", 10, 20_000);
+        let (p, _) = publish(&mut h, "a", None, b"1", 10, 20_000);
         assert_eq!((p.seq, &*h.get("a").unwrap().epoch), (4, E));
-        match h.subscribe("a", 0, Some(3), Some(E), 10).3 {
+        match subscribe(&mut h, "a", 0, Some(3), Some(E), 10).3 {
             Resume::Recovered { frames, until: 4, .. } => {
                 assert_eq!(frames.iter().map(seq_of).collect::<Vec<_>>(), [4])
             }
@@ -479,39 +512,71 @@ mod tests {
         // Forgotten a second time: numbering still goes up, never back.
         h.unsubscribe("a", 0);
         assert_eq!(h.sweep(40_000, 5_000), 1);
-        assert_eq!(h.publish("a", None, b"1", 10, 41_000).0.seq, 5);
+        assert_eq!(publish(&mut h, "a", None, b"1", 10, 41_000).0.seq, 5);
         assert_eq!(h.numbering().tombstones(), 1);
     }
 
     #[test]
     fn tombstone_overflow_rotates_the_epoch() {
         let mut h = homes_with(1, 2);
-        h.subscribe("watched", 0, None, None, 10);
-        h.publish("watched", None, b"1", 10, 0);
+        subscribe(&mut h, "watched", 0, None, None, 10);
+        publish(&mut h, "watched", None, b"1", 10, 0);
         for ch in ["a", "b"] {
-            h.publish(ch, None, b"1", 10, 0);
+            publish(&mut h, ch, None, b"1", 10, 0);
         }
         assert_eq!(h.sweep(10_000, 5_000), 2);
         assert_eq!(h.numbering().tombstones(), 2);
-        h.publish("c", None, b"1", 10, 10_000);
-        h.publish("c", None, b"1", 10, 10_000);
+        publish(&mut h, "c", None, b"1", 10, 10_000);
+        publish(&mut h, "c", None, b"1", 10, 10_000);
         assert_eq!(h.sweep(20_000, 5_000), 1);
         assert_eq!((h.numbering().rotations(), h.numbering().tombstones()), (1, 0));
         let rotated = h.numbering().epoch().clone();
         assert_ne!(&*rotated, E);
         // Channels created from now on start over under the new epoch ...
         for ch in ["a", "c", "new"] {
-            assert_eq!(h.publish(ch, None, b"1", 10, 20_000).0.seq, 1, "{ch}");
+            assert_eq!(publish(&mut h, ch, None, b"1", 10, 20_000).0.seq, 1, "{ch}");
             assert_eq!(h.get(ch).unwrap().epoch, rotated);
         }
         // ... so a position under the old one is a reset, never a silent gap.
         assert!(matches!(
-            h.subscribe("c", 0, Some(2), Some(E), 10).3,
+            subscribe(&mut h, "c", 0, Some(2), Some(E), 10).3,
             Resume::Reset { reason: ResetReason::Epoch, oldest: 1 }
         ));
         // A channel that stayed in the table keeps its epoch and its numbering.
         assert_eq!(&*h.get("watched").unwrap().epoch, E);
-        assert_eq!(h.publish("watched", None, b"1", 10, 20_000).0.seq, 2);
+        assert_eq!(publish(&mut h, "watched", None, b"1", 10, 20_000).0.seq, 2);
+    }
+
+    #[test]
+    fn max_channels_refuses_new_channels_only_and_frees_slots_when_channels_go() {
+        // Two cores' tables sharing one cap of 3, as the cores of one process do.
+        let cap = Arc::new(ChannelCap::new(3));
+        let table = |cap: &Arc<ChannelCap>| {
+            Homes::new(1, Dedup::new(1000, 100), Numbering::new(E.into(), TOMBSTONES_PER_CORE), cap.clone())
+        };
+        let (mut a, mut b) = (table(&cap), table(&cap));
+        publish(&mut a, "p1", None, b"1", 10, 0);
+        subscribe(&mut b, "s1", 0, None, None, 10);
+        publish(&mut b, "p2", None, b"1", 10, 0);
+        assert_eq!(cap.count(), 3);
+        assert!(a.publish("new", Some("x"), b"1", 10, 0).is_none(), "a publish that would create a 4th");
+        assert!(a.subscribe("new", 0, None, None, 10).is_none(), "a sub that would create a 4th");
+        assert!(a.get("new").is_none() && a.dedup.is_empty(), "a refusal leaves nothing behind");
+        // Existing channels go on, on either table.
+        assert_eq!(publish(&mut a, "p1", None, b"1", 10, 0).0.seq, 2);
+        assert_eq!(publish(&mut b, "s1", None, b"1", 10, 0).0.seq, 1);
+        subscribe(&mut b, "p2", 0, None, None, 10);
+        // A never-published channel frees its slot with its last subscriber ...
+        let mut c = table(&cap);
+        b.unsubscribe("p2", 0);
+        assert_eq!(cap.count(), 3, "p2 was published to: it stays until swept");
+        assert_eq!(a.sweep(10_000, 5_000), 1, "p1, idle past the window, is forgotten");
+        assert_eq!(cap.count(), 2);
+        subscribe(&mut c, "fresh", 0, None, None, 10);
+        assert!(c.subscribe("other", 0, None, None, 10).is_none());
+        c.unsubscribe("fresh", 0);
+        assert_eq!(cap.count(), 2, "... at once");
+        assert_eq!(publish(&mut c, "other", None, b"1", 10, 0).0.seq, 1);
     }
 
     #[test]

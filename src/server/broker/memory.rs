@@ -9,7 +9,8 @@ use std::sync::Arc;
 use super::epoch::{Numbering, TOMBSTONES_PER_CORE};
 use super::home::{home_of, Dedup, Homes};
 use super::{Broker, Request};
-use crate::server::bus::{BusMsg, CoreMsg, PublishResult, Router};
+use crate::server::bus::{BusMsg, CoreMsg, PublishResult, Resume, Router};
+use crate::server::metrics::Limit;
 use crate::server::Shared;
 
 /// One core's part of the memory broker: the channels homed on this core.
@@ -26,7 +27,7 @@ impl MemoryBroker {
         let cfg = &shared.config;
         let dedup = Dedup::new(cfg.dedup.window_ms, (cfg.dedup.max_entries / shared.cores).max(1));
         let numbering = Numbering::new(shared.epoch.clone(), TOMBSTONES_PER_CORE);
-        MemoryBroker { homes: Homes::new(shared.cores, dedup, numbering), shared }
+        MemoryBroker { homes: Homes::new(shared.cores, dedup, numbering, shared.channels.clone()), shared }
     }
 }
 
@@ -41,7 +42,14 @@ impl Broker for MemoryBroker {
         match req {
             Request::Publish { ch, id, data, reply } => {
                 let cap = self.shared.config.channel_rule(&ch).history;
-                let (p, name) = self.homes.publish(&ch, id.as_deref(), &data, cap, now_ms);
+                let Some((p, name)) = self.homes.publish(&ch, id.as_deref(), &data, cap, now_ms) else {
+                    metrics.limit_refused(Limit::MaxChannels);
+                    if let Some(r) = reply {
+                        let result = PublishResult::Refused(Box::new(self.shared.channels.refusal()));
+                        router.to_core(r.core as usize, CoreMsg::Published { reply: r, ch, id, result });
+                    }
+                    return;
+                };
                 match p.frame {
                     Some(frame) => {
                         metrics.published.fetch_add(1, Relaxed);
@@ -65,10 +73,17 @@ impl Broker for MemoryBroker {
             }
             Request::Subscribe { ch, conn, from, epoch } => {
                 let cap = self.shared.config.channel_rule(&ch).history;
-                let (name, head, epoch, resume) =
-                    self.homes.subscribe(&ch, conn.core as usize, from, epoch.as_deref(), cap);
-                router
-                    .to_core(conn.core as usize, CoreMsg::Subscribed { ch: name, conn: conn.id, head, epoch, resume });
+                let msg = match self.homes.subscribe(&ch, conn.core as usize, from, epoch.as_deref(), cap) {
+                    Some((name, head, epoch, resume)) => {
+                        CoreMsg::Subscribed { ch: name, conn: conn.id, head, epoch, resume }
+                    }
+                    None => {
+                        metrics.limit_refused(Limit::MaxChannels);
+                        let resume = Resume::Refused(Box::new(self.shared.channels.refusal()));
+                        CoreMsg::Subscribed { ch, conn: conn.id, head: 0, epoch: "".into(), resume }
+                    }
+                };
+                router.to_core(conn.core as usize, msg);
             }
             Request::Unsubscribe { ch, core } => self.homes.unsubscribe(&ch, core as usize),
             Request::Fetch { ch, conn, after, until } => {

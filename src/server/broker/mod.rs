@@ -12,8 +12,10 @@
 //! - [`home`]: the memory broker's per-core channel store (seq, epoch, history, dedup);
 //! - [`redis`]: the Redis broker (several nodes): a broker thread per process;
 //! - [`epoch`]: the memory broker's epochs: the process epoch, tombstones of forgotten
-//!   channels, and when an epoch changes.
+//!   channels, and when an epoch changes;
+//! - [`cap`]: the process-wide channel count against `limits.max_channels`.
 
+pub mod cap;
 pub mod epoch;
 pub mod home;
 pub mod memory;

@@ -71,6 +71,7 @@ impl Session {
         if !awaiting && reached(now, self.ping_sent.wrapping_add(interval)) {
             self.ping_sent = now;
             self.flags.set(Flags::AWAIT_PONG);
+            self.flags.set(Flags::PONG_DUE);
             ctx.metrics.pings_sent.fetch_add(1, Relaxed);
             self.reply(ctx, PING.clone());
             if !self.state.can_write() {

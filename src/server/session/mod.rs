@@ -20,10 +20,12 @@
 //! - `deadlines.rs`: the one deadline (handshake, heartbeat, close, drain);
 //! - [`queue`]: the outbound queue of shared frames and the overflow policies;
 //! - [`reap`]: why a connection ended;
-//! - [`replay`]: resume replay paced by the queue, and live frames held behind it.
+//! - [`replay`]: resume replay paced by the queue, and live frames held behind it;
+//! - [`limits`]: the per-connection abuse limits (publish and control-frame rates).
 
 mod deadlines;
 mod http;
+pub mod limits;
 pub mod queue;
 pub mod reap;
 pub mod replay;
@@ -38,6 +40,7 @@ use bytes::Bytes;
 use smallvec::SmallVec;
 use tungstenite::protocol::frame::coding::Data;
 
+use self::limits::{Limiter, Rates};
 use self::queue::OutQueue;
 pub use self::reap::ReapReason;
 use self::replay::Replay;
@@ -137,7 +140,7 @@ impl State {
 
 /// Conditions orthogonal to the lifecycle, one bit each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Flags(u8);
+pub struct Flags(u16);
 
 impl Flags {
     /// Queued frames wait for the socket to become writable.
@@ -156,6 +159,10 @@ impl Flags {
     pub const PUBLISHER: Flags = Flags(64);
     /// Reads paused for overload; listed in the core's held list until woken.
     pub const HELD: Flags = Flags(128);
+    /// A heartbeat ping went out and no pong came since: the next pong answers it and is not
+    /// counted against `control_frames_rate` (unlike [`Flags::AWAIT_PONG`], which any input
+    /// clears).
+    pub const PONG_DUE: Flags = Flags(256);
 
     /// Whether every bit of `f` is set.
     pub fn has(self, f: Flags) -> bool {
@@ -195,6 +202,8 @@ pub struct SessionConfig {
     pub max_header_bytes: usize,
     /// `limits.max_publish_bytes`: largest HTTP publish body (413 beyond).
     pub max_publish_bytes: usize,
+    /// `[limits.per_connection]` rates (publish messages and bytes, control frames).
+    pub rates: Rates,
 }
 
 impl SessionConfig {
@@ -211,6 +220,7 @@ impl SessionConfig {
             max_message_bytes: l.max_message_bytes,
             max_header_bytes: l.max_header_bytes,
             max_publish_bytes: l.max_publish_bytes,
+            rates: Rates::new(&l.per_connection, l.max_message_bytes),
         }
     }
 }
@@ -284,6 +294,10 @@ pub struct Session {
     /// 8 bytes here instead of the 24 of an empty `Vec`.
     #[allow(clippy::box_collection)]
     replays: Option<Box<Vec<Replay>>>,
+    /// Token buckets of the per-connection rates ([`limits`]), made the first time one has
+    /// something to count: a connection that neither publishes under a rate nor pings pays
+    /// 8 bytes here.
+    limiter: Option<Box<Limiter>>,
 }
 
 impl Session {
@@ -306,6 +320,7 @@ impl Session {
             ping_sent: now,
             last_drained: now,
             replays: None,
+            limiter: None,
         }
     }
 
@@ -418,6 +433,11 @@ impl Session {
             Message::Text(p) if echo => self.queue.push(codec::text_frame(&p), NO_CHAN),
             Message::Binary(p) if echo => self.queue.push(codec::encode_frame(OpCode::Data(Data::Binary), &p), NO_CHAN),
             Message::Text(p) => match protocol::parse_client_op(&p) {
+                Ok(ClientOp::Pub { id, ch, data }) => {
+                    if self.admit_publish(ctx, &id, data.get().len()) {
+                        requests.push(ClientOp::Pub { id, ch, data });
+                    }
+                }
                 Ok(op) => requests.push(op),
                 Err(e) => {
                     self.reply(ctx, codec::text_frame(&e.to_json()));
@@ -432,9 +452,15 @@ impl Session {
                 self.reply(ctx, codec::text_frame(&e));
             }
             Message::Ping(p) => {
-                self.reply(ctx, codec::pong_frame(&p));
+                if self.admit_control(ctx) {
+                    self.reply(ctx, codec::pong_frame(&p));
+                }
             }
-            Message::Pong(_) => {}
+            Message::Pong(_) if self.flags.has(Flags::PONG_DUE) => self.flags.clear(Flags::PONG_DUE),
+            Message::Pong(_) => {
+                // Unsolicited (RFC 6455 §5.5.3 allows it): nothing to answer, but counted.
+                self.admit_control(ctx);
+            }
             Message::Close { code, .. } => {
                 // Echo the peer's code (RFC 6455 §5.5.1), then close TCP once it is written.
                 let code = code.unwrap_or(CloseCode::Normal);

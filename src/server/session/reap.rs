@@ -23,11 +23,14 @@ pub enum ReapReason {
     Drain,
     /// No complete request head within `limits.handshake_timeout_ms` (never upgraded).
     HandshakeTimeout,
+    /// Closed with 1008 for going on far past a per-connection rate
+    /// (`limits.per_connection`, docs/security.md).
+    Limit,
 }
 
 impl ReapReason {
     /// Every reason, in label order.
-    pub const ALL: [ReapReason; 9] = [
+    pub const ALL: [ReapReason; 10] = [
         ReapReason::Close,
         ReapReason::Reset,
         ReapReason::Eof,
@@ -37,6 +40,7 @@ impl ReapReason {
         ReapReason::Protocol,
         ReapReason::Drain,
         ReapReason::HandshakeTimeout,
+        ReapReason::Limit,
     ];
 
     /// The metrics label.
@@ -51,6 +55,7 @@ impl ReapReason {
             ReapReason::Protocol => "protocol",
             ReapReason::Drain => "drain",
             ReapReason::HandshakeTimeout => "handshake_timeout",
+            ReapReason::Limit => "limit",
         }
     }
 

@@ -31,7 +31,8 @@ use crate::config::Broker as BrokerConfig;
 use crate::log_limit::{Admit, LogLimiter};
 use crate::protocol::RequestError;
 use crate::server::broker::epoch::new_epoch;
-use crate::server::bus::{CoreMsg, Request};
+use crate::server::bus::{CoreMsg, Request, Resume};
+use crate::server::metrics::Limit;
 use crate::server::Shared;
 
 /// Batches in flight at once on one Redis; past it the serve task waits (backpressure on the
@@ -411,6 +412,15 @@ fn handle(ctx: &Rc<Ctx>, req: Request, batch: &mut Vec<Pub>) {
         Request::Publish { ch, id, data, reply } => batch.push(Pub { ch, id, data, reply }),
         Request::Subscribe { ch, conn, from, epoch } => {
             let mut chans = ctx.chans.borrow_mut();
+            // A channel's task is this node's per-channel state: it counts against
+            // `limits.max_channels` while it lives (publishes create none here).
+            if !chans.contains_key(&ch) && !ctx.shared.channels.try_acquire() {
+                drop(chans);
+                ctx.shared.metrics[conn.core as usize].limit_refused(Limit::MaxChannels);
+                let resume = Resume::Refused(Box::new(ctx.shared.channels.refusal()));
+                let msg = CoreMsg::Subscribed { ch, conn: conn.id, head: 0, epoch: "".into(), resume };
+                return ctx.to_core(conn.core as usize, msg);
+            }
             let h = chans.entry(ch.clone()).or_insert_with(|| {
                 let (tx, rx) = unbounded_channel();
                 tokio::task::spawn_local(channel::run(ctx.clone(), ch.clone(), rx));
@@ -428,6 +438,7 @@ fn handle(ctx: &Rc<Ctx>, req: Request, batch: &mut Vec<Pub>) {
             if h.subs == 0 {
                 let _ = h.tx.send(ChanEvent::Stop);
                 chans.remove(&ch);
+                ctx.shared.channels.release();
                 let _ = ctx.ctl.send(Ctl::Unsubscribe(ch));
             }
         }

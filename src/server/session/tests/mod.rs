@@ -35,6 +35,7 @@ fn cfg() -> SessionConfig {
         max_message_bytes: 1 << 16,
         max_header_bytes: 8192,
         max_publish_bytes: 1 << 16,
+        rates: super::limits::Rates::default(),
     }
 }
 
@@ -209,5 +210,6 @@ fn drain_close(sim: &Sim, rng: &mut StdRng, code: CloseCode) -> (Session, u16, C
 mod close;
 mod heartbeat;
 mod lifecycle;
+mod limits;
 mod overflow;
 mod replay;
