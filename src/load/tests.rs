@@ -133,13 +133,15 @@ fn child_reports_aggregate() {
     assert_eq!(r.get("error_kinds"), Some(&serde_json::json!({"refused":1})));
 }
 
-/// A 1-core in-process server whose channels use `overflow`, with a 256 KiB queue so a
-/// non-reader overflows early in the run (and publishes capped at 64 KiB, so the queue holds
-/// the largest one), and a close deadline longer than the run so a non-reader that reads at
+/// A 1-core in-process server whose channels use `overflow`, with a 1 MiB queue: a
+/// non-reader overflows within the run, while a reader rides out a stall of its thread of
+/// over 200 ms on a busy box (64 messages of 16 KiB; a 256 KiB queue let readers overflow
+/// too when the test ran beside a build) — and publishes capped at 64 KiB, so the queue holds
+/// the largest one, and a close deadline longer than the run so a non-reader that reads at
 /// the end still finds the close frame (docs/protocol.md, close handshake).
 fn slow_consumer_server(overflow: &str) -> crate::server::Server {
     let toml = format!(
-        "listen = \"127.0.0.1:0\"\ncores = 1\n[limits]\nqueue_max_bytes = 262144\nmax_publish_bytes = 65536\nclose_timeout_ms = 20000\n[drain]\nwindow_ms = 200\n\
+        "listen = \"127.0.0.1:0\"\ncores = 1\n[limits]\nqueue_max_bytes = 1048576\nmax_publish_bytes = 65536\nclose_timeout_ms = 20000\n[drain]\nwindow_ms = 200\n\
          [[channels]]\npattern = \"*\"\noverflow = \"{overflow}\"\nhistory = 10\n"
     );
     let cfg = crate::config::Config::from_toml_str(&toml).expect("valid config");
@@ -147,7 +149,7 @@ fn slow_consumer_server(overflow: &str) -> crate::server::Server {
 }
 
 /// Runs `fanout` with 4 readers and 2 non-readers, 16 KiB at 300 msg/s for 2 s: 9.4 MiB per
-/// subscriber, past a non-reader's 256 KiB queue plus what its kernel buffers absorb even
+/// subscriber, past a non-reader's 1 MiB queue plus what its kernel buffers absorb even
 /// without the small MSS (the server's send buffer autotunes up to `tcp_wmem` max, 4 MiB by
 /// default).
 fn fanout_with_non_readers(url: String) -> Report {
