@@ -142,6 +142,14 @@ fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>, cores: Option<usiz
         eprintln!("{e}");
         return ExitCode::from(2);
     }
+    // The key file is read once, here, so an unusable key is a config error (exit 2).
+    let auth = match tether::auth::Verifier::from_config(cfg.auth.as_ref()) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
     tracing::info!(source = %source, "config in effect: {}", cfg.summary());
     let memory =
         std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| tether::limits::meminfo_bytes(&m, "MemTotal"));
@@ -174,7 +182,7 @@ fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>, cores: Option<usiz
         eprintln!("tether: cannot block SIGTERM/SIGINT for the drain (pthread_sigmask: {e})");
         return ExitCode::FAILURE;
     }
-    let srv = match Server::start(cfg, ServeOptions { echo }) {
+    let srv = match Server::start(cfg, ServeOptions { echo, auth }) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("tether: cannot start: {e}");

@@ -4,7 +4,7 @@
 //! chosen by the key's type.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde::Serialize;
@@ -84,7 +84,7 @@ impl TokenClaims {
         TokenClaims {
             sub: sub.into(),
             exp,
-            iat: unix_now().as_secs(),
+            iat: super::unix_now_ms() / 1000,
             nbf: None,
             iss: None,
             aud: None,
@@ -161,11 +161,6 @@ impl Signer {
     }
 }
 
-/// Time since the Unix epoch (zero if the clock is before it).
-pub fn unix_now() -> Duration {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default()
-}
-
 impl TokenArgs {
     /// The token these arguments describe.
     ///
@@ -196,7 +191,7 @@ impl TokenArgs {
         if self.sub.is_empty() {
             return Err("--sub must not be empty".into());
         }
-        let exp = (unix_now() + self.exp_in).as_secs();
+        let exp = (Duration::from_millis(super::unix_now_ms()) + self.exp_in).as_secs();
         let mut claims = TokenClaims::new(&self.sub, exp);
         claims.iss = iss;
         claims.aud = aud;

@@ -174,6 +174,7 @@ struct Header {
 
 /// Verifies tokens for one configured key. Built once at start ([`Verifier::from_config`]),
 /// shared read-only by every core.
+#[derive(Clone)]
 pub struct Verifier {
     alg: Algorithm,
     key: DecodingKey,
@@ -278,6 +279,12 @@ impl Verifier {
             Grant { user: c.sub.into(), subscribe: globs(c.channels.sub)?, publish: globs(c.channels.publish)? };
         Ok(Verified { grant, exp_ms: c.exp })
     }
+}
+
+/// Milliseconds since the Unix epoch by the wall clock (token times are wall-clock times;
+/// zero if the clock is before 1970).
+pub fn unix_now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Sorted, deduplicated, bounded globs.

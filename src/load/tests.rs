@@ -143,7 +143,7 @@ fn slow_consumer_server(overflow: &str) -> crate::server::Server {
          [[channels]]\npattern = \"*\"\noverflow = \"{overflow}\"\nhistory = 10\n"
     );
     let cfg = crate::config::Config::from_toml_str(&toml).expect("valid config");
-    crate::server::Server::start(cfg, crate::server::ServeOptions { echo: false }).expect("server starts")
+    crate::server::Server::start(cfg, crate::server::ServeOptions::default()).expect("server starts")
 }
 
 /// Runs `fanout` with 4 readers and 2 non-readers, 16 KiB at 300 msg/s for 2 s: 9.4 MiB per

@@ -17,7 +17,8 @@
 //! - this file: the record, its lifecycle ([`State`], [`Flags`]), WebSocket input, output,
 //!   closes;
 //! - `http.rs`: plain HTTP requests in, answers and the upgrade out;
-//! - `deadlines.rs`: the one deadline (handshake, heartbeat, close, drain);
+//! - `deadlines.rs`: the one deadline (handshake, heartbeat, token expiry, close, drain);
+//! - `token.rs`: the connection's grant (JWT auth) and its expiry, refresh and grace;
 //! - [`queue`]: the outbound queue of shared frames and the overflow policies;
 //! - [`reap`]: why a connection ended;
 //! - [`replay`]: resume replay paced by the queue, and live frames held behind it.
@@ -29,6 +30,7 @@ pub mod reap;
 pub mod replay;
 #[cfg(test)]
 mod tests;
+mod token;
 
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
@@ -41,6 +43,7 @@ use tungstenite::protocol::frame::coding::Data;
 use self::queue::OutQueue;
 pub use self::reap::ReapReason;
 use self::replay::Replay;
+pub use self::token::{token_due, MAX_TOKEN_TICKS, NO_GRANT};
 use super::metrics::CoreMetrics;
 use super::timer::TICK_MS;
 use crate::config::Config;
@@ -137,7 +140,7 @@ impl State {
 
 /// Conditions orthogonal to the lifecycle, one bit each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Flags(u8);
+pub struct Flags(u16);
 
 impl Flags {
     /// Queued frames wait for the socket to become writable.
@@ -156,6 +159,9 @@ impl Flags {
     pub const PUBLISHER: Flags = Flags(64);
     /// Reads paused for overload; listed in the core's held list until woken.
     pub const HELD: Flags = Flags(128);
+    /// The token reached its `exp`: `token_expired` was sent and the refresh grace runs
+    /// (docs/security.md).
+    pub const TOKEN_EXPIRED: Flags = Flags(256);
 
     /// Whether every bit of `f` is set.
     pub fn has(self, f: Flags) -> bool {
@@ -195,6 +201,9 @@ pub struct SessionConfig {
     pub max_header_bytes: usize,
     /// `limits.max_publish_bytes`: largest HTTP publish body (413 beyond).
     pub max_publish_bytes: usize,
+    /// `auth.token_refresh_grace_ms` in ticks: how long a connection whose token expired may
+    /// still send `refresh` before it is closed with 4001 (0 without `[auth]`).
+    pub token_refresh_grace: Tick,
 }
 
 impl SessionConfig {
@@ -211,6 +220,7 @@ impl SessionConfig {
             max_message_bytes: l.max_message_bytes,
             max_header_bytes: l.max_header_bytes,
             max_publish_bytes: l.max_publish_bytes,
+            token_refresh_grace: cfg.auth.as_ref().map_or(0, |a| ticks(a.token_refresh_grace_ms)),
         }
     }
 }
@@ -284,6 +294,13 @@ pub struct Session {
     /// 8 bytes here instead of the 24 of an empty `Vec`.
     #[allow(clippy::box_collection)]
     replays: Option<Box<Vec<Replay>>>,
+    /// What the connection's token allows: an index into the core's interned grants
+    /// (`auth::grants::Grants`), or [`NO_GRANT`] without JWT auth. An index, not the claims:
+    /// connections with the same claims share one entry.
+    grant: u32,
+    /// When the token expires, or once it has ([`Flags::TOKEN_EXPIRED`]) when the refresh
+    /// grace ends; folded into `deadline`, so auth adds no timer.
+    token_due: Tick,
 }
 
 impl Session {
@@ -306,6 +323,8 @@ impl Session {
             ping_sent: now,
             last_drained: now,
             replays: None,
+            grant: NO_GRANT,
+            token_due: now,
         }
     }
 

@@ -23,11 +23,15 @@ pub enum ReapReason {
     Drain,
     /// No complete request head within `limits.handshake_timeout_ms` (never upgraded).
     HandshakeTimeout,
+    /// The token expired and no refresh came within the grace (close 4001).
+    TokenExpired,
+    /// A `refresh` was refused (close 4003).
+    Forbidden,
 }
 
 impl ReapReason {
     /// Every reason, in label order.
-    pub const ALL: [ReapReason; 9] = [
+    pub const ALL: [ReapReason; 11] = [
         ReapReason::Close,
         ReapReason::Reset,
         ReapReason::Eof,
@@ -37,6 +41,8 @@ impl ReapReason {
         ReapReason::Protocol,
         ReapReason::Drain,
         ReapReason::HandshakeTimeout,
+        ReapReason::TokenExpired,
+        ReapReason::Forbidden,
     ];
 
     /// The metrics label.
@@ -51,6 +57,8 @@ impl ReapReason {
             ReapReason::Protocol => "protocol",
             ReapReason::Drain => "drain",
             ReapReason::HandshakeTimeout => "handshake_timeout",
+            ReapReason::TokenExpired => "token_expired",
+            ReapReason::Forbidden => "forbidden",
         }
     }
 

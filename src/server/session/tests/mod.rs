@@ -35,6 +35,7 @@ fn cfg() -> SessionConfig {
         max_message_bytes: 1 << 16,
         max_header_bytes: 8192,
         max_publish_bytes: 1 << 16,
+        token_refresh_grace: 50,
     }
 }
 
@@ -211,3 +212,4 @@ mod heartbeat;
 mod lifecycle;
 mod overflow;
 mod replay;
+mod token;
