@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod auth;
 pub mod raw_http;
 pub mod redis;
 pub mod redis_cluster;
