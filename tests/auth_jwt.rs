@@ -6,9 +6,6 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
 use base64::Engine as _;
 use common::auth::*;
 use common::*;
@@ -148,20 +145,7 @@ async fn next_json(ws: &mut Ws) -> Value {
 
 /// Runs the `tether` binary with `args`, bounded in time; returns (exit code, stdout, stderr).
 fn tether(args: &[&str]) -> (i32, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
-        .args(args)
-        .env("TETHER_LOG", "off")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn tether");
-    let end = Instant::now() + STEP;
-    while child.try_wait().expect("wait").is_none() {
-        assert!(Instant::now() < end, "tether {args:?} did not exit within {STEP:?}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let out = child.wait_with_output().expect("output");
+    let out = run_tether(args);
     let text = |b: &[u8]| String::from_utf8_lossy(b).trim().to_string();
     (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
 }
@@ -226,6 +210,29 @@ async fn channel_rights_refuse_with_forbidden_and_the_connection_stays() {
         3.0,
         "chat.1 twice, news.a once; chat.2 never"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_with_the_same_claims_share_one_grant_freed_with_the_last() {
+    let _serial = serial().await;
+    let srv = Server::start(&hs256_config(30_000), &["--cores", "2"]);
+    let exp = now_s() + 600;
+    let alice = hs256(&claims("alice", exp, &["news.*"], &["chat.1"]));
+    let mut open = Vec::new();
+    for _ in 0..40 {
+        open.push(RawWs::connect(srv.addr, &format!("/ws?token={alice}")).await);
+    }
+    for user in ["bob", "carol", "dave"] {
+        let t = hs256(&claims(user, exp, &["news.*"], &[]));
+        open.push(RawWs::connect(srv.addr, &format!("/ws?token={t}")).await);
+    }
+    srv.wait_gauge(43.0, STEP).await;
+    // Alice's 40 connections hold one entry per core they landed on; each other user one.
+    let grants = srv.metric("tether_auth_grants", &[]).await;
+    assert!((4.0..=5.0).contains(&grants), "{grants} grants for 4 distinct claim sets on 2 cores");
+    drop(open);
+    srv.wait_gauge(0.0, STEP).await;
+    srv.wait_metric("tether_auth_grants", &[], STEP, |v| v == 0.0).await;
 }
 
 #[test]

@@ -111,13 +111,6 @@ impl Grant {
     pub fn may_publish(&self, ch: &str) -> bool {
         self.publish.iter().any(|g| glob_match(g, ch))
     }
-
-    /// Heap bytes this grant owns (for the interning test and the docs' memory figures).
-    pub fn heap_bytes(&self) -> usize {
-        let list =
-            |l: &[Box<str>]| l.len() * std::mem::size_of::<Box<str>>() + l.iter().map(|g| g.len()).sum::<usize>();
-        self.user.len() + list(&self.subscribe) + list(&self.publish)
-    }
 }
 
 /// A verified token: what it allows and when it expires.

@@ -42,10 +42,7 @@ async fn upgrade_refusals_retry_on_503_and_stop_on_404() {
             other => panic!("{other:?}"),
         }
         let err = timeout(Duration::from_secs(5), c.next_event()).await.expect("in time");
-        assert_eq!(
-            err.expect_err("stopped"),
-            ClientError::Handshake { status: 404, reason: "Not Found".into() }
-        );
+        assert_eq!(err.expect_err("stopped"), ClientError::Handshake { status: 404, reason: "Not Found".into() });
         server.await.expect("server");
     })
     .await;

@@ -41,6 +41,8 @@ fn ws_urls_resolve() {
     assert_eq!(u.path, "/ws");
     assert_eq!(parse_ws_url("ws://127.0.0.1").unwrap().addr.port(), 80);
     assert_eq!(parse_ws_url("ws://127.0.0.1:1").unwrap().path, "/");
+    // A `?token=` (docs/security.md) is part of the request target every connection sends.
+    assert_eq!(parse_ws_url("ws://127.0.0.1:1/ws?token=a.b.c").unwrap().path, "/ws?token=a.b.c");
     assert!(parse_ws_url("wss://127.0.0.1/ws").is_err());
     assert!(parse_ws_url("http://127.0.0.1/ws").is_err());
 }

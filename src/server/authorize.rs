@@ -3,6 +3,7 @@
 //! grants connections hold are interned in the core's [`Grants`](crate::auth::grants::Grants)
 //! table, and each session keeps only the index and its token's expiry tick.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use super::core::CoreState;
@@ -49,10 +50,23 @@ impl CoreState {
     /// the token's expiry in its one deadline.
     pub fn grant_upgraded(&mut self, id: ConnId, v: Verified) {
         let remaining = self.remaining_ms(v.exp_ms);
-        let g = self.grants.acquire(v.grant);
+        let g = self.acquire_grant(v.grant);
         if self.with_session(id, |s, ctx| s.authenticate(g, token_due(ctx.now, remaining))).is_none() {
-            self.grants.release(g);
+            self.release_grant(g);
         }
+    }
+
+    /// One more reference to `grant` in the core's table (`tether_auth_grants` follows).
+    fn acquire_grant(&mut self, grant: crate::auth::Grant) -> u32 {
+        let g = self.grants.acquire(grant);
+        self.metrics().auth_grants.store(self.grants.len() as i64, Relaxed);
+        g
+    }
+
+    /// Drops a connection's reference to grant `g` (at teardown, or replaced by a refresh).
+    pub fn release_grant(&mut self, g: u32) {
+        self.grants.release(g);
+        self.metrics().auth_grants.store(self.grants.len() as i64, Relaxed);
     }
 
     /// Milliseconds until a token with `exp_ms` expires, leeway included (0 if it has).
@@ -99,7 +113,7 @@ impl CoreState {
             return self.refuse_refresh(id, "different sub");
         }
         let (exp_ms, remaining) = (v.exp_ms, self.remaining_ms(v.exp_ms));
-        let g = self.grants.acquire(v.grant);
+        let g = self.acquire_grant(v.grant);
         for ch in self.no_longer_allowed(id, g) {
             self.client_unsub(id, &ch);
             let reason = format!("the refreshed token does not allow to subscribe to {ch}: unsubscribed");
@@ -109,11 +123,11 @@ impl CoreState {
         match self.with_session(id, |s, ctx| s.refresh(g, token_due(ctx.now, remaining))) {
             Some(old) => {
                 if let Some(old) = old {
-                    self.grants.release(old);
+                    self.release_grant(old);
                 }
                 self.reply(id, codec::text_frame(&protocol::refreshed_json(exp_ms / 1000)));
             }
-            None => self.grants.release(g),
+            None => self.release_grant(g),
         }
     }
 

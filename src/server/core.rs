@@ -452,7 +452,7 @@ impl CoreState {
             metrics.reaped(why);
         }
         if let Some(g) = s.grant() {
-            self.grants.release(g);
+            self.release_grant(g);
         }
         for e in s.subs {
             self.drop_sub(e);

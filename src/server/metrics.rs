@@ -96,6 +96,9 @@ pub struct CoreMetrics {
     pub drain_remaining: AtomicI64,
     /// Messages waiting in spill lists because a cross-core queue was full (gauge).
     pub bus_spilled: AtomicI64,
+    /// Distinct token grants interned on this core (gauge; docs/security.md): connections
+    /// with the same claims share one.
+    pub auth_grants: AtomicI64,
 }
 
 impl CoreMetrics {
@@ -201,6 +204,13 @@ pub fn render(cores: &[CoreMetrics], draining: bool) -> String {
         "gauge",
         "Connections the drain still has to close.",
         per_core(&|m| m.drain_remaining.load(Relaxed).max(0) as u64),
+    );
+    counter(
+        &mut out,
+        "tether_auth_grants",
+        "gauge",
+        "Distinct JWT grants (user and channel globs) held by connections.",
+        per_core(&|m| m.auth_grants.load(Relaxed).max(0) as u64),
     );
     counter(
         &mut out,
