@@ -67,6 +67,18 @@ async fn receive(client: &mut Client) -> (Vec<u64>, Vec<Option<u16>>) {
     (seqs, disconnects)
 }
 
+/// Subscribes a client with `cfg` to CH, streams N messages and receives them all; returns
+/// the client, the seqs received, the disconnect codes and the last seq published.
+async fn run(srv: &Server, cfg: ClientConfig) -> (Client, Vec<u64>, Vec<Option<u16>>, u64) {
+    let mut client = Client::connect(cfg).expect("client");
+    client.subscribe(CH, None).expect("subscribe");
+    subscribed(&mut client).await;
+    let publisher = stream(srv.addr);
+    let (seqs, disconnects) = receive(&mut client).await;
+    let last = tokio::time::timeout(STEP, publisher).await.expect("publisher done").expect("publisher");
+    (client, seqs, disconnects, last)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_refreshes_on_token_expired_without_reconnecting() {
     let _serial = serial().await;
@@ -78,12 +90,7 @@ async fn client_refreshes_on_token_expired_without_reconnecting() {
         counted.fetch_add(1, Ordering::Relaxed);
         Ok(hs256(&claims("alice", now_s() + 2, &["feed.*"], &[])))
     });
-    let mut client = Client::connect(ClientConfig::new(srv.ws_url()).with_token(source)).expect("client");
-    client.subscribe(CH, None).expect("subscribe");
-    subscribed(&mut client).await;
-    let publisher = stream(srv.addr);
-    let (seqs, disconnects) = receive(&mut client).await;
-    let last = tokio::time::timeout(STEP, publisher).await.expect("publisher done").expect("publisher");
+    let (mut client, seqs, disconnects, last) = run(&srv, ClientConfig::new(srv.ws_url()).with_token(source)).await;
     assert_eq!(seqs, (1..=last).collect::<Vec<_>>(), "every seq once, in order");
     assert!(disconnects.is_empty(), "refreshes keep the connection: {disconnects:?}");
     assert_eq!(client.stats().connects, 1);
@@ -108,12 +115,7 @@ async fn after_4001_the_client_reconnects_with_a_fresh_token_and_resumes() {
     });
     let mut cfg = ClientConfig::new(srv.ws_url()).with_token(source);
     cfg.seed = Some(3);
-    let mut client = Client::connect(cfg).expect("client");
-    client.subscribe(CH, None).expect("subscribe");
-    subscribed(&mut client).await;
-    let publisher = stream(srv.addr);
-    let (seqs, disconnects) = receive(&mut client).await;
-    let last = tokio::time::timeout(STEP, publisher).await.expect("publisher done").expect("publisher");
+    let (mut client, seqs, disconnects, last) = run(&srv, cfg).await;
     assert_eq!(disconnects, [Some(4001)], "one close 4001, then a reconnect");
     assert_eq!(seqs, (1..=last).collect::<Vec<_>>(), "resumed with no gap and no duplicate");
     assert_eq!(client.stats().connects, 2);

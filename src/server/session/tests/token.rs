@@ -7,13 +7,19 @@ fn texts(bytes: &[u8]) -> Vec<serde_json::Value> {
     frames(bytes).iter().filter(|(op, _)| *op == OP_TEXT).map(|(_, p)| json(p)).collect()
 }
 
-#[test]
-fn expiry_warns_then_closes_4001_after_the_grace() {
-    // Pings far away, so every deadline below is the token's.
+/// A session opened at 0 holding grant 7 that expires at tick 30; pings far away (first one
+/// after tick 500), so every deadline before that is the token's.
+fn authenticated() -> (Sim, StdRng, Session) {
     let sim = Sim::new(SessionConfig { ping_interval: 1000, ..cfg() });
     let mut rng = rng();
     let mut s = sim.open(0, &mut rng);
     s.authenticate(7, 30);
+    (sim, rng, s)
+}
+
+#[test]
+fn expiry_warns_then_closes_4001_after_the_grace() {
+    let (sim, mut rng, mut s) = authenticated();
     assert_eq!(s.grant(), Some(7));
     assert_eq!(s.poll_timeout(), 30, "the token expires before the first ping");
     s.handle_timeout(&sim.at(29), None, &mut rng);
@@ -38,10 +44,7 @@ fn expiry_warns_then_closes_4001_after_the_grace() {
 
 #[test]
 fn refresh_in_the_grace_moves_the_expiry_and_keeps_the_connection() {
-    let sim = Sim::new(SessionConfig { ping_interval: 1000, ..cfg() });
-    let mut rng = rng();
-    let mut s = sim.open(0, &mut rng);
-    s.authenticate(7, 30);
+    let (sim, mut rng, mut s) = authenticated();
     s.handle_timeout(&sim.at(30), None, &mut rng);
     write_all(&mut s, 30);
     assert_eq!(s.refresh(8, 200), Some(7), "the old grant goes back to the core");
@@ -93,15 +96,12 @@ fn heartbeats_and_the_token_share_the_one_deadline() {
 }
 
 #[test]
-fn the_drain_close_comes_before_a_later_token_expiry() {
-    let sim = Sim::new(SessionConfig { ping_interval: 1000, ..cfg() });
-    let mut rng = rng();
-    let mut s = sim.open(0, &mut rng);
-    s.authenticate(1, 60);
-    s.start_drain(40);
-    assert_eq!(s.poll_timeout(), 40);
-    s.handle_timeout(&sim.at(40), Some(CloseCode::Restart), &mut rng);
-    assert_eq!(only_close(&write_all(&mut s, 40)).0, 1012);
+fn the_drain_close_comes_before_the_token_expiry() {
+    let (sim, mut rng, mut s) = authenticated();
+    s.start_drain(20);
+    assert_eq!(s.poll_timeout(), 20);
+    s.handle_timeout(&sim.at(20), Some(CloseCode::Restart), &mut rng);
+    assert_eq!(only_close(&write_all(&mut s, 20)).0, 1012, "the drain's close, not token_expired");
 }
 
 #[test]
