@@ -90,7 +90,7 @@ async fn client_refreshes_on_token_expired_without_reconnecting() {
         counted.fetch_add(1, Ordering::Relaxed);
         Ok(hs256(&claims("alice", now_s() + 2, &["feed.*"], &[])))
     });
-    let (mut client, seqs, disconnects, last) = run(&srv, ClientConfig::new(srv.ws_url()).with_token(source)).await;
+    let (client, seqs, disconnects, last) = run(&srv, ClientConfig::new(srv.ws_url()).with_token(source)).await;
     assert_eq!(seqs, (1..=last).collect::<Vec<_>>(), "every seq once, in order");
     assert!(disconnects.is_empty(), "refreshes keep the connection: {disconnects:?}");
     assert_eq!(client.stats().connects, 1);
@@ -115,7 +115,7 @@ async fn after_4001_the_client_reconnects_with_a_fresh_token_and_resumes() {
     });
     let mut cfg = ClientConfig::new(srv.ws_url()).with_token(source);
     cfg.seed = Some(3);
-    let (mut client, seqs, disconnects, last) = run(&srv, cfg).await;
+    let (client, seqs, disconnects, last) = run(&srv, cfg).await;
     assert_eq!(disconnects, [Some(4001)], "one close 4001, then a reconnect");
     assert_eq!(seqs, (1..=last).collect::<Vec<_>>(), "resumed with no gap and no duplicate");
     assert_eq!(client.stats().connects, 2);
