@@ -18,10 +18,13 @@
 //!   limiter for log lines a flood can produce.
 //! - [`load`]: `tether load`, the load generator (idle, fanout, connect, storm) behind the
 //!   benches; it can also drive other RFC 6455 servers (`--raw`).
+//! - [`auth`]: JWT connection auth (docs/security.md): token verification, the per-core
+//!   table of interned grants, and `tether token`.
 //! - [`client`]: the tokio client (`tether::client`) and the `sub`/`pub` command-line tools.
 
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod auth;
 pub mod client;
 pub mod config;
 pub mod http;

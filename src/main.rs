@@ -1,4 +1,4 @@
-//! The `tether` command: `serve`, `sub`, `pub`, `load`, `check-limits`.
+//! The `tether` command: `serve`, `sub`, `pub`, `load`, `check-limits`, `token`.
 
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
@@ -54,6 +54,8 @@ enum Cmd {
         /// Append messages to this file and resume from the last seq in it (exactly-once).
         #[arg(long)]
         append_to: Option<PathBuf>,
+        #[command(flatten)]
+        token: TokenFlags,
     },
     /// Publish one JSON value and print the ack; retries until acked.
     Pub {
@@ -66,6 +68,8 @@ enum Cmd {
         /// Message id for dedup (random when absent).
         #[arg(long)]
         id: Option<String>,
+        #[command(flatten)]
+        token: TokenFlags,
     },
     /// Load generator: idle, fanout, publish, connect and storm scenarios (one JSON line on stdout).
     Load {
@@ -74,6 +78,30 @@ enum Cmd {
     },
     /// Read the OS limits and say how many connections this box can hold.
     CheckLimits(tether::limits::CheckLimitsArgs),
+    /// Mint a JWT for a server with [auth] (docs/security.md) and print it.
+    Token(tether::auth::mint::TokenArgs),
+}
+
+/// The token of `sub` and `pub` for a server with `[auth]` (docs/security.md).
+#[derive(clap::Args)]
+struct TokenFlags {
+    /// JWT sent as ?token= on the URL (see `tether token`).
+    #[arg(long, conflicts_with = "token_file")]
+    token: Option<String>,
+    /// File holding the JWT, read again at each connection and when the token expires (a
+    /// process that rewrites it keeps the connection alive with `refresh`).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+}
+
+impl TokenFlags {
+    fn source(self) -> Option<tether::client::TokenSource> {
+        match (self.token, self.token_file) {
+            (Some(t), _) => Some(tether::client::TokenSource::fixed(t)),
+            (None, Some(f)) => Some(tether::client::TokenSource::file(f)),
+            (None, None) => None,
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -90,16 +118,18 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Serve { config, listen, cores, echo } => serve(config, listen, cores, echo),
-        Cmd::Sub { url, channel, from, offset_file, append_to } => {
-            let args = tether::client::SubArgs { url, channel, from, offset_file, append_to };
+        Cmd::Sub { url, channel, from, offset_file, append_to, token } => {
+            let token = token.source();
+            let args = tether::client::SubArgs { url, channel, from, offset_file, append_to, token };
             client_main(tether::client::run_sub(args))
         }
-        Cmd::Pub { url, channel, data, id } => {
-            let args = tether::client::PubArgs { url, channel, data, id };
+        Cmd::Pub { url, channel, data, id, token } => {
+            let args = tether::client::PubArgs { url, channel, data, id, token: token.source() };
             client_main(tether::client::run_pub(args))
         }
         Cmd::Load { cmd } => ExitCode::from(tether::load::run(cmd) as u8),
         Cmd::CheckLimits(args) => ExitCode::from(args.run() as u8),
+        Cmd::Token(args) => ExitCode::from(args.run() as u8),
     }
 }
 
@@ -142,6 +172,14 @@ fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>, cores: Option<usiz
         eprintln!("{e}");
         return ExitCode::from(2);
     }
+    // The key file is read once, here, so an unusable key is a config error (exit 2).
+    let auth = match tether::auth::Verifier::from_config(cfg.auth.as_ref()) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
     tracing::info!(source = %source, "config in effect: {}", cfg.summary());
     let memory =
         std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| tether::limits::meminfo_bytes(&m, "MemTotal"));
@@ -174,7 +212,7 @@ fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>, cores: Option<usiz
         eprintln!("tether: cannot block SIGTERM/SIGINT for the drain (pthread_sigmask: {e})");
         return ExitCode::FAILURE;
     }
-    let srv = match Server::start(cfg, ServeOptions { echo }) {
+    let srv = match Server::start(cfg, ServeOptions { echo, auth }) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("tether: cannot start: {e}");

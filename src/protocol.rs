@@ -31,7 +31,8 @@ pub const MSG_FRAME_OVERHEAD: usize = 193;
 pub mod codes {
     /// The message is not valid JSON (or not UTF-8).
     pub const BAD_JSON: &str = "bad_json";
-    /// `op` is missing, not a string, or not one of `sub`, `unsub`, `pub`.
+    /// `op` is missing, not a string, or not one of `sub`, `unsub`, `pub`, `refresh`; also a
+    /// `refresh` on a server without JWT auth (`[auth]` off: there is no token to replace).
     pub const BAD_OP: &str = "bad_op";
     /// The message is not a JSON object, or a field is missing or has the wrong type or size.
     pub const BAD_REQUEST: &str = "bad_request";
@@ -87,6 +88,11 @@ pub enum ClientOp {
         id: String,
         /// The message, compact JSON.
         data: Box<RawValue>,
+    },
+    /// Replace the connection's token (docs/security.md, expiry and refresh).
+    Refresh {
+        /// The new JWT (compact serialization), not yet verified.
+        token: String,
     },
 }
 
@@ -154,6 +160,8 @@ struct Fields<'a> {
     epoch: Option<&'a RawValue>,
     #[serde(default, borrow, deserialize_with = "present")]
     data: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    token: Option<&'a RawValue>,
 }
 
 /// Keeps an explicit `null` as `Some("null")`: `data: null` is a publishable value.
@@ -167,6 +175,7 @@ fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::
 /// - `bad_json`: not valid JSON;
 /// - `bad_request`: not a JSON object, or a field repeated;
 /// - `bad_op`: `op` missing, not a string, or unknown;
+/// - `refresh`: `bad_request` when `token` is missing, not a string or empty (no `ch`);
 /// - `bad_request`: `ch` missing or not a string; `bad_channel`: `ch` not a valid name;
 /// - `sub`: `bad_request` when `from` is not a non-negative integer or `epoch` not a string
 ///   (`null` counts as absent for both);
@@ -198,13 +207,18 @@ pub fn parse_client_op(text: &[u8]) -> Result<ClientOp, RequestError> {
 fn parse_fields(f: &Fields<'_>, id: Option<Cow<'_, str>>) -> Result<ClientOp, RequestError> {
     let op_raw = f.op.ok_or_else(|| RequestError::new(codes::BAD_OP, "missing op"))?;
     let op = json_str(op_raw).ok_or_else(|| RequestError::new(codes::BAD_OP, "op must be a string"))?;
-    if !matches!(op.as_ref(), "sub" | "unsub" | "pub") {
+    if !matches!(op.as_ref(), "sub" | "unsub" | "pub" | "refresh") {
         let reason = if op.len() <= 32 {
-            format!("unknown op \"{op}\"; expected sub, unsub or pub")
+            format!("unknown op \"{op}\"; expected sub, unsub, pub or refresh")
         } else {
-            "unknown op; expected sub, unsub or pub".to_owned()
+            "unknown op; expected sub, unsub, pub or refresh".to_owned()
         };
         return Err(RequestError::new(codes::BAD_OP, reason));
+    }
+    if op == "refresh" {
+        let bad = || RequestError::new(codes::BAD_REQUEST, "refresh needs token: a non-empty string");
+        let token = f.token.and_then(json_str).filter(|t| !t.is_empty()).ok_or_else(bad)?;
+        return Ok(ClientOp::Refresh { token: token.into_owned() });
     }
     let ch = f.ch.ok_or_else(|| RequestError::new(codes::BAD_REQUEST, "missing ch"))?;
     let ch = json_str(ch).ok_or_else(|| RequestError::new(codes::BAD_REQUEST, "ch must be a string"))?;
@@ -426,6 +440,16 @@ pub fn with_channel(mut json: Vec<u8>, ch: &str) -> Vec<u8> {
         json.push(b'}');
     }
     json
+}
+
+/// `{"op":"refreshed","exp":EXP}`: the answer to a `refresh` whose token verified; `exp` is the
+/// new token's expiry in seconds since the Unix epoch (docs/security.md).
+pub fn refreshed_json(exp_s: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(48);
+    out.extend_from_slice(b"{\"op\":\"refreshed\",\"exp\":");
+    push_u64(&mut out, exp_s);
+    out.push(b'}');
+    out
 }
 
 /// `{"seq":SEQ}`: the body of a successful `POST /publish/{channel}` (docs/http.md).

@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -104,23 +104,7 @@ async fn a_dead_node_becomes_a_resume_on_the_next() {
 
 /// Runs the `tether` binary with `args`, bounded in time.
 fn tether(args: &[&str]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
-        .args(args)
-        .env("TETHER_LOG", "off")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn tether");
-    let end = Instant::now() + STEP;
-    while child.try_wait().expect("wait").is_none() {
-        if Instant::now() >= end {
-            let _ = child.kill();
-            panic!("tether {args:?} did not exit within {STEP:?}: {:?}", child.wait_with_output());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child.wait_with_output().expect("output")
+    run_tether(args)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,7 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 fn start_server(echo: bool) -> Server {
     let cfg = Config { listen: "127.0.0.1:0".parse().unwrap(), cores: 1, ..Config::default() };
-    Server::start(cfg, ServeOptions { echo }).expect("server starts")
+    Server::start(cfg, ServeOptions { echo, ..ServeOptions::default() }).expect("server starts")
 }
 
 fn common() -> CommonArgs {

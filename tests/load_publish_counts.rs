@@ -11,7 +11,7 @@ use tether::server::{ServeOptions, Server};
 #[test]
 fn publish_acks_every_publish_with_several_in_flight() {
     let cfg = Config { listen: "127.0.0.1:0".parse().unwrap(), cores: 2, ..Config::default() };
-    let server = Server::start(cfg, ServeOptions { echo: false }).expect("server starts");
+    let server = Server::start(cfg, ServeOptions::default()).expect("server starts");
     let args = PublishArgs {
         url: format!("ws://{}/ws", server.local_addr()),
         publishers: 4,

@@ -475,3 +475,55 @@ pub fn cell(r: &Value, k: &str) -> String {
         _ => "-".into(),
     }
 }
+
+/// One connection-auth setting a bench compares (docs/security.md): the server's `[auth]`
+/// section and the token its clients carry as `?token=`.
+pub struct AuthVariant {
+    /// `none`, `hs256`, `rs256`, `es256` or `eddsa`.
+    pub name: String,
+    /// The `[auth]` section (empty for `none`).
+    pub config: String,
+    /// The token, valid for a day, allowing `sub` on `subs` (None for `none`).
+    pub token: Option<String>,
+}
+
+impl AuthVariant {
+    /// `url` with the token as `?token=` (unchanged for `none`).
+    pub fn url(&self, url: &str) -> String {
+        match &self.token {
+            Some(t) => format!("{url}?token={t}"),
+            None => url.to_string(),
+        }
+    }
+}
+
+/// The variants named in env `name` (comma-separated, default `default`), with tokens allowing
+/// `sub` on the globs `subs`. Keys: the committed test keys (tests/keys/).
+pub fn auth_variants(name: &str, default: &str, subs: &[&str]) -> Vec<AuthVariant> {
+    use tether::auth::mint::{ChannelGlobs, Signer, TokenClaims};
+    let keys = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/keys");
+    let secret = "bench-secret-0123456789abcdef-0123456789";
+    let list = std::env::var(name).unwrap_or_else(|_| default.to_string());
+    list.split(',')
+        .map(|v| v.trim().to_ascii_lowercase())
+        .filter(|v| !v.is_empty())
+        .map(|v| {
+            let (config, signer) = match v.as_str() {
+                "none" => return AuthVariant { name: v, config: String::new(), token: None },
+                "hs256" => (format!("[auth]\njwt_hs256_secret = \"{secret}\"\n"), Signer::hs256(secret)),
+                "rs256" | "es256" | "eddsa" => {
+                    let stem = if v == "eddsa" { "ed25519" } else { v.as_str() };
+                    let public = keys.join(format!("{stem}.pub.pem")).display().to_string();
+                    let config = format!("[auth]\njwt_public_key_file = {public:?}\n");
+                    (config, Signer::from_pem_file(&keys.join(format!("{stem}.key.pem"))))
+                }
+                other => panic!("{name}: unknown auth variant {other:?} (none, hs256, rs256, es256, eddsa)"),
+            };
+            let exp = tether::auth::unix_now_ms() / 1000 + 86_400;
+            let mut claims = TokenClaims::new("bench", exp);
+            claims.channels = ChannelGlobs { sub: subs.iter().map(|s| s.to_string()).collect(), publish: Vec::new() };
+            let token = signer.and_then(|s| s.sign(&claims)).unwrap_or_else(|e| panic!("{name}: {v}: {e}"));
+            AuthVariant { name: v, config, token: Some(token) }
+        })
+        .collect()
+}

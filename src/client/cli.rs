@@ -13,7 +13,7 @@ use super::offsets::Position;
 use super::session::Client;
 use super::urls::check_urls;
 use super::wire::check_channel;
-use super::{Ack, ClientConfig, ClientError, Event};
+use super::{Ack, ClientConfig, ClientError, Event, TokenSource};
 
 /// Arguments of `tether sub URL CH [--from N] [--offset-file F] [--append-to F]`.
 #[derive(Debug, Clone)]
@@ -33,6 +33,8 @@ pub struct SubArgs {
     /// Append messages to this file instead of stdout and resume from its last line's `seq`;
     /// writing the line is recording it, so a restart repeats nothing.
     pub append_to: Option<PathBuf>,
+    /// The JWT for a server with `[auth]` (`--token`, `--token-file`; docs/security.md).
+    pub token: Option<TokenSource>,
 }
 
 /// Arguments of `tether pub URL CH JSON [--id ID]`.
@@ -47,6 +49,8 @@ pub struct PubArgs {
     /// Publish id; a fresh random id when `None`. Reusing an id across runs makes a retried
     /// command idempotent within the server's dedup window.
     pub id: Option<String>,
+    /// The JWT for a server with `[auth]`, as [`SubArgs::token`].
+    pub token: Option<TokenSource>,
 }
 
 /// `tether sub`: prints each `msg` frame as one JSON line exactly as received
@@ -84,13 +88,15 @@ pub(super) async fn publish_once(args: &PubArgs) -> Result<Ack, ClientError> {
     let data: Box<RawValue> =
         serde_json::from_str(&args.data).map_err(|e| ClientError::InvalidData(format!("DATA is not JSON: {e}")))?;
     check_channel(&args.channel)?;
-    publish_with(url_config(&args.url)?, args, &data).await
+    publish_with(url_config(&args.url, args.token.clone())?, args, &data).await
 }
 
-/// The defaults for a command's `URL` argument: one URL, or several separated by commas.
-fn url_config(arg: &str) -> Result<ClientConfig, ClientError> {
-    let cfg = ClientConfig::new(arg);
+/// The defaults for a command's `URL` argument (one URL, or several separated by commas) and
+/// its token.
+fn url_config(arg: &str, token: Option<TokenSource>) -> Result<ClientConfig, ClientError> {
+    let mut cfg = ClientConfig::new(arg);
     check_urls(&cfg.urls, "URL")?;
+    cfg.token = token;
     Ok(cfg)
 }
 
@@ -132,7 +138,7 @@ async fn write_line<W: AsyncWrite + Unpin>(out: &mut W, text: &str) -> Result<()
 
 /// `run_sub` with the stop condition and the client configuration supplied by the caller.
 pub(super) async fn run_sub_until(args: SubArgs, shutdown: impl Future<Output = ()>) -> Result<(), ClientError> {
-    let mut cfg = url_config(&args.url)?;
+    let mut cfg = url_config(&args.url, args.token.clone())?;
     cfg.offset_file = args.offset_file.clone();
     run_sub_with(cfg, args, shutdown).await
 }
@@ -238,7 +244,7 @@ pub(super) fn stderr_line(ev: &Event) -> Option<String> {
             reason,
             retry_in_ms: u64::try_from(retry_in.as_millis()).unwrap_or(u64::MAX),
         }),
-        Event::Error { code, reason, id } => {
+        Event::Error { code, reason, id, .. } => {
             serde_json::to_string(&Refused { op: "error", code, reason, id: id.as_deref() })
         }
         _ => return None,
@@ -402,8 +408,13 @@ mod tests {
 
     #[tokio::test]
     async fn bad_json_fails_before_connecting() {
-        let args =
-            PubArgs { url: "ws://127.0.0.1:1/ws".into(), channel: "c".into(), data: "{not json".into(), id: None };
+        let args = PubArgs {
+            url: "ws://127.0.0.1:1/ws".into(),
+            channel: "c".into(),
+            data: "{not json".into(),
+            id: None,
+            token: None,
+        };
         let err = publish_once(&args).await.expect_err("bad json");
         assert!(matches!(err, ClientError::InvalidData(_)), "{err:?}");
         let args = PubArgs { data: "1".into(), channel: "bad name".into(), ..args };

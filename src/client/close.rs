@@ -25,14 +25,14 @@ mod tests {
 
     #[test]
     fn reconnectable_codes_reconnect() {
-        for code in [1001, 1006, 1011, 1012, 1013] {
+        for code in [1001, 1006, 1011, 1012, 1013, 4001] {
             assert_eq!(classify_close(code), CloseAction::Reconnect, "code {code}");
         }
     }
 
     #[test]
     fn terminal_codes_stop() {
-        for code in [1002, 1003, 1007, 1008, 1009, 1010] {
+        for code in [1002, 1003, 1007, 1008, 1009, 1010, 4003] {
             assert_eq!(classify_close(code), CloseAction::Stop, "code {code}");
         }
     }

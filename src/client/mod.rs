@@ -29,6 +29,9 @@
 //! # Layout
 //!
 //! - [`close`]: which close codes reconnect and which stop; the `retry_after_ms` hint.
+//! - `ended`: how a connection or an attempt ended (reconnect or stop), and the server's reason
+//!   for a refused upgrade.
+//! - `token`: [`TokenSource`], where the JWT comes from, and `?token=` on the URL.
 //! - [`backoff`]: full-jitter reconnect delays.
 //! - `urls`: the URL list: parsing, validation, and which URL each reconnect goes to.
 //! - [`offsets`]: the offset file (committed positions that survive a process restart).
@@ -41,10 +44,12 @@
 pub mod backoff;
 mod cli;
 pub mod close;
+mod ended;
 pub mod offsets;
 mod session;
 mod shared;
 mod task;
+mod token;
 mod urls;
 mod wire;
 
@@ -64,6 +69,7 @@ pub use cli::{run_pub, run_sub, PubArgs, SubArgs};
 pub use close::{classify_close, retry_hint, CloseAction};
 pub use offsets::{OffsetStore, Position};
 pub use session::{AckHandle, Client, Publisher};
+pub use token::TokenSource;
 pub use wire::{new_publish_id, valid_channel};
 
 /// Why a client stopped or a request failed. Each variant says what the caller should do.
@@ -87,10 +93,14 @@ pub enum ClientError {
         reason: String,
     },
     /// The server refused the WebSocket upgrade with a non-retryable HTTP status (anything but
-    /// 429, 500, 502, 503 and 504), e.g. 404 for a wrong path.
+    /// 429, 500, 502, 503 and 504), e.g. 404 for a wrong path, 401 for a missing or invalid
+    /// token (docs/security.md).
     Handshake {
         /// HTTP status code of the refusal.
         status: u16,
+        /// The server's reason: the first line of the response body (tether's say e.g.
+        /// `bad signature`, `token expired`), else the status's reason phrase.
+        reason: String,
     },
     /// The URL cannot be used (not `ws://`, no host, unparsable), or the URL list is empty or
     /// has an empty entry. The text names the argument (`URL`, `ClientConfig::urls`) and, in a
@@ -114,7 +124,7 @@ impl fmt::Display for ClientError {
         match self {
             Self::Closed { code, reason } => write!(f, "server closed with {code}: {reason}"),
             Self::Refused { code, reason } => write!(f, "refused by server ({code}): {reason}"),
-            Self::Handshake { status } => write!(f, "WebSocket upgrade refused: HTTP {status}"),
+            Self::Handshake { status, reason } => write!(f, "WebSocket upgrade refused: HTTP {status}: {reason}"),
             Self::InvalidUrl(e) => write!(f, "invalid URL: {e}"),
             Self::InvalidChannel(ch) => {
                 write!(f, "invalid channel name {ch:?}: expected 1-128 bytes of [A-Za-z0-9._:-]")
@@ -182,7 +192,8 @@ pub enum Event {
         oldest: u64,
     },
     /// The server refused a request that is not a pending publish (e.g. a `sub` for an invalid
-    /// channel, or a `from` beyond the head).
+    /// channel, or a `from` beyond the head), or ended a subscription its refreshed token no
+    /// longer allows (`forbidden` with `ch`: the client does not subscribe to it again).
     Error {
         /// The server's `code` as text.
         code: String,
@@ -190,6 +201,8 @@ pub enum Event {
         reason: String,
         /// The request id, when the server echoed one.
         id: Option<String>,
+        /// The channel, when the refusal names one (a refused `sub`).
+        ch: Option<String>,
     },
     /// The connection (or a connection attempt) ended with a reconnectable code or an I/O
     /// error; the client reconnects after `retry_in`, to the next of [`ClientConfig::urls`]
@@ -271,6 +284,12 @@ pub struct ClientConfig {
     /// Data events buffered for the application before the client stops reading the socket.
     /// Default 1,024.
     pub event_buffer: usize,
+    /// The JWT for a server with `[auth]` (docs/security.md): asked for before each connection
+    /// attempt and sent as `?token=` on the URL; asked again when the server says
+    /// `token_expired`, and a newer token is sent as `refresh` (the connection stays). A close
+    /// 4001 (expired, no refresh) reconnects with a fresh token and resumes; 4003 (refresh
+    /// refused) stops. Default `None`: no token.
+    pub token: Option<TokenSource>,
 }
 
 impl ClientConfig {
@@ -300,6 +319,13 @@ impl ClientConfig {
             offset_file: None,
             max_outbox: 10_000,
             event_buffer: 1024,
+            token: None,
         }
+    }
+
+    /// This configuration with `token` as [`token`](Self::token).
+    pub fn with_token(mut self, token: TokenSource) -> Self {
+        self.token = Some(token);
+        self
     }
 }

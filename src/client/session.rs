@@ -87,7 +87,7 @@ impl Client {
             None => Backoff::new(cfg.backoff),
         };
         let rotation = Rotation::new(cfg.urls, backoff);
-        let task = Task::new(rotation, cfg.connect_timeout, cfg.idle_timeout, shared.clone(), cmd_rx, ev_tx);
+        let task = Task::new(rotation, cfg.connect_timeout, cfg.idle_timeout, shared.clone(), cmd_rx, ev_tx, cfg.token);
         runtime.spawn(task.run());
         Ok(Self {
             publisher: Publisher { cmds: cmd_tx, shared },

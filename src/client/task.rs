@@ -12,20 +12,21 @@ use std::time::Duration;
 use futures::stream::SplitSink;
 use futures::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
-use tokio_tungstenite::tungstenite::error::ProtocolError;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{connect_async_with_config, MaybeTlsStream, WebSocketStream};
 
 use super::close::{classify_close, retry_hint, CloseAction};
+use super::ended::{abnormal, handshake_ended, read_error, Ended};
 use super::offsets::Position;
 use super::shared::{is_status, lock, Command, Outq, Pending, Shared};
+use super::token::{url_with_token, TokenSource};
 use super::urls::Rotation;
-use super::wire::{need, sub_frame, unsub_frame, Inbound};
+use super::wire::{need, refresh_frame, sub_frame, unsub_frame, Inbound};
 use super::{Ack, ClientError, Event};
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -35,22 +36,6 @@ const CLOSE_DRAIN: Duration = Duration::from_secs(1);
 /// How long reading may continue after the write half failed, to pick up the close frame
 /// that usually explains why.
 const WRITE_FAILURE_GRACE: Duration = Duration::from_secs(1);
-
-/// How a connection (or a connection attempt) ended.
-enum Ended {
-    Reconnect {
-        code: Option<u16>,
-        reason: String,
-        floor: Option<Duration>,
-    },
-    Stop(ClientError),
-    /// The application closed the client (`Some`) or dropped every handle (`None`).
-    Shutdown(Option<oneshot::Sender<()>>),
-}
-
-fn abnormal(reason: impl Into<String>) -> Ended {
-    Ended::Reconnect { code: None, reason: reason.into(), floor: None }
-}
 
 /// Per-connection channel state.
 #[derive(Default)]
@@ -100,6 +85,12 @@ pub(crate) struct Task {
     /// again on this connection when due; a reconnect resends everything anyway.
     retries: Vec<(Instant, Retry)>,
     out: Outq,
+    /// Where the token comes from, when the server needs one (docs/security.md).
+    token: Option<TokenSource>,
+    /// The token the connection holds (sent on connect, or accepted by a `refreshed`).
+    held_token: Option<String>,
+    /// A token sent in a `refresh` and not yet answered.
+    refreshing: Option<String>,
 }
 
 impl Task {
@@ -110,6 +101,7 @@ impl Task {
         shared: Arc<Shared>,
         cmds: mpsc::UnboundedReceiver<Command>,
         events: mpsc::Sender<Event>,
+        token: Option<TokenSource>,
     ) -> Self {
         Self {
             rotation,
@@ -122,23 +114,31 @@ impl Task {
             outbox: VecDeque::new(),
             retries: Vec::new(),
             out: Outq::default(),
+            token,
+            held_token: None,
+            refreshing: None,
         }
     }
 
     pub(crate) async fn run(mut self) {
         let end = loop {
             let url = self.rotation.url().to_string();
-            let attempt = timeout(self.connect_timeout, connect_async_with_config(url.as_str(), None, true));
             // How long the connection was open; `None` when the attempt failed.
-            let (ended, up) = match self.offline(attempt).await {
-                Err(end) => (end, None),
-                Ok(Err(_elapsed)) => (abnormal("connect timed out"), None),
-                Ok(Ok(Err(e))) => (handshake_ended(e), None),
-                Ok(Ok(Ok((ws, _response)))) => {
-                    self.shared.counters.connects.fetch_add(1, Ordering::Relaxed);
-                    let opened = Instant::now();
-                    let ended = self.session(ws).await;
-                    (ended, Some(opened.elapsed()))
+            let (ended, up) = match self.target(&url) {
+                Err(reason) => (abnormal(reason), None),
+                Ok(target) => {
+                    let attempt = timeout(self.connect_timeout, connect_async_with_config(target, None, true));
+                    match self.offline(attempt).await {
+                        Err(end) => (end, None),
+                        Ok(Err(_elapsed)) => (abnormal("connect timed out"), None),
+                        Ok(Ok(Err(e))) => (handshake_ended(e), None),
+                        Ok(Ok(Ok((ws, _response)))) => {
+                            self.shared.counters.connects.fetch_add(1, Ordering::Relaxed);
+                            let opened = Instant::now();
+                            let ended = self.session(ws).await;
+                            (ended, Some(opened.elapsed()))
+                        }
+                    }
                 }
             };
             match ended {
@@ -156,6 +156,32 @@ impl Task {
             }
         };
         self.finish(end).await;
+    }
+
+    /// The URL to connect to: `url` itself, or with a fresh token from the source as
+    /// `?token=` (logs name `url`, never this). `Err` when the source has no token.
+    fn target(&mut self, url: &str) -> Result<String, String> {
+        let Some(source) = &self.token else { return Ok(url.to_string()) };
+        let token = source.fetch().map_err(|e| format!("no token for the connection: {e}"))?;
+        let target = url_with_token(url, &token);
+        self.held_token = Some(token);
+        self.refreshing = None;
+        Ok(target)
+    }
+
+    /// The server says the connection's token expired: sends `refresh` with a newer token
+    /// from the source. Without one (a fixed token, a failing source) the server closes with
+    /// 4001 after its grace and the reconnect asks the source again.
+    fn refresh_token(&mut self, conn: &Conn) {
+        let Some(source) = &self.token else { return };
+        match source.fetch() {
+            Ok(t) if Some(&t) != self.held_token.as_ref() => {
+                conn.send(refresh_frame(&t));
+                self.refreshing = Some(t);
+            }
+            Ok(_) => tracing::debug!("token expired and the token source has no newer one: waiting for 4001"),
+            Err(e) => tracing::debug!(error = %e, "token expired and the token source failed: waiting for 4001"),
+        }
     }
 
     /// Drives `fut` while no connection is open: commands are queued, events delivered.
@@ -425,6 +451,12 @@ impl Task {
                     }
                 }
             }
+            "error" if f.code.as_deref() == Some("token_expired") => self.refresh_token(conn),
+            "refreshed" => {
+                if let Some(t) = self.refreshing.take() {
+                    self.held_token = Some(t);
+                }
+            }
             "error" if f.code.as_deref() == Some("unavailable") => {
                 // The server's broker cannot reach Redis: the request is safe to repeat (a
                 // publish keeps its id), so it is sent again after the hint, not failed.
@@ -444,7 +476,14 @@ impl Task {
                     Some(p) => {
                         let _ = p.reply.send(Err(ClientError::Refused { code, reason }));
                     }
-                    None => self.out.push_data(Event::Error { code, reason, id: f.id }),
+                    None => {
+                        if let Some(ch) = f.ch.as_ref().filter(|_| code == "forbidden") {
+                            // The token does not (or no longer) allow it: do not resubscribe.
+                            self.subs.retain(|s| s != ch);
+                            conn.chans.remove(ch);
+                        }
+                        self.out.push_data(Event::Error { code, reason, id: f.id, ch: f.ch })
+                    }
                 }
             }
             // Unknown ops are ignored so a newer server can add frames.
@@ -506,42 +545,4 @@ async fn write_loop(mut sink: SplitSink<Ws, Message>, mut queued: mpsc::Unbounde
         }
     }
     let _ = sink.flush().await;
-}
-
-/// Maps a read error: transport failures reconnect (1006), protocol violations stop.
-fn read_error(e: WsError) -> Ended {
-    match e {
-        WsError::ConnectionClosed | WsError::AlreadyClosed | WsError::Io(_) => abnormal(e.to_string()),
-        WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => abnormal(e.to_string()),
-        WsError::Protocol(_) | WsError::Utf8(_) | WsError::Capacity(_) | WsError::AttackAttempt => {
-            Ended::Stop(ClientError::Protocol(e.to_string()))
-        }
-        other => abnormal(other.to_string()),
-    }
-}
-
-/// Maps a failed connection attempt: overload statuses and transport failures retry (with
-/// `Retry-After` as the floor), a wrong URL or endpoint stops.
-fn handshake_ended(e: WsError) -> Ended {
-    match e {
-        WsError::Http(resp) => {
-            let status = resp.status().as_u16();
-            if matches!(status, 429 | 500 | 502 | 503 | 504) {
-                let floor = resp
-                    .headers()
-                    .get("retry-after")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .map(Duration::from_secs);
-                let reason = format!("upgrade refused: HTTP {status}");
-                Ended::Reconnect { code: None, reason, floor }
-            } else {
-                Ended::Stop(ClientError::Handshake { status })
-            }
-        }
-        WsError::Url(u) => Ended::Stop(ClientError::InvalidUrl(u.to_string())),
-        WsError::Protocol(ProtocolError::HandshakeIncomplete) | WsError::Io(_) => abnormal(e.to_string()),
-        WsError::Protocol(p) => Ended::Stop(ClientError::Protocol(p.to_string())),
-        other => abnormal(other.to_string()),
-    }
 }

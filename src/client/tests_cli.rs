@@ -42,7 +42,7 @@ async fn upgrade_refusals_retry_on_503_and_stop_on_404() {
             other => panic!("{other:?}"),
         }
         let err = timeout(Duration::from_secs(5), c.next_event()).await.expect("in time");
-        assert_eq!(err.expect_err("stopped"), ClientError::Handshake { status: 404 });
+        assert_eq!(err.expect_err("stopped"), ClientError::Handshake { status: 404, reason: "Not Found".into() });
         server.await.expect("server");
     })
     .await;
@@ -67,6 +67,7 @@ async fn pub_command_retries_until_acked_with_a_stable_id() {
             channel: "c".into(),
             data: r#"{"a":[1,2]}"#.into(),
             id: Some("fixed-1".into()),
+            token: None,
         };
         let data: Box<serde_json::value::RawValue> = serde_json::from_str(&args.data).expect("json");
         let ack = publish_with(fast(&url), &args, &data).await.expect("acked");
@@ -115,6 +116,7 @@ async fn sub_command_appends_each_seq_exactly_once_across_a_cut() {
             from: None,
             offset_file: None,
             append_to: Some(path.clone()),
+            token: None,
         };
         let end = run_sub_with(fast(&url), args, std::future::pending()).await;
         assert_eq!(end, Err(ClientError::Closed { code: 1008, reason: "done".into() }));
@@ -151,6 +153,7 @@ async fn pub_command_moves_past_a_dead_url() {
             channel: "c".into(),
             data: "[1]".into(),
             id: Some("fixed-2".into()),
+            token: None,
         };
         let started = std::time::Instant::now();
         let ack = publish_once(&args).await.expect("acked by the live URL");
@@ -194,6 +197,7 @@ async fn sub_command_takes_a_url_list_and_resumes_on_the_next() {
             from: None,
             offset_file: None,
             append_to: Some(path.clone()),
+            token: None,
         };
         let end = run_sub_until(args, std::future::pending()).await;
         assert_eq!(end, Err(ClientError::Closed { code: 1008, reason: "done".into() }));
@@ -229,7 +233,7 @@ fn stderr_lines_keep_the_protocol_key_order() {
         stderr_line(&cut).unwrap(),
         r#"{"event":"disconnected","code":null,"reason":"connection reset","retry_in_ms":3}"#
     );
-    let refused = Event::Error { code: "bad_channel".into(), reason: "invalid channel".into(), id: None };
+    let refused = Event::Error { code: "bad_channel".into(), reason: "invalid channel".into(), id: None, ch: None };
     assert_eq!(
         stderr_line(&refused).unwrap(),
         r#"{"op":"error","code":"bad_channel","reason":"invalid channel","id":null}"#

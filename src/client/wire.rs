@@ -1,5 +1,5 @@
-//! Wire protocol v1 frames as the client sees them (docs/protocol.md): `sub`, `unsub`, `pub` out;
-//! `subscribed`, `msg`, `reset`, `ack`, `error` in.
+//! Wire protocol v1 frames as the client sees them (docs/protocol.md): `sub`, `unsub`, `pub`,
+//! `refresh` out; `subscribed`, `msg`, `reset`, `ack`, `error`, `refreshed` in.
 
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
@@ -55,6 +55,11 @@ pub(crate) fn sub_frame(ch: &str, from: Option<u64>, epoch: Option<&str>) -> Str
 pub(crate) fn unsub_frame(ch: &str) -> String {
     let unsub = Sub { op: "unsub", ch, from: None, epoch: None };
     serde_json::to_string(&unsub).unwrap_or_default()
+}
+
+/// `{"op":"refresh","token":…}` (docs/security.md).
+pub(crate) fn refresh_frame(token: &str) -> String {
+    serde_json::json!({"op": "refresh", "token": token}).to_string()
 }
 
 /// `{"op":"pub","ch":…,"id":…,"data":…}`.
@@ -140,6 +145,7 @@ mod tests {
         assert_eq!(sub_frame("n", None, None), r#"{"op":"sub","ch":"n"}"#);
         assert_eq!(sub_frame("n", Some(0), Some("e")), r#"{"op":"sub","ch":"n","from":0,"epoch":"e"}"#);
         assert_eq!(unsub_frame("n"), r#"{"op":"unsub","ch":"n"}"#);
+        assert_eq!(refresh_frame("a.b.c"), r#"{"op":"refresh","token":"a.b.c"}"#);
         let data: Box<RawValue> = serde_json::from_str(r#"{"x": [1, 2]}"#).expect("json");
         assert_eq!(
             pub_frame("n", "id1", &*data).expect("frame"),

@@ -41,6 +41,8 @@ fn ws_urls_resolve() {
     assert_eq!(u.path, "/ws");
     assert_eq!(parse_ws_url("ws://127.0.0.1").unwrap().addr.port(), 80);
     assert_eq!(parse_ws_url("ws://127.0.0.1:1").unwrap().path, "/");
+    // A `?token=` (docs/security.md) is part of the request target every connection sends.
+    assert_eq!(parse_ws_url("ws://127.0.0.1:1/ws?token=a.b.c").unwrap().path, "/ws?token=a.b.c");
     assert!(parse_ws_url("wss://127.0.0.1/ws").is_err());
     assert!(parse_ws_url("http://127.0.0.1/ws").is_err());
 }
@@ -145,7 +147,7 @@ fn slow_consumer_server(overflow: &str) -> crate::server::Server {
          [[channels]]\npattern = \"*\"\noverflow = \"{overflow}\"\nhistory = 10\n"
     );
     let cfg = crate::config::Config::from_toml_str(&toml).expect("valid config");
-    crate::server::Server::start(cfg, crate::server::ServeOptions { echo: false }).expect("server starts")
+    crate::server::Server::start(cfg, crate::server::ServeOptions::default()).expect("server starts")
 }
 
 /// Runs `fanout` with 4 readers and 2 non-readers, 16 KiB at 300 msg/s for 2 s: 9.4 MiB per

@@ -19,19 +19,29 @@ pub enum CloseAction {
     Stop,
 }
 
+/// 4001: the connection's token expired and no valid `refresh` came within
+/// `auth.token_refresh_grace_ms` (DESIGN §9, docs/security.md). In the reconnect class: the
+/// client gets a fresh token, reconnects and resumes.
+pub const TOKEN_EXPIRED: CloseCode = CloseCode::Library(4001);
+
+/// 4003: a `refresh` was refused (its token does not verify, or names another `sub`). Not in
+/// the reconnect class: the credential itself is wrong.
+pub const FORBIDDEN: CloseCode = CloseCode::Library(4003);
+
 /// Classifies a close code received from the server.
 ///
 /// Reconnect on 1001 (going away: shutdown), 1006 (abnormal closure: no close frame, any I/O
-/// error), 1011 (internal error), 1012 (service restart: drain) and 1013 (try again later:
-/// slow consumer, overload). Every other code stops: 1002, 1003, 1007, 1008, 1009 and 1010,
-/// and also 1000 (the server meant to end the session), 1005 (no status) and unknown or
-/// application codes (3000–4999), because a reconnect is allowed only for the listed codes and
-/// I/O errors.
+/// error), 1011 (internal error), 1012 (service restart: drain), 1013 (try again later:
+/// slow consumer, overload) and 4001 ([`TOKEN_EXPIRED`]: with a fresh token). Every other code
+/// stops: 1002, 1003, 1007, 1008, 1009 and 1010, 4003 ([`FORBIDDEN`]), and also 1000 (the
+/// server meant to end the session), 1005 (no status) and unknown or application codes
+/// (3000–4999), because a reconnect is allowed only for the listed codes and I/O errors.
 pub fn classify(code: CloseCode) -> CloseAction {
     match code {
         CloseCode::Away | CloseCode::Abnormal | CloseCode::Error | CloseCode::Restart | CloseCode::Again => {
             CloseAction::Reconnect
         }
+        c if c == TOKEN_EXPIRED => CloseAction::Reconnect,
         _ => CloseAction::Stop,
     }
 }
@@ -45,6 +55,9 @@ pub fn classify(code: CloseCode) -> CloseAction {
 /// - abuse limit (1008): `{"reason":"limit","limit":"publish_rate"}`, naming the
 ///   `limits.per_connection` key the client went far past (docs/security.md); no
 ///   `retry_after_ms`: 1008 is not in the reconnect class.
+/// - token expired (4001): `{"reason":"token_expired"}`;
+/// - refresh refused (4003): `{"reason":"forbidden","detail":"bad signature"}` (`detail` as
+///   the 401 of an upgrade would say it, or `"different sub"`).
 ///
 /// `retry_after_ms` is the floor of the client's next reconnect delay, in milliseconds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,6 +71,9 @@ pub struct CloseReason {
     /// Wait at least this long before reconnecting, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
+    /// What exactly was refused, for a forbidden refresh (4003).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<Cow<'static, str>>,
 }
 
 /// `retry_after_ms` of an overflow close (1013), in milliseconds.
@@ -66,20 +82,35 @@ pub const SLOW_RETRY_AFTER_MS: u64 = 1000;
 impl CloseReason {
     /// A slow-consumer close (1013): `limit` names what overflowed.
     pub fn slow(limit: impl Into<Cow<'static, str>>) -> CloseReason {
-        CloseReason { reason: "slow".into(), limit: Some(limit.into()), retry_after_ms: Some(SLOW_RETRY_AFTER_MS) }
+        CloseReason {
+            reason: "slow".into(),
+            limit: Some(limit.into()),
+            retry_after_ms: Some(SLOW_RETRY_AFTER_MS),
+            detail: None,
+        }
     }
 
     /// A drain close: `shutdown` for 1001 (going away), `restart` otherwise (1012), with the
     /// per-connection wait hint `retry_after_ms` (milliseconds).
     pub fn drain(code: CloseCode, retry_after_ms: u64) -> CloseReason {
         let reason = if code == CloseCode::Away { "shutdown" } else { "restart" };
-        CloseReason { reason: reason.into(), limit: None, retry_after_ms: Some(retry_after_ms) }
+        CloseReason { reason: reason.into(), limit: None, retry_after_ms: Some(retry_after_ms), detail: None }
+    }
+
+    /// The close of a connection whose token expired without a refresh ([`TOKEN_EXPIRED`]).
+    pub fn token_expired() -> CloseReason {
+        CloseReason { reason: "token_expired".into(), limit: None, retry_after_ms: None, detail: None }
+    }
+
+    /// The close of a refused refresh ([`FORBIDDEN`]); `detail` says why, in a few words.
+    pub fn forbidden(detail: &'static str) -> CloseReason {
+        CloseReason { reason: "forbidden".into(), limit: None, retry_after_ms: None, detail: Some(detail.into()) }
     }
 
     /// An abuse-limit close (1008): `key` names the `limits.per_connection` key
     /// (`publish_rate`, `publish_bytes_rate`, `control_frames_rate`).
     pub fn limit(key: &'static str) -> CloseReason {
-        CloseReason { reason: "limit".into(), limit: Some(key.into()), retry_after_ms: None }
+        CloseReason { reason: "limit".into(), limit: Some(key.into()), retry_after_ms: None, detail: None }
     }
 
     /// The compact JSON text.
@@ -101,10 +132,10 @@ mod tests {
 
     #[test]
     fn reconnect_class_is_exactly_the_listed_codes() {
-        for code in [1001u16, 1006, 1011, 1012, 1013] {
+        for code in [1001u16, 1006, 1011, 1012, 1013, 4001] {
             assert_eq!(classify(code.into()), CloseAction::Reconnect, "code {code}");
         }
-        for code in [1000u16, 1002, 1003, 1005, 1007, 1008, 1009, 1010, 1014, 3000, 4000, 4999] {
+        for code in [1000u16, 1002, 1003, 1005, 1007, 1008, 1009, 1010, 1014, 3000, 4000, 4002, 4003, 4999] {
             assert_eq!(classify(code.into()), CloseAction::Stop, "code {code}");
         }
     }
@@ -125,6 +156,11 @@ mod tests {
         let limit = CloseReason::limit("publish_bytes_rate");
         assert_eq!(limit.to_json(), r#"{"reason":"limit","limit":"publish_bytes_rate"}"#);
         assert_eq!(CloseReason::parse(&limit.to_json()), Some(limit));
+        assert_eq!(CloseReason::token_expired().to_json(), r#"{"reason":"token_expired"}"#);
+        let forbidden = CloseReason::forbidden("token not yet valid");
+        assert_eq!(forbidden.to_json(), r#"{"reason":"forbidden","detail":"token not yet valid"}"#);
+        assert_eq!(CloseReason::parse(&forbidden.to_json()), Some(forbidden));
+        assert_eq!((u16::from(TOKEN_EXPIRED), u16::from(FORBIDDEN)), (4001, 4003));
     }
 
     #[test]

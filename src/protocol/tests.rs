@@ -105,14 +105,31 @@ fn bad_op() {
         (r#"{"ch":"a"}"#, "missing op"),
         (r#"{"op":1,"ch":"a"}"#, "op must be a string"),
         (r#"{"op":null}"#, "op must be a string"),
-        (r#"{"op":"publish","ch":"a"}"#, "unknown op \"publish\"; expected sub, unsub or pub"),
-        (r#"{"op":"SUB","ch":"a"}"#, "unknown op \"SUB\"; expected sub, unsub or pub"),
+        (r#"{"op":"publish","ch":"a"}"#, "unknown op \"publish\"; expected sub, unsub, pub or refresh"),
+        (r#"{"op":"SUB","ch":"a"}"#, "unknown op \"SUB\"; expected sub, unsub, pub or refresh"),
     ] {
         let e = err(text);
         assert_eq!((e.code, e.reason.as_str()), (codes::BAD_OP, reason), "{text}");
     }
     let long = format!(r#"{{"op":"{}"}}"#, "x".repeat(33));
-    assert_eq!(err(&long).reason, "unknown op; expected sub, unsub or pub");
+    assert_eq!(err(&long).reason, "unknown op; expected sub, unsub, pub or refresh");
+}
+
+#[test]
+fn refresh_takes_a_token_and_no_channel() {
+    match parse_client_op(br#"{"op":"refresh","token":"a.b.c"}"#) {
+        Ok(ClientOp::Refresh { token }) => assert_eq!(token, "a.b.c"),
+        other => panic!("{other:?}"),
+    }
+    for text in [r#"{"op":"refresh"}"#, r#"{"op":"refresh","token":""}"#, r#"{"op":"refresh","token":7}"#] {
+        let e = err(text);
+        assert_eq!(
+            (e.code, e.reason.as_str()),
+            (codes::BAD_REQUEST, "refresh needs token: a non-empty string"),
+            "{text}"
+        );
+    }
+    assert_eq!(String::from_utf8(refreshed_json(1_893_456_000)).unwrap(), r#"{"op":"refreshed","exp":1893456000}"#);
 }
 
 #[test]

@@ -17,6 +17,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use slab::Slab;
 
+use super::authorize::Right;
 use super::broker::{memory::MemoryBroker, Broker, Request};
 use super::bus::{ConnRef, ConnRow, CoreMsg, Endpoint, PublishResult, Router};
 use super::local::LocalChannels;
@@ -26,6 +27,7 @@ use super::session::replay::Fetch;
 use super::session::{ConnId, Ctx, Flags, ReapReason, Session, SessionConfig, State, Tick};
 use super::timer::{TimerWheel, TICK_MS};
 use super::{io as sock, Shared};
+use crate::auth::grants::Grants;
 use crate::config::Overflow;
 use crate::protocol::{self, ClientOp};
 use crate::ws::codec::{self, CloseCode};
@@ -149,6 +151,8 @@ pub struct CoreState {
     pub active_chan: Option<u32>,
     /// `GET /connections` requests gathering rows from every core.
     pub inspects: Vec<Gathering>,
+    /// The grants of this core's authenticated connections, interned (docs/security.md).
+    pub grants: Grants,
     /// Pub/sub requests handed up by a session (kept to reuse its allocation).
     requests: Vec<ClientOp>,
     /// Token bucket for `accept_rate` (tokens, last refill in ms).
@@ -182,6 +186,7 @@ impl CoreState {
             drain: Drain::default(),
             active_chan: None,
             inspects: Vec::new(),
+            grants: Grants::default(),
             requests: Vec::new(),
             rate: (cfg.accept_rate as f64, 0),
             shared,
@@ -281,12 +286,19 @@ impl CoreState {
     /// One pub/sub request of connection `id`.
     fn dispatch(&mut self, id: ConnId, op: ClientOp) {
         match op {
-            ClientOp::Sub { ch, from, epoch } => self.client_sub(id, &ch, from, epoch),
+            ClientOp::Sub { ch, from, epoch } => {
+                if self.authorize(id, Right::Subscribe, &ch, None) {
+                    self.client_sub(id, &ch, from, epoch);
+                }
+            }
             ClientOp::Unsub { ch } => self.client_unsub(id, &ch),
             ClientOp::Pub { ch, id: pub_id, data } => {
-                let data = Bytes::copy_from_slice(data.get().as_bytes());
-                self.publish(id, &ch, Some(pub_id.into_boxed_str()), data);
+                if self.authorize(id, Right::Publish, &ch, Some(&pub_id)) {
+                    let data = Bytes::copy_from_slice(data.get().as_bytes());
+                    self.publish(id, &ch, Some(pub_id.into_boxed_str()), data);
+                }
             }
+            ClientOp::Refresh { token } => self.client_refresh(id, &token),
         }
     }
 
@@ -438,6 +450,9 @@ impl CoreState {
             }
         } else if why == ReapReason::HandshakeTimeout {
             metrics.reaped(why);
+        }
+        if let Some(g) = s.grant() {
+            self.release_grant(g);
         }
         for e in s.subs {
             self.drop_sub(e);

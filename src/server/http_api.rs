@@ -184,7 +184,8 @@ impl CoreState {
         self.publish(id, &ch, key.map(Into::into), data);
     }
 
-    /// RFC 6455 §4.2: validate, admit, answer 101 and switch the connection to WebSocket.
+    /// RFC 6455 §4.2: validate, admit (draining, `Origin`, the JWT when `[auth]` is on, the
+    /// accept rate, `max_connections`), answer 101 and switch the connection to WebSocket.
     fn upgrade(&mut self, id: ConnId, req: &Request, echo: bool) {
         let accept = match handshake::check_upgrade(req) {
             Ok(a) => a,
@@ -201,6 +202,13 @@ impl CoreState {
         if !shared.config.origin_allowed(req.origin.as_deref()) {
             return self.reject(id, HttpError::new(403, "origin not allowed"), HandshakeFailure::Origin, &[]);
         }
+        let verified = match self.verify_upgrade(req) {
+            Ok(v) => v,
+            Err(e) => {
+                let challenge = [("WWW-Authenticate", super::authorize::www_authenticate(e))];
+                return self.reject(id, HttpError::new(401, e.reason()), HandshakeFailure::Unauthorized, &challenge);
+            }
+        };
         if !self.take_accept_token() {
             return self.reject(id, HttpError::new(503, "accept_rate exceeded"), HandshakeFailure::RateLimited, &retry);
         }
@@ -220,6 +228,9 @@ impl CoreState {
             s.upgrade(ctx, handshake::switching_protocols(&accept), echo, &mut rand::rng());
             s.has_pending_input()
         });
+        if let Some(v) = verified {
+            self.grant_upgraded(id, v);
+        }
         self.flush(id);
         // Frames the client sent right behind its request head.
         if pending == Some(true) {

@@ -11,7 +11,7 @@ use super::session::reap::ReapReason;
 use crate::ws::codec::CloseCode;
 
 /// Close codes counted individually in `tether_closes_total{code}`; anything else is `other`.
-pub const CLOSE_CODES: [u16; 12] = [1000, 1001, 1002, 1003, 1006, 1007, 1008, 1009, 1011, 1012, 1013, 1014];
+pub const CLOSE_CODES: [u16; 14] = [1000, 1001, 1002, 1003, 1006, 1007, 1008, 1009, 1011, 1012, 1013, 1014, 4001, 4003];
 
 /// Why a request failed before (or instead of) becoming a WebSocket connection:
 /// the `reason` label of `tether_handshake_failures_total`.
@@ -36,9 +36,11 @@ pub enum HandshakeFailure {
     Draining,
     /// The peer went away mid-handshake.
     Aborted,
+    /// `[auth]` is on and the upgrade carried no valid token (HTTP 401, docs/security.md).
+    Unauthorized,
 }
 
-const FAILURE_NAMES: [&str; 9] = [
+const FAILURE_NAMES: [&str; 10] = [
     "bad_request",
     "version",
     "head_too_large",
@@ -48,6 +50,7 @@ const FAILURE_NAMES: [&str; 9] = [
     "origin",
     "draining",
     "aborted",
+    "unauthorized",
 ];
 
 impl HandshakeFailure {
@@ -133,6 +136,9 @@ pub struct CoreMetrics {
     pub drain_remaining: AtomicI64,
     /// Messages waiting in spill lists because a cross-core queue was full (gauge).
     pub bus_spilled: AtomicI64,
+    /// Distinct token grants interned on this core (gauge; docs/security.md): connections
+    /// with the same claims share one.
+    pub auth_grants: AtomicI64,
 }
 
 impl CoreMetrics {
@@ -256,6 +262,13 @@ pub fn render(cores: &[CoreMetrics], draining: bool) -> String {
         "gauge",
         "Connections the drain still has to close.",
         per_core(&|m| m.drain_remaining.load(Relaxed).max(0) as u64),
+    );
+    counter(
+        &mut out,
+        "tether_auth_grants",
+        "gauge",
+        "Distinct JWT grants (user and channel globs) held by connections.",
+        per_core(&|m| m.auth_grants.load(Relaxed).max(0) as u64),
     );
     counter(
         &mut out,

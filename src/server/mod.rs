@@ -16,6 +16,8 @@
 //!   they queue.
 //! - [`http_api`]: the upgrade and the HTTP endpoints.
 //! - [`subscribe`]: `sub`/`unsub` and the broker's confirmation, at the subscriber's core.
+//! - [`authorize`]: JWT auth at the core: the token of an upgrade, channel rights on
+//!   `sub`/`pub`, `refresh`, and the core's table of interned grants.
 //! - [`inspect`]: `GET /connections`, gathered from every core.
 //! - [`events`]: log lines about connections (handshake failures, reaps, overflow closes,
 //!   drain progress), rate-limited per core.
@@ -33,6 +35,7 @@
 //! cores) → `processor` (deliver in chunks) → `session` (enqueue under the overflow policy) →
 //! [`core::CoreState::flush`] → `io` (`sendmsg`).
 
+pub mod authorize;
 pub mod broker;
 pub mod bus;
 pub mod conn;
@@ -67,6 +70,7 @@ use monoio::net::TcpListener;
 
 use self::core::CoreState;
 pub use self::session::ConnId;
+use crate::auth::Verifier;
 use crate::config::{BrokerKind, Config};
 use crate::ws::codec::CloseCode;
 use bus::{Bus, Doorbell, Endpoint};
@@ -97,6 +101,9 @@ pub struct Shared {
     pub epoch: Arc<str>,
     /// Channels held by the process against `limits.max_channels` (`tether_channels`).
     pub channels: Arc<broker::cap::ChannelCap>,
+    /// The JWT verifier when `[auth]` turns JWT auth on (docs/security.md); `None`: upgrades
+    /// need no token.
+    pub auth: Option<Verifier>,
 }
 
 impl Shared {
@@ -119,6 +126,10 @@ impl Shared {
 pub struct ServeOptions {
     /// Serve the RFC 6455 echo endpoint `GET /echo`.
     pub echo: bool,
+    /// The JWT verifier, already built from the config's `[auth]` with
+    /// [`Verifier::from_config`] (which reads the key file: `tether serve` does it before
+    /// starting so a bad key exits 2). `None`: [`Server::start`] builds it itself.
+    pub auth: Option<Verifier>,
 }
 
 /// A running server: its address, and the means to drain it and wait for its end.
@@ -132,9 +143,15 @@ impl Server {
     /// Binds `config.listen` (port 0 picks a free port, shared by every core's listener) and
     /// starts `config.effective_cores()` core threads. Errors: another process already
     /// listens on the address (`AddrInUse`, "address ADDR is already in use by another
-    /// process"), the address cannot be bound (the message names it), or a runtime cannot be
-    /// built.
+    /// process"), the address cannot be bound (the message names it), a runtime cannot be
+    /// built, or (`InvalidInput`) `auth.jwt_public_key_file` is unusable when `opts.auth` is
+    /// `None` (the message names the key).
     pub fn start(config: Config, opts: ServeOptions) -> std::io::Result<Server> {
+        let auth = match opts.auth {
+            Some(v) => Some(v),
+            None => Verifier::from_config(config.auth.as_ref())
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
+        };
         let cores = config.effective_cores().max(1);
         let bus = Bus::new(cores);
         let shared = Arc::new(Shared {
@@ -147,6 +164,7 @@ impl Server {
             broker: metrics::BrokerMetrics::new(config.broker.kind == BrokerKind::Memory),
             epoch: broker::epoch::new_epoch(),
             channels: Arc::new(broker::cap::ChannelCap::new(config.limits.max_channels)),
+            auth,
             config,
         });
         let (addr, listeners) = bind_listeners(shared.config.listen, cores)?;

@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod auth;
 pub mod raw_http;
 pub mod redis;
 pub mod redis_cluster;
@@ -206,6 +207,28 @@ impl Metrics {
             Some((labels, value.parse().ok()?))
         })
     }
+}
+
+/// Runs the `tether` binary with `args` (logging off), bounded by [`STEP`]; kills it and
+/// panics with what it wrote if it runs longer.
+pub fn run_tether(args: &[&str]) -> std::process::Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
+        .args(args)
+        .env("TETHER_LOG", "off")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tether");
+    let end = Instant::now() + STEP;
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() >= end {
+            let _ = child.kill();
+            panic!("tether {args:?} did not exit within {STEP:?}: {:?}", child.wait_with_output());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().expect("output")
 }
 
 /// Extracts `N` from `{"seq":N}`.

@@ -1,5 +1,6 @@
 //! The session's one deadline: handshake and idle timeouts, heartbeats (the ping, and the reap
-//! of a peer that does not answer), close-handshake deadlines and the staggered drain close.
+//! of a peer that does not answer), the token's expiry and refresh grace (`token.rs`),
+//! close-handshake deadlines and the staggered drain close.
 
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -25,9 +26,10 @@ impl Session {
     }
 
     /// The deadline came (at `ctx.now`): the handshake or idle timeout of HTTP, the drain
-    /// close (`drain`: the code of the drain in progress), the heartbeat (ping, or the reap of
-    /// a peer that did not answer within the pong timeout), or the close-handshake deadline.
-    /// A call before the deadline does nothing.
+    /// close (`drain`: the code of the drain in progress), the token's expiry (`error`
+    /// `token_expired`) or the end of its refresh grace (close 4001), the heartbeat (ping, or
+    /// the reap of a peer that did not answer within the pong timeout), or the close-handshake
+    /// deadline. A call before the deadline does nothing.
     pub fn handle_timeout(&mut self, ctx: &Ctx, drain: Option<CloseCode>, rng: &mut impl Rng) {
         if !reached(ctx.now, self.deadline) {
             return;
@@ -52,7 +54,13 @@ impl Session {
                 self.flags.clear(Flags::DRAIN);
                 self.close(ctx, code, &reason.to_json(), ReapReason::Drain);
             }
-            State::Open => self.heartbeat(ctx),
+            State::Open => {
+                if self.token_timeout(ctx) {
+                    return;
+                }
+                self.heartbeat(ctx);
+                self.fold_token_deadline();
+            }
             State::ClosingByUs | State::Finishing | State::Lingering => self.kill(ReapReason::CloseTimeout),
             State::Closed => {}
         }

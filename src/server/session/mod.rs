@@ -17,7 +17,8 @@
 //! - this file: the record, its lifecycle ([`State`], [`Flags`]), WebSocket input, output,
 //!   closes;
 //! - `http.rs`: plain HTTP requests in, answers and the upgrade out;
-//! - `deadlines.rs`: the one deadline (handshake, heartbeat, close, drain);
+//! - `deadlines.rs`: the one deadline (handshake, heartbeat, token expiry, close, drain);
+//! - `token.rs`: the connection's grant (JWT auth) and its expiry, refresh and grace;
 //! - [`queue`]: the outbound queue of shared frames and the overflow policies;
 //! - [`reap`]: why a connection ended;
 //! - [`replay`]: resume replay paced by the queue, and live frames held behind it;
@@ -31,6 +32,7 @@ pub mod reap;
 pub mod replay;
 #[cfg(test)]
 mod tests;
+mod token;
 
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
@@ -44,6 +46,7 @@ use self::limits::{Limiter, Rates};
 use self::queue::OutQueue;
 pub use self::reap::ReapReason;
 use self::replay::Replay;
+pub use self::token::{token_due, MAX_TOKEN_TICKS, NO_GRANT};
 use super::metrics::CoreMetrics;
 use super::timer::TICK_MS;
 use crate::config::Config;
@@ -163,6 +166,9 @@ impl Flags {
     /// counted against `control_frames_rate` (unlike [`Flags::AWAIT_PONG`], which any input
     /// clears).
     pub const PONG_DUE: Flags = Flags(256);
+    /// The token reached its `exp`: `token_expired` was sent and the refresh grace runs
+    /// (docs/security.md).
+    pub const TOKEN_EXPIRED: Flags = Flags(512);
 
     /// Whether every bit of `f` is set.
     pub fn has(self, f: Flags) -> bool {
@@ -204,6 +210,9 @@ pub struct SessionConfig {
     pub max_publish_bytes: usize,
     /// `[limits.per_connection]` rates (publish messages and bytes, control frames).
     pub rates: Rates,
+    /// `auth.token_refresh_grace_ms` in ticks: how long a connection whose token expired may
+    /// still send `refresh` before it is closed with 4001 (0 without `[auth]`).
+    pub token_refresh_grace: Tick,
 }
 
 impl SessionConfig {
@@ -221,6 +230,7 @@ impl SessionConfig {
             max_header_bytes: l.max_header_bytes,
             max_publish_bytes: l.max_publish_bytes,
             rates: Rates::new(&l.per_connection, l.max_message_bytes),
+            token_refresh_grace: cfg.auth.as_ref().map_or(0, |a| ticks(a.token_refresh_grace_ms)),
         }
     }
 }
@@ -298,6 +308,13 @@ pub struct Session {
     /// something to count: a connection that neither publishes under a rate nor pings pays
     /// 8 bytes here.
     limiter: Option<Box<Limiter>>,
+    /// What the connection's token allows: an index into the core's interned grants
+    /// (`auth::grants::Grants`), or [`NO_GRANT`] without JWT auth. An index, not the claims:
+    /// connections with the same claims share one entry.
+    grant: u32,
+    /// When the token expires, or once it has ([`Flags::TOKEN_EXPIRED`]) when the refresh
+    /// grace ends; folded into `deadline`, so auth adds no timer.
+    token_due: Tick,
 }
 
 impl Session {
@@ -321,6 +338,8 @@ impl Session {
             last_drained: now,
             replays: None,
             limiter: None,
+            grant: NO_GRANT,
+            token_due: now,
         }
     }
 

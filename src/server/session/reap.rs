@@ -26,11 +26,15 @@ pub enum ReapReason {
     /// Closed with 1008 for going on far past a per-connection rate
     /// (`limits.per_connection`, docs/security.md).
     Limit,
+    /// The token expired and no refresh came within the grace (close 4001).
+    TokenExpired,
+    /// A `refresh` was refused (close 4003).
+    Forbidden,
 }
 
 impl ReapReason {
     /// Every reason, in label order.
-    pub const ALL: [ReapReason; 10] = [
+    pub const ALL: [ReapReason; 12] = [
         ReapReason::Close,
         ReapReason::Reset,
         ReapReason::Eof,
@@ -41,6 +45,8 @@ impl ReapReason {
         ReapReason::Drain,
         ReapReason::HandshakeTimeout,
         ReapReason::Limit,
+        ReapReason::TokenExpired,
+        ReapReason::Forbidden,
     ];
 
     /// The metrics label.
@@ -56,6 +62,8 @@ impl ReapReason {
             ReapReason::Drain => "drain",
             ReapReason::HandshakeTimeout => "handshake_timeout",
             ReapReason::Limit => "limit",
+            ReapReason::TokenExpired => "token_expired",
+            ReapReason::Forbidden => "forbidden",
         }
     }
 

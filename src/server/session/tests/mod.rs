@@ -36,6 +36,7 @@ fn cfg() -> SessionConfig {
         max_header_bytes: 8192,
         max_publish_bytes: 1 << 16,
         rates: super::limits::Rates::default(),
+        token_refresh_grace: 50,
     }
 }
 
@@ -213,3 +214,4 @@ mod lifecycle;
 mod limits;
 mod overflow;
 mod replay;
+mod token;
