@@ -19,11 +19,14 @@
 //! - [`load`]: `tether load`, the load generator (idle, fanout, connect, storm) behind the
 //!   benches; it can also drive other RFC 6455 servers (`--raw`).
 //! - [`client`]: the tokio client (`tether::client`) and the `sub`/`pub` command-line tools.
+//! - [`fuzz`]: fuzz targets for the parsers that read client bytes (handshake, frames, protocol,
+//!   chunked bodies) and the stable mutation engine that drives them (docs/security.md).
 
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod client;
 pub mod config;
+pub mod fuzz;
 pub mod http;
 pub mod limits;
 pub mod load;
