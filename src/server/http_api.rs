@@ -141,22 +141,31 @@ impl CoreState {
     fn http_publish(&mut self, id: ConnId, req: &Request, ch: &str, body: &[u8]) {
         let keep_alive = req.keep_alive;
         let bad = |reason: &str| http::error_response(400, reason, &[], keep_alive);
-        let Some(ch) = http::percent_decode(ch).filter(|c| protocol::valid_channel(c)) else {
-            return self.send(id, bad("invalid channel name: 1-128 bytes of [A-Za-z0-9._:-]"), keep_alive);
+        let decoded = http::percent_decode(ch);
+        let Some(ch) = decoded.as_deref().filter(|c| protocol::valid_channel(c)) else {
+            let reason = "invalid channel name: 1-128 bytes of [A-Za-z0-9._:-]";
+            let sent = decoded.as_deref().unwrap_or(ch);
+            super::events::publish_refused(self.me, self.conn(id).map(|s| s.fd), reason, sent.as_bytes());
+            return self.send(id, bad(reason), keep_alive);
         };
         let data = match protocol::parse_publish_body(body) {
             Ok(d) => d,
-            Err(e) => return self.send(id, bad(&e.reason), keep_alive),
+            Err(e) => {
+                super::events::publish_refused(self.me, self.conn(id).map(|s| s.fd), &e.reason, ch.as_bytes());
+                return self.send(id, bad(&e.reason), keep_alive);
+            }
         };
         let key = req.idempotency_key.as_deref();
         if key.is_some_and(|k| !protocol::valid_message_id(k)) {
-            return self.send(id, bad("Idempotency-Key must be 1-128 bytes"), keep_alive);
+            let reason = "Idempotency-Key must be 1-128 bytes";
+            super::events::publish_refused(self.me, self.conn(id).map(|s| s.fd), reason, ch.as_bytes());
+            return self.send(id, bad(reason), keep_alive);
         }
         if let Some(s) = self.conn(id) {
             s.await_answer(keep_alive);
         }
         let data = Bytes::copy_from_slice(data.get().as_bytes());
-        self.publish(id, &ch, key.map(Into::into), data);
+        self.publish(id, ch, key.map(Into::into), data);
     }
 
     /// RFC 6455 §4.2: validate, admit, answer 101 and switch the connection to WebSocket.
@@ -165,24 +174,43 @@ impl CoreState {
             Ok(a) => a,
             Err(e) => {
                 let why = if e.status == 426 { HandshakeFailure::Version } else { HandshakeFailure::BadRequest };
-                return self.reject(id, e, why, &[]);
+                return self.reject_request(id, req, e, why, &[]);
             }
         };
         let shared = self.shared.clone();
         let retry = [("Retry-After", RETRY_AFTER_S)];
         if shared.draining() {
-            return self.reject(id, HttpError::new(503, "server is draining"), HandshakeFailure::Draining, &retry);
+            return self.reject_request(
+                id,
+                req,
+                HttpError::new(503, "server is draining"),
+                HandshakeFailure::Draining,
+                &retry,
+            );
         }
         if !shared.config.origin_allowed(req.origin.as_deref()) {
-            return self.reject(id, HttpError::new(403, "origin not allowed"), HandshakeFailure::Origin, &[]);
+            return self.reject_request(
+                id,
+                req,
+                HttpError::new(403, "origin not allowed"),
+                HandshakeFailure::Origin,
+                &[],
+            );
         }
         if !self.take_accept_token() {
-            return self.reject(id, HttpError::new(503, "accept_rate exceeded"), HandshakeFailure::RateLimited, &retry);
+            return self.reject_request(
+                id,
+                req,
+                HttpError::new(503, "accept_rate exceeded"),
+                HandshakeFailure::RateLimited,
+                &retry,
+            );
         }
         if shared.open.fetch_add(1, Relaxed) >= shared.config.max_connections {
             shared.open.fetch_sub(1, Relaxed);
-            return self.reject(
+            return self.reject_request(
                 id,
+                req,
                 HttpError::new(503, "max_connections reached"),
                 HandshakeFailure::OverCapacity,
                 &retry,
@@ -206,6 +234,21 @@ impl CoreState {
     fn reject(&mut self, id: ConnId, e: HttpError, why: HandshakeFailure, extra: &[(&str, &str)]) {
         self.metrics().handshake_failure(why);
         super::events::handshake_failed(self.me, self.conn(id).map(|s| s.fd), why, e.status, e.reason);
+        self.send(id, http::handshake_rejection(e, extra), false);
+    }
+
+    /// [`Self::reject`] for a request whose head was read: the log line also names its
+    /// target and `Origin` (escaped).
+    fn reject_request(
+        &mut self,
+        id: ConnId,
+        req: &Request,
+        e: HttpError,
+        why: HandshakeFailure,
+        extra: &[(&str, &str)],
+    ) {
+        self.metrics().handshake_failure(why);
+        super::events::handshake_failed_for(self.me, self.conn(id).map(|s| s.fd), why, e.status, e.reason, req);
         self.send(id, http::handshake_rejection(e, extra), false);
     }
 

@@ -420,6 +420,7 @@ impl Session {
             Message::Text(p) => match protocol::parse_client_op(&p) {
                 Ok(op) => requests.push(op),
                 Err(e) => {
+                    crate::server::events::message_refused(self.fd, &e, &p);
                     self.reply(ctx, codec::text_frame(&e.to_json()));
                 }
             },
@@ -435,7 +436,8 @@ impl Session {
                 self.reply(ctx, codec::pong_frame(&p));
             }
             Message::Pong(_) => {}
-            Message::Close { code, .. } => {
+            Message::Close { code, reason } => {
+                crate::server::events::peer_closed(self.fd, code, &reason);
                 // Echo the peer's code (RFC 6455 §5.5.1), then close TCP once it is written.
                 let code = code.unwrap_or(CloseCode::Normal);
                 ctx.metrics.close(code);
