@@ -152,6 +152,23 @@ pub(crate) fn pieces<'a>(data: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
     out
 }
 
+/// Panics unless `split` (the outcome of `data` fed at `cuts`) equals `whole` (fed at once):
+/// the split invariant of the `what` target.
+pub(crate) fn assert_same_split<T: PartialEq + std::fmt::Debug>(
+    what: &str,
+    data: &[u8],
+    cuts: &[usize],
+    whole: &T,
+    split: &T,
+) {
+    if split != whole {
+        panic!(
+            "{what}: the outcome depends on the split at {cuts:?}\nwhole: {whole:#?}\nsplit: {split:#?}\ninput: {}",
+            hex_prefix(data, 512)
+        );
+    }
+}
+
 /// A deterministic hash (within one build) of anything hashable.
 pub(crate) fn hash_of(value: impl Hash) -> u64 {
     let mut h = DefaultHasher::new();

@@ -6,7 +6,9 @@ use std::io::Cursor;
 use tungstenite::protocol::frame::FrameHeader;
 
 use super::sim::{server_frames, Sim, Transcript};
-use super::{bucket, hash_of, hex_prefix, oracle, pieces, split_schedules, Signature, MAX_MESSAGE_BYTES};
+use super::{
+    assert_same_split, bucket, hash_of, hex_prefix, oracle, pieces, split_schedules, Signature, MAX_MESSAGE_BYTES,
+};
 use crate::protocol::{self, codes};
 use crate::ws::codec::{Decoder, Message, Violation};
 
@@ -64,13 +66,7 @@ pub fn frames_split(data: &[u8], cuts: &[usize]) -> Signature {
 }
 
 fn compare(data: &[u8], cuts: &[usize], whole: &Decoded) {
-    let split = decode(&pieces(data, cuts));
-    if split != *whole {
-        panic!(
-            "frames: the decoder's outcome depends on the split at {cuts:?}\nwhole: {whole:?}\nsplit: {split:?}\ninput: {}",
-            hex_prefix(data, 512)
-        );
-    }
+    assert_same_split("frames (decoder)", data, cuts, whole, &decode(&pieces(data, cuts)));
 }
 
 /// The decoder loop of `Session::decode`, over reads `pieces`.
@@ -139,13 +135,7 @@ fn check_session(data: &[u8], cuts: &[usize], decoded: &Decoded) {
         sim.run(&mut s, pieces)
     };
     let whole = run(&[data]);
-    let split = run(&pieces(data, cuts));
-    if split != whole {
-        panic!(
-            "frames: the session's outcome depends on the split at {cuts:?}\nwhole: {whole:#?}\nsplit: {split:#?}\ninput: {}",
-            hex_prefix(data, 512)
-        );
-    }
+    assert_same_split("frames (session)", data, cuts, &whole, &run(&pieces(data, cuts)));
     let mut answers = Vec::new();
     let mut requests = Vec::new();
     for m in &decoded.messages {

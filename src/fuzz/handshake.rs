@@ -1,7 +1,7 @@
 //! The `handshake` target: a client's bytes fed to a session speaking HTTP, whole and split.
 
 use super::sim::{Sim, Transcript};
-use super::{hash_of, hex_prefix, pieces, split_schedules, Signature};
+use super::{assert_same_split, hash_of, pieces, split_schedules, Signature};
 
 /// Feeds `data` to a fresh HTTP session as one read and as several split schedules, and
 /// panics unless every run saw the same requests (heads, bodies, what the routes derive from
@@ -32,13 +32,7 @@ fn run(pieces: &[&[u8]]) -> Transcript {
 }
 
 fn compare(data: &[u8], cuts: &[usize], whole: &Transcript) {
-    let split = run(&pieces(data, cuts));
-    if split != *whole {
-        panic!(
-            "handshake: the outcome depends on the split at {cuts:?}\nwhole: {whole:#?}\nsplit: {split:#?}\ninput: {}",
-            hex_prefix(data, 512)
-        );
-    }
+    assert_same_split("handshake", data, cuts, whole, &run(&pieces(data, cuts)));
 }
 
 /// The kinds of events (the first word of each, and the status of a refusal), the end state.

@@ -51,20 +51,28 @@ pub(super) const HTTP_TOKENS: &[&[u8]] = &[
     b"\x81\x85\x00\x00\x00\x00hello",
 ];
 
+/// The header of an empty frame masked with a zero key, whose first byte (FIN, RSV, opcode)
+/// is `first`.
+const fn empty_frame(first: u8) -> [u8; 6] {
+    [first, 0x80, 0, 0, 0, 0]
+}
+
 /// Frame header bytes, lengths, close codes and UTF-8 edge cases (for zero-mask payloads).
 pub(super) const FRAME_TOKENS: &[&[u8]] = &[
-    &[0x81, 0x80, 0, 0, 0, 0],
-    &[0x01, 0x80, 0, 0, 0, 0],
-    &[0x80, 0x80, 0, 0, 0, 0],
-    &[0x00, 0x80, 0, 0, 0, 0],
-    &[0x82, 0x80, 0, 0, 0, 0],
-    &[0x88, 0x80, 0, 0, 0, 0],
-    &[0x89, 0x80, 0, 0, 0, 0],
-    &[0x8a, 0x80, 0, 0, 0, 0],
-    &[0x83, 0x80, 0, 0, 0, 0],
-    &[0x8b, 0x80, 0, 0, 0, 0],
-    &[0xc1, 0x80, 0, 0, 0, 0],
-    &[0x09, 0x80, 0, 0, 0, 0],
+    // Text, non-final text, final and non-final continuation, binary, close, ping, pong, the
+    // reserved opcodes 3 and 0xB, text with RSV1, a non-final ping.
+    &empty_frame(0x81),
+    &empty_frame(0x01),
+    &empty_frame(0x80),
+    &empty_frame(0x00),
+    &empty_frame(0x82),
+    &empty_frame(0x88),
+    &empty_frame(0x89),
+    &empty_frame(0x8a),
+    &empty_frame(0x83),
+    &empty_frame(0x8b),
+    &empty_frame(0xc1),
+    &empty_frame(0x09),
     &[0x81, 0x01],
     &[0xfe, 0x00, 0x7e],
     &[0xfe, 0x10, 0x01],
