@@ -5,9 +5,10 @@
 //!   target and runs the mutation [`engine`] for a bounded time per target
 //!   (`TETHER_FUZZ_SECONDS`); `tests/fuzz_properties.rs` checks the same invariants with
 //!   `proptest` on generated requests, frame streams, JSON and chunked bodies;
-//! - `cargo run --release --example fuzz -- [TARGET…] --seconds N`: the same engine, as long
-//!   as wanted, on stable Rust;
-//! - `fuzz/libfuzzer/`: a `cargo fuzz` (libFuzzer, nightly) entry for those who have it.
+//! - `cargo run --release --example fuzz -- [TARGET…] --seconds N` (`fuzz/main.rs`): the same
+//!   engine, as long as wanted, on stable Rust.
+//!
+//! The targets are plain `fn(&[u8])`, so a libFuzzer or AFL harness needs one line per target.
 //!
 //! Each target takes raw bytes and panics only when an invariant breaks:
 //! - [`handshake`]: the bytes are a client's side of a connection, fed to a real session

@@ -19,8 +19,8 @@ const REQUEST_CODES: [&str; 4] = [codes::BAD_JSON, codes::BAD_OP, codes::BAD_REQ
 /// - an accepted publish body is compact and means the same JSON value as the body; a refused
 ///   one is `bad_json`.
 ///
-/// Returns the signature of the outcome: the op or the refusal code and reason (digits
-/// removed, so positions in serde's messages do not count).
+/// Returns the signature of the outcome: the op or the refusal code and reason (up to what it
+/// quotes of the client, digits removed, so positions in serde's messages do not count).
 pub fn protocol(data: &[u8]) -> Signature {
     // Valid JSON text: UTF-8 (RFC 8259 §8.1) and the grammar (serde_json checks no number
     // range when it only reads the syntax).
@@ -56,8 +56,10 @@ pub fn protocol(data: &[u8]) -> Signature {
         Ok(ClientOp::Sub { from, epoch, .. }) => format!("sub {} {}", from.is_some(), epoch.is_some()),
         Ok(ClientOp::Unsub { .. }) => "unsub".to_owned(),
         Ok(ClientOp::Pub { .. }) => "pub".to_owned(),
+        // Up to the first quote: serde's messages and `unknown op "…"` quote the client.
         Err(e) => {
-            format!("{} {}", e.code, e.reason.chars().filter(|c| !c.is_ascii_digit()).take(60).collect::<String>())
+            let reason = e.reason.split(['"', '`']).next().unwrap_or_default();
+            format!("{} {}", e.code, reason.chars().filter(|c| !c.is_ascii_digit()).collect::<String>())
         }
     };
     hash_of((shape, body.is_ok()))
