@@ -21,12 +21,15 @@
 //! - [`auth`]: JWT connection auth (docs/security.md): token verification, the per-core
 //!   table of interned grants, and `tether token`.
 //! - [`client`]: the tokio client (`tether::client`) and the `sub`/`pub` command-line tools.
+//! - [`fuzz`]: fuzz targets for the parsers that read client bytes (handshake, frames, protocol,
+//!   chunked bodies) and the stable mutation engine that drives them (docs/security.md).
 
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod auth;
 pub mod client;
 pub mod config;
+pub mod fuzz;
 pub mod http;
 pub mod limits;
 pub mod load;

@@ -5,7 +5,14 @@
 //! word that is neither a level nor a tether target (`verbose`, `warning`: the filter would
 //! read them as target names and silently log nothing more), is reported on stderr and logging
 //! falls back to `info`.
+//!
+//! Bytes a client chose (channel names, header values, close reasons) go into log lines only
+//! through [`Escaped`], so a client cannot forge lines or send terminal escapes to whoever
+//! reads the log (docs/security.md, "Logs").
 
+mod escape;
+
+pub use escape::{Escaped, MAX_LOGGED_BYTES};
 use tracing_subscriber::EnvFilter;
 
 /// The levels `TETHER_LOG` accepts, quietest last.

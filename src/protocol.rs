@@ -193,7 +193,12 @@ pub fn parse_client_op(text: &[u8]) -> Result<ClientOp, RequestError> {
         });
     }
     let fields: Fields<'_> = serde_json::from_slice(text).map_err(|e| match e.classify() {
-        serde_json::error::Category::Data => RequestError::new(codes::BAD_REQUEST, format!("bad message: {e}")),
+        // A repeated field is found as it is read, before a syntax error further on: text
+        // that is not JSON at all is still `bad_json`, which is checked first.
+        serde_json::error::Category::Data => match serde_json::from_slice::<serde::de::IgnoredAny>(text) {
+            Ok(_) => RequestError::new(codes::BAD_REQUEST, format!("bad message: {e}")),
+            Err(syntax) => RequestError::new(codes::BAD_JSON, format!("invalid JSON: {syntax}")),
+        },
         _ => RequestError::new(codes::BAD_JSON, format!("invalid JSON: {e}")),
     })?;
     let id = fields.id.and_then(json_str);

@@ -4,8 +4,13 @@
 //! "suppressed K similar lines" summary), so a storm of bad handshakes or a mass reap after a
 //! network cut does not become a storm of log lines.
 //!
-//! Callers are one-line hooks in the engine; nothing here touches connection state. The peer
-//! address is asked of the kernel (`getpeername`) only when a line is actually written.
+//! Callers are one-line hooks in the engine (the session included: a sans-IO state machine
+//! may log, as quinn-proto's does); nothing here touches connection state. The peer address is
+//! asked of the kernel (`getpeername`) only when a line is actually written.
+//!
+//! Bytes a client chose (request targets, header values, channel names, close reasons, the op
+//! of a refused request) are written through [`Escaped`] only: a client cannot forge a log
+//! line or send terminal escapes to whoever reads the log (docs/security.md, "Logs").
 
 use std::cell::RefCell;
 use std::os::fd::RawFd;
@@ -16,6 +21,10 @@ use tracing::Level;
 use super::metrics::HandshakeFailure;
 use super::session::reap::ReapReason;
 use crate::log_limit::{Admit, LogLimiter};
+use crate::logging::Escaped;
+use crate::protocol::close::CloseCode;
+use crate::protocol::RequestError;
+use crate::ws::handshake::Request;
 
 /// Lines per second per kind per core before suppression.
 pub const LINES_PER_SECOND: u32 = 10;
@@ -29,23 +38,39 @@ enum Kind {
     Reap = 1,
     Overflow = 2,
     Accept = 3,
+    Refused = 4,
+    PeerClose = 5,
 }
 
-const KIND_NAMES: [&str; 4] = ["handshake failure", "reap", "overflow close", "accept error"];
+const KINDS: usize = 6;
+const KIND_NAMES: [&str; KINDS] =
+    ["handshake failure", "reap", "overflow close", "accept error", "refused request", "peer close"];
 
 struct State {
     epoch: Instant,
-    limiters: [LogLimiter; 4],
+    limiters: [LogLimiter; KINDS],
     last_drain_line_ms: Option<u64>,
+    /// This thread's core, for lines whose caller does not know it (the session).
+    core: usize,
 }
 
 thread_local! {
     // One per core thread: cores never share it.
     static STATE: RefCell<State> = RefCell::new(State {
         epoch: Instant::now(),
-        limiters: [const { LogLimiter::new(LINES_PER_SECOND, 1000) }; 4],
+        limiters: [const { LogLimiter::new(LINES_PER_SECOND, 1000) }; KINDS],
         last_drain_line_ms: None,
+        core: usize::MAX,
     });
+}
+
+/// Records that this thread runs core `core` (called once when the core starts).
+pub fn set_core(core: usize) {
+    STATE.with(|s| s.borrow_mut().core = core);
+}
+
+fn this_core() -> usize {
+    STATE.with(|s| s.borrow().core)
 }
 
 fn now_ms(st: &State) -> u64 {
@@ -98,6 +123,64 @@ pub fn http_auth_failed(core: usize, fd: Option<RawFd>, endpoint: &str, reason: 
     }
 }
 
+/// [`handshake_failed`] for a request whose head was read: also its target (`path`) and
+/// `Origin`, escaped (client bytes). `debug`, rate-limited.
+pub fn handshake_failed_for(
+    core: usize,
+    fd: Option<RawFd>,
+    why: HandshakeFailure,
+    status: u16,
+    reason: &str,
+    req: &Request,
+) {
+    if tracing::enabled!(Level::DEBUG) && admit(Kind::Handshake, Level::DEBUG, core) {
+        let path = Escaped::str(&req.path);
+        let origin = Escaped::str(req.origin.as_deref().unwrap_or(""));
+        tracing::debug!(core, peer = %peer(fd), why = why.label(), status, reason, ?path, ?origin, "handshake failed");
+    }
+}
+
+/// A WebSocket text message refused as a request (answered with an `error` of code
+/// `e.code`): its reason (which may quote the client's op) and the channel it named, if it
+/// is a JSON object with a string `ch` (read from `text` only when the line is written), both
+/// escaped. `debug`, rate-limited.
+pub fn message_refused(fd: RawFd, e: &RequestError, text: &[u8]) {
+    let core = this_core();
+    if tracing::enabled!(Level::DEBUG) && admit(Kind::Refused, Level::DEBUG, core) {
+        let ch = channel_of(text).unwrap_or_default();
+        let (reason, ch) = (Escaped::str(&e.reason), Escaped::str(&ch));
+        tracing::debug!(core, peer = %peer(Some(fd)), code = e.code, ?reason, ?ch, "request refused");
+    }
+}
+
+/// An HTTP publish answered 400 (`reason`): `channel` is the `{channel}` segment of its target
+/// as sent (percent-decoded when it decodes), escaped. `debug`, rate-limited.
+pub fn publish_refused(core: usize, fd: Option<RawFd>, reason: &str, channel: &[u8]) {
+    if tracing::enabled!(Level::DEBUG) && admit(Kind::Refused, Level::DEBUG, core) {
+        let ch = Escaped(channel);
+        tracing::debug!(core, peer = %peer(fd), status = 400, reason, ?ch, "publish refused");
+    }
+}
+
+fn channel_of(text: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Ch {
+        ch: Option<String>,
+    }
+    serde_json::from_slice::<Ch>(text).ok()?.ch
+}
+
+/// The peer sent a close frame: its code (`None`: no status) and reason, escaped (client
+/// bytes). `debug`, rate-limited.
+pub fn peer_closed(fd: RawFd, code: Option<CloseCode>, reason: &[u8]) {
+    let core = this_core();
+    if tracing::enabled!(Level::DEBUG) && admit(Kind::PeerClose, Level::DEBUG, core) {
+        let code = code.map(u16::from);
+        let reason = Escaped(reason);
+        tracing::debug!(core, peer = %peer(Some(fd)), code, ?reason, "peer sent a close frame");
+    }
+}
+
 /// An upgraded connection removed, with why: `debug`, rate-limited.
 pub fn reaped(core: usize, fd: RawFd, why: ReapReason) {
     if tracing::enabled!(Level::DEBUG) && admit(Kind::Reap, Level::DEBUG, core) {
@@ -131,6 +214,8 @@ pub fn flush_suppressed(core: usize) {
             (Kind::Reap, Level::DEBUG),
             (Kind::Overflow, Level::INFO),
             (Kind::Accept, Level::WARN),
+            (Kind::Refused, Level::DEBUG),
+            (Kind::PeerClose, Level::DEBUG),
         ] {
             if let Some(n) = s.limiters[kind as usize].flush(now) {
                 summary(level, core, kind, n);

@@ -162,26 +162,35 @@ impl CoreState {
         self.send(id, resp, keep_alive);
     }
 
-    /// `POST /publish/{channel}`: body = the JSON value that becomes `data`.
-    fn http_publish(&mut self, id: ConnId, req: &Request, ch: &str, body: &[u8]) {
+    /// `POST /publish/{channel}`: body = the JSON value that becomes `data`. A bad channel,
+    /// body or `Idempotency-Key` is answered 400 with the reason (and logged, channel escaped).
+    fn http_publish(&mut self, id: ConnId, req: &Request, raw_ch: &str, body: &[u8]) {
         let keep_alive = req.keep_alive;
-        let bad = |reason: &str| http::error_response(400, reason, &[], keep_alive);
-        let Some(ch) = http::percent_decode(ch).filter(|c| protocol::valid_channel(c)) else {
-            return self.send(id, bad("invalid channel name: 1-128 bytes of [A-Za-z0-9._:-]"), keep_alive);
-        };
-        let data = match protocol::parse_publish_body(body) {
-            Ok(d) => d,
-            Err(e) => return self.send(id, bad(&e.reason), keep_alive),
-        };
+        let decoded = http::percent_decode(raw_ch);
         let key = req.idempotency_key.as_deref();
-        if key.is_some_and(|k| !protocol::valid_message_id(k)) {
-            return self.send(id, bad("Idempotency-Key must be 1-128 bytes"), keep_alive);
-        }
+        let checked = match decoded.as_deref().filter(|c| protocol::valid_channel(c)) {
+            None => Err("invalid channel name: 1-128 bytes of [A-Za-z0-9._:-]".into()),
+            Some(ch) => match protocol::parse_publish_body(body) {
+                Err(e) => Err(std::borrow::Cow::Owned(e.reason)),
+                Ok(_) if key.is_some_and(|k| !protocol::valid_message_id(k)) => {
+                    Err("Idempotency-Key must be 1-128 bytes".into())
+                }
+                Ok(data) => Ok((ch, data)),
+            },
+        };
+        let (ch, data) = match checked {
+            Ok(ok) => ok,
+            Err(reason) => {
+                let sent = decoded.as_deref().unwrap_or(raw_ch);
+                super::events::publish_refused(self.me, self.conn(id).map(|s| s.fd), &reason, sent.as_bytes());
+                return self.send(id, http::error_response(400, &reason, &[], keep_alive), keep_alive);
+            }
+        };
         if let Some(s) = self.conn(id) {
             s.await_answer(keep_alive);
         }
         let data = Bytes::copy_from_slice(data.get().as_bytes());
-        self.publish(id, &ch, key.map(Into::into), data);
+        self.publish(id, ch, key.map(Into::into), data);
     }
 
     /// RFC 6455 §4.2: validate, admit (draining, `Origin`, the JWT when `[auth]` is on, the
@@ -191,16 +200,16 @@ impl CoreState {
             Ok(a) => a,
             Err(e) => {
                 let why = if e.status == 426 { HandshakeFailure::Version } else { HandshakeFailure::BadRequest };
-                return self.reject(id, e, why, &[]);
+                return self.refuse(id, req, e, why, &[]);
             }
         };
         let shared = self.shared.clone();
         let retry = [("Retry-After", RETRY_AFTER_S)];
         if shared.draining() {
-            return self.reject(id, HttpError::new(503, "server is draining"), HandshakeFailure::Draining, &retry);
+            return self.refuse(id, req, HttpError::new(503, "server is draining"), HandshakeFailure::Draining, &retry);
         }
         if !shared.config.origin_allowed(req.origin.as_deref()) {
-            return self.reject(id, HttpError::new(403, "origin not allowed"), HandshakeFailure::Origin, &[]);
+            return self.refuse(id, req, HttpError::new(403, "origin not allowed"), HandshakeFailure::Origin, &[]);
         }
         let verified = match self.verify_upgrade(req) {
             Ok(v) => v,
@@ -210,16 +219,13 @@ impl CoreState {
             }
         };
         if !self.take_accept_token() {
-            return self.reject(id, HttpError::new(503, "accept_rate exceeded"), HandshakeFailure::RateLimited, &retry);
+            let e = HttpError::new(503, "accept_rate exceeded");
+            return self.refuse(id, req, e, HandshakeFailure::RateLimited, &retry);
         }
         if shared.open.fetch_add(1, Relaxed) >= shared.config.max_connections {
             shared.open.fetch_sub(1, Relaxed);
-            return self.reject(
-                id,
-                HttpError::new(503, "max_connections reached"),
-                HandshakeFailure::OverCapacity,
-                &retry,
-            );
+            let e = HttpError::new(503, "max_connections reached");
+            return self.refuse(id, req, e, HandshakeFailure::OverCapacity, &retry);
         }
         let m = self.metrics();
         m.upgraded.fetch_add(1, Relaxed);
@@ -242,6 +248,14 @@ impl CoreState {
     fn reject(&mut self, id: ConnId, e: HttpError, why: HandshakeFailure, extra: &[(&str, &str)]) {
         self.metrics().handshake_failure(why);
         super::events::handshake_failed(self.me, self.conn(id).map(|s| s.fd), why, e.status, e.reason);
+        self.send(id, http::handshake_rejection(e, extra), false);
+    }
+
+    /// [`Self::reject`] for a request whose head was read: the log line also names its
+    /// target and `Origin` (escaped).
+    fn refuse(&mut self, id: ConnId, req: &Request, e: HttpError, why: HandshakeFailure, extra: &[(&str, &str)]) {
+        self.metrics().handshake_failure(why);
+        super::events::handshake_failed_for(self.me, self.conn(id).map(|s| s.fd), why, e.status, e.reason, req);
         self.send(id, http::handshake_rejection(e, extra), false);
     }
 

@@ -340,6 +340,7 @@ fn core_thread(
         monoio::FusionRuntime::Legacy(_) => "epoll",
     };
     tracing::info!(core = i, driver, "core started");
+    events::set_core(i);
     rt.block_on(async move {
         let listener = match TcpListener::from_std(listener) {
             Ok(l) => l,

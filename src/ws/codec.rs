@@ -58,7 +58,7 @@ impl Violation {
     const STRAY_CONTINUATION: Self = Self::protocol("continuation frame without a message in progress");
     const INTERLEAVED_MESSAGE: Self = Self::protocol("new data frame while a fragmented message is in progress");
     const CLOSE_ONE_BYTE: Self = Self::protocol("close frame payload of 1 byte");
-    const BAD_CLOSE_CODE: Self = Self::protocol("close code not allowed on the wire");
+    pub(crate) const BAD_CLOSE_CODE: Self = Self::protocol("close code not allowed on the wire");
     const INVALID_UTF8: Self = Violation { code: CloseCode::Invalid, reason: "invalid UTF-8 in text" };
     const MESSAGE_TOO_BIG: Self = Violation { code: CloseCode::Size, reason: "message too big" };
 }

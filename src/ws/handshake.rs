@@ -137,7 +137,11 @@ fn bearer_credentials(value: &str) -> Option<&str> {
 pub fn parse_request(buf: &[u8], max_head_bytes: usize) -> Result<Option<Request>, HttpError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut headers);
-    let head_len = match parsed.parse(buf) {
+    // Only the first `max_head_bytes` are ever parsed: what lies beyond the limit must not
+    // decide the answer, or a head over the limit would get 400 or 431 depending on how its
+    // bytes were split into reads (found by the `handshake` fuzz target).
+    let window = &buf[..buf.len().min(max_head_bytes)];
+    let head_len = match parsed.parse(window) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => {
             // A head that fills the limit without ending can only complete beyond it.

@@ -73,6 +73,11 @@ impl Server {
         format!("ws://{}/ws", self.addr)
     }
 
+    /// The server's whole stderr log, as bytes (whatever they are).
+    pub fn log_bytes(&self) -> Vec<u8> {
+        std::fs::read(&self.log_path).unwrap_or_default()
+    }
+
     /// The last `n` lines of the server's stderr log.
     pub fn log_tail(&self, n: usize) -> String {
         let text = std::fs::read_to_string(&self.log_path).unwrap_or_default();

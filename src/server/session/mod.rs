@@ -459,6 +459,7 @@ impl Session {
                 }
                 Ok(op) => requests.push(op),
                 Err(e) => {
+                    crate::server::events::message_refused(self.fd, &e, &p);
                     self.reply(ctx, codec::text_frame(&e.to_json()));
                 }
             },
@@ -480,7 +481,8 @@ impl Session {
                 // Unsolicited (RFC 6455 §5.5.3 allows it): nothing to answer, but counted.
                 self.admit_control(ctx);
             }
-            Message::Close { code, .. } => {
+            Message::Close { code, reason } => {
+                crate::server::events::peer_closed(self.fd, code, &reason);
                 // Echo the peer's code (RFC 6455 §5.5.1), then close TCP once it is written.
                 let code = code.unwrap_or(CloseCode::Normal);
                 ctx.metrics.close(code);

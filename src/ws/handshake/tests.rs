@@ -85,6 +85,20 @@ fn oversize_heads_get_431() {
 }
 
 #[test]
+fn bytes_beyond_the_head_limit_do_not_decide_the_answer() {
+    // Found by the `handshake` fuzz target (fuzz/corpus/handshake/regress_431_or_400): a head
+    // over the limit whose first malformed byte lies beyond the limit got 400 when it arrived
+    // in one read and 431 when it arrived in pieces. Now it is 431 whatever the reads.
+    let mut head = b"GET / HTTP/1.1\r\nHost: h\r\nX-Big: ".to_vec();
+    head.resize(60, b'a');
+    head.extend_from_slice(b"\x01\r\n\r\n");
+    assert_eq!(parse_request(&head, 60).unwrap_err(), HttpError::new(431, "request head too large"));
+    assert_eq!(parse_request(&head[..60], 60).unwrap_err(), HttpError::new(431, "request head too large"));
+    // Within the limit, the same bytes are malformed.
+    assert_eq!(parse_request(&head, 100).unwrap_err().status, 400);
+}
+
+#[test]
 fn header_count_limit() {
     let fields = |n: usize| (0..n).map(|i| format!("X-H{i}: v\r\n")).collect::<String>();
     let ok = format!("GET / HTTP/1.1\r\nHost: h\r\n{}\r\n", fields(MAX_HEADERS - 1));

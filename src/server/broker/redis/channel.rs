@@ -281,7 +281,7 @@ impl Chan {
             let rewritten = stored.is_some_and(|d| *d != *self.last_data);
             if went_back || rewritten {
                 tracing::warn!(
-                    channel = %self.name, head, delivered = self.last, went_back, rewritten,
+                    channel = ?crate::logging::Escaped::str(&self.name), head, delivered = self.last, went_back, rewritten,
                     "channel history changed in redis under the same epoch; new epoch"
                 );
                 epoch = self.ctx.bump_epoch(&self.name, &epoch).await.map_err(|_| ())?;
