@@ -21,6 +21,8 @@
 //! - [`auth`]: JWT connection auth (docs/security.md): token verification, the per-core
 //!   table of interned grants, and `tether token`.
 //! - [`client`]: the tokio client (`tether::client`) and the `sub`/`pub` command-line tools.
+//! - [`feeds`]: upstream feeds owned by leases (docs/feeds.md), so far the feed record and the
+//!   lease store (memory, Redis); not used by the server yet.
 //! - [`fuzz`]: fuzz targets for the parsers that read client bytes (handshake, frames, protocol,
 //!   chunked bodies) and the stable mutation engine that drives them (docs/security.md).
 
@@ -29,6 +31,7 @@
 pub mod auth;
 pub mod client;
 pub mod config;
+pub mod feeds;
 pub mod fuzz;
 pub mod http;
 pub mod limits;

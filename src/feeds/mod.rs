@@ -1,0 +1,35 @@
+//! Upstream feeds owned by leases (DESIGN §6 "Upstream feeds", docs/feeds.md): so far the
+//! feed record and the lease store that later slices (the owner task, the reconcile, the admin
+//! API, `[feeds]` config) build on. Nothing in the server uses this module yet.
+//!
+//! A feed is an outbound WebSocket to an upstream source whose messages are republished into
+//! one channel. Exactly one node may hold it at a time: the holder of the feed's **lease**.
+//! The lease rules, enforced by every [`LeaseStore`]:
+//! - `acquire` succeeds only when the lease is free (never held, released, or expired:
+//!   `lease_expires_at_ms <= now_ms`) and increments the **fencing token** by one;
+//! - `renew` and `release` succeed only for the current holder: same `lease_owner` and same
+//!   fencing token; `renew` also needs the lease unexpired;
+//! - `release` sets `lease_expires_at_ms` to 0 (free at once), keeps `last_seq`, and
+//!   announces the feed id to [`LeaseStore::released`] subscribers.
+//!
+//! Times are milliseconds passed in by the caller (Unix epoch ms in production), never read
+//! from a clock here: with several nodes, each uses its own clock, so the rules hold only if
+//! the nodes' clocks agree within the skew margin a holder keeps before its expiry (DESIGN §7
+//! `[feeds] skew_margin_ms`, 2 s by default).
+//!
+//! # Layout
+//! - [`record`]: the [`Feed`] record ([`FeedDef`] + [`Lease`]) and the validation of a
+//!   definition;
+//! - [`store`]: the [`LeaseStore`] trait and [`LeaseError`];
+//! - [`memory`]: [`MemoryLeaseStore`], for one process;
+//! - [`redis`]: [`RedisLeaseStore`], the broker's Redis, one Lua script per compare-and-set.
+
+pub mod memory;
+pub mod record;
+pub mod redis;
+pub mod store;
+
+pub use memory::MemoryLeaseStore;
+pub use record::{DesiredState, Feed, FeedDef, FeedError, Lease};
+pub use redis::RedisLeaseStore;
+pub use store::{LeaseError, LeaseStore};

@@ -1,0 +1,326 @@
+//! [`RedisLeaseStore`]: feeds and leases in the broker's Redis (`[broker] url`/`urls`,
+//! `key_prefix`), each compare-and-set one Lua script (`EVALSHA`, `EVAL` after a
+//! `NOSCRIPT`, through `redis::Script`).
+//!
+//! | what | name | type |
+//! |---|---|---|
+//! | feed | `PREFIX{feeds}:feed:ID` | hash: the [`FeedDef`] fields, `lease_owner`, `lease_expires_at_ms`, `fencing_token`, `last_seq` (absent = none) |
+//! | index | `PREFIX{feeds}:ids` | set of feed ids, for `list` |
+//! | releases | `PREFIXfeeds:released` | pub/sub topic, payload the feed id |
+//!
+//! All keys share the hash tag `{feeds}`: on a Redis Cluster they live in one slot, so a
+//! script may write a feed and the index together and `get_many` reads any number of feeds
+//! in one script call. Feeds are few (thousands at most), so one slot is no hot spot.
+//!
+//! Time: the scripts compare the caller's `now_ms`, not Redis `TIME`, so that the memory and
+//! Redis stores follow one rule and tests can step a simulated clock. The price is the clock
+//! assumption of [`crate::feeds`]: nodes' clocks agree within the skew margin.
+
+use redis::Script;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use super::record::{validate_id, DesiredState, Feed, FeedDef, FeedError, Lease};
+use super::store::{check_lease_args, LeaseError, LeaseStore};
+use crate::config::Broker as BrokerConfig;
+use crate::server::broker::redis::link::Link;
+
+/// `put`: KEYS feed, index; ARGV id then the six definition fields. Returns 1 if created.
+const PUT_LUA: &str = r#"
+local created = redis.call('EXISTS', KEYS[1]) == 0 and 1 or 0
+redis.call('HSET', KEYS[1], 'url', ARGV[2], 'channel', ARGV[3], 'desired_state', ARGV[4],
+  'subscribe', ARGV[5], 'resume_query', ARGV[6], 'seq_pointer', ARGV[7])
+redis.call('SADD', KEYS[2], ARGV[1])
+return created
+"#;
+
+/// `delete`: KEYS feed, index; ARGV id. Returns 1 if it existed.
+const DELETE_LUA: &str = r#"
+local n = redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], ARGV[1])
+return n
+"#;
+
+/// `acquire`: KEYS feed; ARGV owner, now_ms, lease_ms. Returns `{'ok', token}`,
+/// `{'held', owner, expires}` or `{'missing'}`.
+const ACQUIRE_LUA: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
+local m = redis.call('HMGET', KEYS[1], 'lease_owner', 'lease_expires_at_ms')
+local now = tonumber(ARGV[2])
+local exp = tonumber(m[2] or '0')
+if exp > now then return {'held', m[1] or '', m[2]} end
+local t = redis.call('HINCRBY', KEYS[1], 'fencing_token', 1)
+redis.call('HSET', KEYS[1], 'lease_owner', ARGV[1],
+  'lease_expires_at_ms', string.format('%d', now + tonumber(ARGV[3])))
+return {'ok', string.format('%d', t)}
+"#;
+
+/// `renew`: KEYS feed; ARGV owner, token, now_ms, lease_ms, has_seq (0/1), last_seq.
+/// Returns `{'ok'}`, `{'lost', owner, token, expires}` or `{'missing'}`.
+const RENEW_LUA: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
+local m = redis.call('HMGET', KEYS[1], 'lease_owner', 'fencing_token', 'lease_expires_at_ms')
+local now = tonumber(ARGV[3])
+if m[1] ~= ARGV[1] or m[2] ~= ARGV[2] or tonumber(m[3] or '0') <= now then
+  return {'lost', m[1] or '', m[2] or '0', m[3] or '0'}
+end
+redis.call('HSET', KEYS[1], 'lease_expires_at_ms', string.format('%d', now + tonumber(ARGV[4])))
+if ARGV[5] == '1' then redis.call('HSET', KEYS[1], 'last_seq', ARGV[6]) end
+return {'ok'}
+"#;
+
+/// `release`: KEYS feed; ARGV owner, token, has_seq (0/1), last_seq, topic, id. Returns
+/// `{'ok'}`, `{'lost', owner, token, expires}` or `{'missing'}`; publishes the id on `ok`.
+const RELEASE_LUA: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
+local m = redis.call('HMGET', KEYS[1], 'lease_owner', 'fencing_token', 'lease_expires_at_ms')
+if m[1] ~= ARGV[1] or m[2] ~= ARGV[2] then
+  return {'lost', m[1] or '', m[2] or '0', m[3] or '0'}
+end
+redis.call('HSET', KEYS[1], 'lease_expires_at_ms', '0')
+if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'last_seq', ARGV[4]) end
+redis.call('PUBLISH', ARGV[5], ARGV[6])
+return {'ok'}
+"#;
+
+/// `get_many`: KEYS the feeds. Returns one entry per key: the [`FIELDS`] values, or nil for
+/// a missing feed.
+const GET_MANY_LUA: &str = r#"
+local out = {}
+for i = 1, #KEYS do
+  local v = redis.call('HMGET', KEYS[i], 'url', 'channel', 'desired_state', 'subscribe',
+    'resume_query', 'seq_pointer', 'lease_owner', 'lease_expires_at_ms', 'fencing_token', 'last_seq')
+  if v[1] then out[i] = v else out[i] = false end
+end
+return out
+"#;
+
+/// Largest `now_ms + lease_ms` the scripts compute exactly: Lua numbers are doubles, exact up
+/// to 2^53 (year 287,396 in Unix epoch ms).
+const MAX_EXACT_MS: u64 = 1 << 53;
+
+/// Refuses a time the scripts could not add exactly; errors name `now_ms`.
+fn check_time(now_ms: u64, lease_ms: u64) -> Result<(), LeaseError> {
+    if now_ms.saturating_add(lease_ms) <= MAX_EXACT_MS {
+        Ok(())
+    } else {
+        Err(LeaseError::Invalid(FeedError { field: "now_ms", reason: format!("{now_ms} + lease_ms is past 2^53 ms") }))
+    }
+}
+
+/// The hash fields `get_many` reads, in order.
+const FIELDS: usize = 10;
+
+/// A lease store in the broker's Redis (single instance or Cluster). Cheap to share behind
+/// an `Arc`; requests are multiplexed on one connection.
+pub struct RedisLeaseStore {
+    link: Link,
+    /// For the pub/sub connection of [`LeaseStore::released`]: a Cluster broadcasts `PUBLISH`
+    /// to every node, so one seed is enough.
+    pubsub_url: String,
+    prefix: String,
+    put: Script,
+    delete: Script,
+    acquire: Script,
+    renew: Script,
+    release: Script,
+    get_many: Script,
+}
+
+fn store_err(e: impl std::fmt::Display) -> LeaseError {
+    LeaseError::Store(e.to_string())
+}
+
+fn num(s: Option<&String>) -> u64 {
+    s.and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+/// Maps a `{'lost', owner, token, expires}` / `{'missing'}` / `{'ok'}` script reply.
+fn outcome(reply: Vec<String>) -> Result<(), LeaseError> {
+    match reply.first().map(String::as_str) {
+        Some("ok") => Ok(()),
+        Some("missing") => Err(LeaseError::NotFound),
+        Some("lost") => Err(LeaseError::Lost {
+            owner: reply.get(1).filter(|o| !o.is_empty()).cloned(),
+            fencing_token: num(reply.get(2)),
+            expires_at_ms: num(reply.get(3)),
+        }),
+        _ => Err(LeaseError::Store(format!("unexpected script reply {reply:?}"))),
+    }
+}
+
+/// Builds a feed from `get_many`'s field values for `id`.
+fn feed_of(id: &str, v: Vec<Option<String>>) -> Result<Feed, LeaseError> {
+    if v.len() != FIELDS {
+        return Err(LeaseError::Store(format!("feed {id}: {} fields read, {FIELDS} expected", v.len())));
+    }
+    let mut it = v.into_iter();
+    let mut next = || it.next().flatten();
+    let text = |s: Option<String>| s.unwrap_or_default();
+    let (url, channel, state) = (text(next()), text(next()), text(next()));
+    let (subscribe, resume_query, seq_pointer) = (text(next()), text(next()), text(next()));
+    let desired_state = DesiredState::parse(&state)
+        .ok_or_else(|| LeaseError::Store(format!("feed {id}: stored desired_state {state:?}")))?;
+    let lease_owner = next();
+    let lease_expires_at_ms = num(next().as_ref());
+    let fencing_token = num(next().as_ref());
+    let last_seq = next();
+    Ok(Feed {
+        def: FeedDef { id: id.to_owned(), url, channel, desired_state, subscribe, resume_query, seq_pointer },
+        lease: Lease { lease_owner, lease_expires_at_ms, fencing_token, last_seq },
+    })
+}
+
+impl RedisLeaseStore {
+    /// Connects to the Redis of `[broker]` (`url`, or `urls` for a Cluster; `key_prefix`;
+    /// `request_timeout_ms` bounds each call). Errors: a bad URL, a refused or timed-out
+    /// connection.
+    pub async fn connect(cfg: &BrokerConfig) -> Result<RedisLeaseStore, LeaseError> {
+        let timeout = std::time::Duration::from_millis(cfg.request_timeout_ms);
+        let link = Link::open(cfg, None, timeout).await.map_err(store_err)?;
+        let pubsub_url = cfg.cluster_urls().and_then(|u| u.into_iter().next()).unwrap_or_else(|| cfg.url.clone());
+        Ok(RedisLeaseStore {
+            link,
+            pubsub_url,
+            prefix: cfg.key_prefix.clone(),
+            put: Script::new(PUT_LUA),
+            delete: Script::new(DELETE_LUA),
+            acquire: Script::new(ACQUIRE_LUA),
+            renew: Script::new(RENEW_LUA),
+            release: Script::new(RELEASE_LUA),
+            get_many: Script::new(GET_MANY_LUA),
+        })
+    }
+
+    /// The hash of feed `id`: `PREFIX{feeds}:feed:ID`.
+    pub fn feed_key(&self, id: &str) -> String {
+        format!("{}{{feeds}}:feed:{id}", self.prefix)
+    }
+
+    /// The set of feed ids: `PREFIX{feeds}:ids`.
+    pub fn index_key(&self) -> String {
+        format!("{}{{feeds}}:ids", self.prefix)
+    }
+
+    /// The release notification topic: `PREFIXfeeds:released` (`tether:feeds:released`).
+    pub fn released_topic(&self) -> String {
+        format!("{}feeds:released", self.prefix)
+    }
+}
+
+impl LeaseStore for RedisLeaseStore {
+    async fn put(&self, def: &FeedDef) -> Result<bool, LeaseError> {
+        def.validate()?;
+        let mut inv = self.put.key(self.feed_key(&def.id));
+        inv.key(self.index_key()).arg(&def.id).arg(&def.url).arg(&def.channel);
+        inv.arg(def.desired_state.as_str()).arg(&def.subscribe).arg(&def.resume_query).arg(&def.seq_pointer);
+        let created: i64 = inv.invoke_async(&mut self.link.clone()).await.map_err(store_err)?;
+        Ok(created == 1)
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<Feed>, LeaseError> {
+        let mut v = self.get_many(&[id.to_owned()]).await?;
+        Ok(v.pop().flatten())
+    }
+
+    async fn delete(&self, id: &str) -> Result<bool, LeaseError> {
+        validate_id(id)?;
+        let mut inv = self.delete.key(self.feed_key(id));
+        inv.key(self.index_key()).arg(id);
+        let n: i64 = inv.invoke_async(&mut self.link.clone()).await.map_err(store_err)?;
+        Ok(n == 1)
+    }
+
+    async fn acquire(&self, id: &str, owner: &str, now_ms: u64, lease_ms: u64) -> Result<u64, LeaseError> {
+        check_lease_args(id, owner, Some(lease_ms), None)?;
+        check_time(now_ms, lease_ms)?;
+        let mut inv = self.acquire.key(self.feed_key(id));
+        inv.arg(owner).arg(now_ms).arg(lease_ms);
+        let reply: Vec<String> = inv.invoke_async(&mut self.link.clone()).await.map_err(store_err)?;
+        match reply.first().map(String::as_str) {
+            Some("ok") => {
+                reply.get(1).and_then(|t| t.parse().ok()).ok_or_else(|| store_err(format!("acquire reply {reply:?}")))
+            }
+            Some("held") => Err(LeaseError::Held {
+                owner: reply.get(1).cloned().unwrap_or_default(),
+                expires_at_ms: num(reply.get(2)),
+            }),
+            Some("missing") => Err(LeaseError::NotFound),
+            _ => Err(store_err(format!("unexpected acquire reply {reply:?}"))),
+        }
+    }
+
+    async fn renew(
+        &self,
+        id: &str,
+        owner: &str,
+        token: u64,
+        now_ms: u64,
+        lease_ms: u64,
+        last_seq: Option<&str>,
+    ) -> Result<(), LeaseError> {
+        check_lease_args(id, owner, Some(lease_ms), last_seq)?;
+        check_time(now_ms, lease_ms)?;
+        let mut inv = self.renew.key(self.feed_key(id));
+        inv.arg(owner).arg(token).arg(now_ms).arg(lease_ms);
+        inv.arg(if last_seq.is_some() { "1" } else { "0" }).arg(last_seq.unwrap_or(""));
+        outcome(inv.invoke_async(&mut self.link.clone()).await.map_err(store_err)?)
+    }
+
+    async fn release(&self, id: &str, owner: &str, token: u64, last_seq: Option<&str>) -> Result<(), LeaseError> {
+        check_lease_args(id, owner, None, last_seq)?;
+        let mut inv = self.release.key(self.feed_key(id));
+        inv.arg(owner).arg(token);
+        inv.arg(if last_seq.is_some() { "1" } else { "0" }).arg(last_seq.unwrap_or(""));
+        inv.arg(self.released_topic()).arg(id);
+        outcome(inv.invoke_async(&mut self.link.clone()).await.map_err(store_err)?)
+    }
+
+    async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<Feed>>, LeaseError> {
+        for id in ids {
+            validate_id(id)?;
+        }
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut inv = self.get_many.prepare_invoke();
+        for id in ids {
+            inv.key(self.feed_key(id));
+        }
+        let rows: Vec<Option<Vec<Option<String>>>> =
+            inv.invoke_async(&mut self.link.clone()).await.map_err(store_err)?;
+        if rows.len() != ids.len() {
+            return Err(store_err(format!("get_many: {} rows for {} ids", rows.len(), ids.len())));
+        }
+        ids.iter().zip(rows).map(|(id, row)| row.map(|v| feed_of(id, v)).transpose()).collect()
+    }
+
+    async fn list(&self) -> Result<Vec<Feed>, LeaseError> {
+        let ids: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(self.index_key())
+            .query_async(&mut self.link.clone())
+            .await
+            .map_err(store_err)?;
+        // An id in the index is valid (put checked it); a malformed one was written by
+        // something else and is skipped rather than failing the whole list.
+        let ids: Vec<String> = ids.into_iter().filter(|id| validate_id(id).is_ok()).collect();
+        Ok(self.get_many(&ids).await?.into_iter().flatten().collect())
+    }
+
+    async fn released(&self) -> Result<UnboundedReceiver<String>, LeaseError> {
+        let client = redis::Client::open(self.pubsub_url.as_str()).map_err(store_err)?;
+        let mut pubsub = client.get_async_pubsub().await.map_err(store_err)?;
+        pubsub.subscribe(self.released_topic()).await.map_err(store_err)?;
+        let (tx, rx) = unbounded_channel();
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            let mut messages = pubsub.into_on_message();
+            while let Some(msg) = messages.next().await {
+                let Ok(id) = msg.get_payload::<String>() else { continue };
+                if tx.send(id).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(rx)
+    }
+}

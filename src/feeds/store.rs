@@ -1,0 +1,150 @@
+//! The lease store seam (STYLE 5): one small async trait, two backends ([`super::memory`],
+//! [`super::redis`]).
+
+use std::future::Future;
+
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::record::{validate_id, validate_owner, validate_seq, Feed, FeedDef, FeedError};
+
+/// Why a lease store call did not do what was asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseError {
+    /// An argument or definition field is malformed; nothing was written.
+    Invalid(FeedError),
+    /// No feed with that id.
+    NotFound,
+    /// `acquire`: someone holds an unexpired lease. Retry after `expires_at_ms` or on a
+    /// release notification.
+    Held {
+        /// The holder.
+        owner: String,
+        /// When its lease ends (ms, the holder's clock).
+        expires_at_ms: u64,
+    },
+    /// `renew` / `release`: the caller is not the current holder (another owner or a newer
+    /// fencing token: it was taken over), or (`renew` only) its lease has expired. The caller
+    /// must stop the feed at once.
+    Lost {
+        /// The owner now recorded (`None` if never acquired).
+        owner: Option<String>,
+        /// The fencing token now recorded.
+        fencing_token: u64,
+        /// The expiry now recorded (ms).
+        expires_at_ms: u64,
+    },
+    /// The store failed (connection, timeout, unexpected reply); the outcome of a write is
+    /// unknown. Retry; for a renew, treat the lease as lost once its margin passes.
+    Store(String),
+}
+
+impl std::fmt::Display for LeaseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LeaseError::Invalid(e) => write!(f, "invalid {e}"),
+            LeaseError::NotFound => f.write_str("no such feed"),
+            LeaseError::Held { owner, expires_at_ms } => {
+                write!(f, "lease held by {owner} until {expires_at_ms} ms")
+            }
+            LeaseError::Lost { owner, fencing_token, expires_at_ms } => write!(
+                f,
+                "lease lost: now owner {}, fencing token {fencing_token}, expires {expires_at_ms} ms",
+                owner.as_deref().unwrap_or("(none)")
+            ),
+            LeaseError::Store(e) => write!(f, "lease store failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for LeaseError {}
+
+impl From<FeedError> for LeaseError {
+    fn from(e: FeedError) -> Self {
+        LeaseError::Invalid(e)
+    }
+}
+
+/// Checks the arguments of `acquire`, `renew` and `release` before any store sees them: the
+/// id, the owner, `lease_ms` when the call has one (1 ..= 86,400,000, one day) and `last_seq`
+/// when given. Errors name the field.
+pub(super) fn check_lease_args(
+    id: &str,
+    owner: &str,
+    lease_ms: Option<u64>,
+    last_seq: Option<&str>,
+) -> Result<(), FeedError> {
+    validate_id(id)?;
+    validate_owner(owner)?;
+    if let Some(ms) = lease_ms.filter(|ms| !(1..=86_400_000).contains(ms)) {
+        return Err(FeedError { field: "lease_ms", reason: format!("{ms} is not 1 ..= 86400000 ms") });
+    }
+    last_seq.map(validate_seq).transpose()?;
+    Ok(())
+}
+
+/// Where feeds and their leases live. Every method is one atomic step of the store (one Lua
+/// script or one command on Redis, one critical section in memory); the lease rules are those
+/// of the module doc ([`crate::feeds`]). Times are milliseconds given by the caller, so the
+/// store never reads a clock; ids, owners and `last_seq` are checked first and refused with
+/// [`LeaseError::Invalid`] naming the field.
+pub trait LeaseStore: Send + Sync {
+    /// Creates or replaces a feed definition after [`FeedDef::validate`]; the lease fields
+    /// of an existing feed are kept. Returns `true` if the feed was created.
+    fn put(&self, def: &FeedDef) -> impl Future<Output = Result<bool, LeaseError>> + Send;
+
+    /// The feed `id`, or `None`.
+    fn get(&self, id: &str) -> impl Future<Output = Result<Option<Feed>, LeaseError>> + Send;
+
+    /// Deletes the feed `id` with its lease; returns whether it existed. A holder's next
+    /// renew then fails with [`LeaseError::NotFound`].
+    fn delete(&self, id: &str) -> impl Future<Output = Result<bool, LeaseError>> + Send;
+
+    /// Takes the lease for `owner` until `now_ms + lease_ms` if it is free at `now_ms`
+    /// (`lease_expires_at_ms <= now_ms`); returns the new fencing token (the previous one plus
+    /// one). Errors: [`LeaseError::Held`], [`LeaseError::NotFound`]. The desired state is not
+    /// checked: the caller decides which feeds to run.
+    fn acquire(
+        &self,
+        id: &str,
+        owner: &str,
+        now_ms: u64,
+        lease_ms: u64,
+    ) -> impl Future<Output = Result<u64, LeaseError>> + Send;
+
+    /// Extends the lease of `owner` holding fencing token `token` to `now_ms + lease_ms` and
+    /// stores `last_seq` when given. Errors: [`LeaseError::Lost`] when the owner or token
+    /// differ or the lease expired at `now_ms`; [`LeaseError::NotFound`].
+    fn renew(
+        &self,
+        id: &str,
+        owner: &str,
+        token: u64,
+        now_ms: u64,
+        lease_ms: u64,
+        last_seq: Option<&str>,
+    ) -> impl Future<Output = Result<(), LeaseError>> + Send;
+
+    /// Gives the lease up: `lease_expires_at_ms = 0`, `last_seq` stored when given (kept
+    /// otherwise), and the id sent to every [`LeaseStore::released`] subscriber. Allowed past
+    /// expiry as long as nobody acquired since (same token). Errors: [`LeaseError::Lost`],
+    /// [`LeaseError::NotFound`].
+    fn release(
+        &self,
+        id: &str,
+        owner: &str,
+        token: u64,
+        last_seq: Option<&str>,
+    ) -> impl Future<Output = Result<(), LeaseError>> + Send;
+
+    /// The feeds `ids`, in order (`None` where missing), read in one round trip: the
+    /// reconcile's read.
+    fn get_many(&self, ids: &[String]) -> impl Future<Output = Result<Vec<Option<Feed>>, LeaseError>> + Send;
+
+    /// Every feed, in no particular order.
+    fn list(&self) -> impl Future<Output = Result<Vec<Feed>, LeaseError>> + Send;
+
+    /// A stream of released feed ids (any node's releases, for a shared store), from the
+    /// moment this returns. Delivery is best effort (Redis pub/sub: at most once); the
+    /// periodic reconcile covers a missed one.
+    fn released(&self) -> impl Future<Output = Result<UnboundedReceiver<String>, LeaseError>> + Send;
+}
