@@ -145,6 +145,7 @@ pub trait LeaseStore: Send + Sync {
 
     /// A stream of released feed ids (any node's releases, for a shared store), from the
     /// moment this returns. Delivery is best effort (Redis pub/sub: at most once); the
-    /// periodic reconcile covers a missed one.
+    /// periodic reconcile covers a missed one. The stream ends (`recv` gives `None`) if the
+    /// store's notification connection is lost; call again to resubscribe.
     fn released(&self) -> impl Future<Output = Result<UnboundedReceiver<String>, LeaseError>> + Send;
 }
