@@ -60,6 +60,11 @@ pub mod codes {
     /// `retry_after_ms`. The connection stays (a client that goes on far past a rate is closed
     /// with 1008).
     pub const LIMIT: &str = "limit";
+    /// A feed's publish carried a fencing token lower than the highest the broker has seen
+    /// for that feed: the lease passed to another owner, and this publish was not stored (no
+    /// seq, no dedup record). Never retried: it carries no `retry_after_ms` (docs/feeds.md
+    /// "Fencing"). Only feed runners publish with a fence, so no client receives it.
+    pub const FENCED: &str = "fenced";
 }
 
 /// One client → server request (docs/protocol.md).
@@ -123,6 +128,12 @@ impl RequestError {
     /// A [`codes::UNAVAILABLE`] refusal: retry after `retry_after_ms` milliseconds.
     pub fn unavailable(reason: impl Into<String>, retry_after_ms: u64) -> Self {
         Self { code: codes::UNAVAILABLE, reason: reason.into(), id: None, retry_after_ms: Some(retry_after_ms) }
+    }
+
+    /// A [`codes::FENCED`] refusal of a publish for `feed` with the stale fencing `token`
+    /// (lower than `highest`, the highest seen for `feed`); never with `retry_after_ms`.
+    pub fn fenced(feed: &str, token: u64, highest: u64) -> Self {
+        Self::new(codes::FENCED, format!("feed {feed}: fencing token {token} is below {highest}"))
     }
 
     /// A [`codes::LIMIT`] refusal; `retry_after_ms` (milliseconds) when waiting can help.

@@ -178,7 +178,7 @@ pub fn redis_alone(redis: &RedisServer, secs: f64, channels: usize, size: usize)
                                 .collect();
                             let mut call = PublishCall::default();
                             for (ch, id, data) in &pubs {
-                                call.push(ch, Some(id), data, || history);
+                                call.push(ch, Some(id), data, None, || history);
                             }
                             let cmd = pipe.cmd("EVALSHA").arg(&sha);
                             call.args(&keys, &params, |a| {

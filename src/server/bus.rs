@@ -43,8 +43,22 @@ pub enum PublishResult {
         /// The channel's seq for this message.
         seq: u64,
     },
-    /// Refused (a broker that cannot store it now, or `limits.max_channels` reached).
+    /// Refused (a broker that cannot store it now, `limits.max_channels` reached, or a fenced
+    /// publish whose token is stale: [`crate::protocol::codes::FENCED`]).
     Refused(Box<RequestError>),
+}
+
+/// The fence of a publish made on behalf of an upstream feed (docs/feeds.md "Fencing", issue 11
+/// item 5): the channel's home refuses it (code [`crate::protocol::codes::FENCED`]) when it has
+/// seen a higher `token` for `feed`, and otherwise raises the highest token it keeps for `feed`
+/// to `token`, atomically with the publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// The feed's id (`crate::feeds::FeedDef::id`: 1–64 bytes, no `:`).
+    pub feed: Box<str>,
+    /// The fencing token of the lease the publisher holds (`crate::feeds::Lease`'s
+    /// `fencing_token`: 1 on the first acquire, one more on each next one).
+    pub token: u64,
 }
 
 /// A request about one channel, from a subscriber's or publisher's core to the channel's
@@ -62,6 +76,10 @@ pub enum Request {
         data: Bytes,
         /// Who gets the answer.
         reply: Option<ConnRef>,
+        /// `Some` for a feed's publish: refused as `fenced` (not stored, no seq, not recorded
+        /// for dedup) when the home saw a higher token for the feed. `None` for every other
+        /// publish (clients, HTTP).
+        fence: Option<Fence>,
     },
     /// Subscribe `conn` to `ch`, resuming after `from` when given (and `epoch` matches).
     /// Answered with [`CoreMsg::Subscribed`].

@@ -308,7 +308,7 @@ impl CoreState {
             s.flags.set(Flags::PUBLISHER);
         }
         let reply = Some(ConnRef { core: self.me as u16, id: reply });
-        self.broker.request(&mut self.router, Request::Publish { ch: ch.into(), id, data, reply });
+        self.broker.request(&mut self.router, Request::Publish { ch: ch.into(), id, data, reply, fence: None });
     }
 
     /// Hands a fetch of the next replay batch of `conn` to the broker.

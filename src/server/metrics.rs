@@ -124,6 +124,9 @@ pub struct CoreMetrics {
     pub published: AtomicU64,
     /// Publishes answered from the dedup window instead of being published again.
     pub publish_duplicates: AtomicU64,
+    /// Feed publishes refused as `fenced` (a stale fencing token, docs/feeds.md): memory
+    /// broker on the channel's home core, Redis broker on the core that asked.
+    pub feed_fenced: AtomicU64,
     /// Frames queued to subscribers on this core (one per subscriber per message).
     pub delivered: AtomicU64,
     /// Pings sent by the heartbeat.
@@ -221,6 +224,13 @@ pub fn render(cores: &[CoreMetrics], draining: bool) -> String {
         "counter",
         "Publishes answered from the dedup window.",
         per_core(&|m| m.publish_duplicates.load(Relaxed)),
+    );
+    counter(
+        &mut out,
+        "tether_feed_fenced_total",
+        "counter",
+        "Feed publishes refused because a higher fencing token was seen for the feed.",
+        per_core(&|m| m.feed_fenced.load(Relaxed)),
     );
     counter(
         &mut out,

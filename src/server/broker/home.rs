@@ -12,7 +12,7 @@ use bytes::Bytes;
 use super::cap::ChannelCap;
 use super::epoch::Numbering;
 use crate::protocol::ResetReason;
-use crate::server::bus::Resume;
+use crate::server::bus::{Fence, Resume};
 
 /// Home core of a channel: FNV-1a of its name modulo the core count. Deterministic, so every
 /// core computes the same home without asking.
@@ -28,6 +28,26 @@ pub fn home_of(ch: &str, cores: usize) -> usize {
 /// History frames handed out per replay batch: a resume streams history in batches as the
 /// subscriber drains, never the whole history into one queue.
 pub const REPLAY_BATCH: usize = 512;
+
+/// Feeds whose fencing tokens one channel keeps at most (memory broker): a channel is the
+/// target of one feed, or a few during a migration; a fenced publish of a further feed is
+/// refused with `limit`.
+pub const MAX_FEEDS_PER_CHANNEL: usize = 16;
+
+/// How a fenced publish's token compares with what its channel's home has seen for its feed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceCheck {
+    /// The token is the highest seen for the feed (or equal to it): the publish may go on,
+    /// and the token is now the feed's highest.
+    Accepted,
+    /// A higher token was seen for the feed: the publish must be refused (`fenced`).
+    Fenced {
+        /// The highest token seen for the feed.
+        highest: u64,
+    },
+    /// The channel already keeps [`MAX_FEEDS_PER_CHANNEL`] other feeds: refused (`limit`).
+    TooManyFeeds,
+}
 
 /// One channel at its home.
 pub struct HomeChannel {
@@ -47,6 +67,9 @@ pub struct HomeChannel {
     interest: Vec<u32>,
     /// When the last message was published (ms on the core's clock).
     last_publish_ms: u64,
+    /// The highest fencing token seen per feed publishing here (feed id, token); at most
+    /// [`MAX_FEEDS_PER_CHANNEL`] entries, empty (no allocation) for a channel no feed fences.
+    fences: Vec<(Box<str>, u64)>,
 }
 
 impl HomeChannel {
@@ -189,6 +212,7 @@ impl Homes {
                     history_cap,
                     interest: vec![0; self.cores],
                     last_publish_ms: 0,
+                    fences: Vec::new(),
                 },
             );
         }
@@ -198,6 +222,32 @@ impl Homes {
     /// Looks a channel up without creating it.
     pub fn get(&self, ch: &str) -> Option<&HomeChannel> {
         self.chans.get(ch)
+    }
+
+    /// Checks the fence of a publish to `ch` (creating the channel when absent) and, when
+    /// accepted, raises the highest token kept for `fence.feed` to `fence.token`. The memory
+    /// broker calls it and then [`Homes::publish`] in one step on the home core, so nothing
+    /// comes between the check and the publish. `None` when `ch` does not exist and
+    /// `limits.max_channels` channels do (nothing is kept).
+    ///
+    /// The tokens live as long as the channel stays in the table: a channel forgotten by
+    /// [`Homes::sweep`] (idle, no subscriber) forgets them too (docs/feeds.md "Fencing").
+    pub fn fence(&mut self, ch: &str, fence: &Fence, history_cap: usize) -> Option<FenceCheck> {
+        let c = self.channel(ch, history_cap)?;
+        let full = c.fences.len() >= MAX_FEEDS_PER_CHANNEL;
+        let check = match c.fences.iter_mut().find(|(f, _)| **f == *fence.feed) {
+            Some((_, highest)) if *highest > fence.token => FenceCheck::Fenced { highest: *highest },
+            Some((_, highest)) => {
+                *highest = fence.token;
+                FenceCheck::Accepted
+            }
+            None if full => FenceCheck::TooManyFeeds,
+            None => {
+                c.fences.push((fence.feed.clone(), fence.token));
+                FenceCheck::Accepted
+            }
+        };
+        Some(check)
     }
 
     /// Publishes `data` (raw JSON) on `ch`: assigns the next seq, encodes the frame once,
@@ -382,6 +432,58 @@ mod tests {
         assert!(other_ch.frame.is_some());
         let (late, _) = publish(&mut h, "a", Some("x"), b"1", 10, 2000);
         assert_eq!(late.seq, 2);
+    }
+
+    /// A fenced publish as the memory broker makes it: the fence check, then the publish
+    /// when accepted; the seq, or the check that refused it.
+    fn fenced_publish(h: &mut Homes, ch: &str, feed: &str, token: u64, id: Option<&str>) -> Result<u64, FenceCheck> {
+        let fence = Fence { feed: feed.into(), token };
+        match h.fence(ch, &fence, 10).expect("no channel cap in reach") {
+            FenceCheck::Accepted => Ok(publish(h, ch, id, b"1", 10, 0).0.seq),
+            refused => Err(refused),
+        }
+    }
+
+    #[test]
+    fn a_stale_fencing_token_is_refused_and_takes_no_seq() {
+        let mut h = homes(1);
+        assert_eq!(fenced_publish(&mut h, "a", "f", 1, Some("f:1")), Ok(1));
+        assert_eq!(fenced_publish(&mut h, "a", "f", 2, Some("f:2")), Ok(2));
+        assert_eq!(fenced_publish(&mut h, "a", "f", 2, Some("f:3")), Ok(3), "an equal token goes on");
+        // The ex-owner (token 1) is fenced out: no seq, no history, no dedup record.
+        assert_eq!(fenced_publish(&mut h, "a", "f", 1, Some("f:4")), Err(FenceCheck::Fenced { highest: 2 }));
+        assert_eq!(h.get("a").unwrap().head, 3);
+        assert_eq!(h.dedup.get("a", "f:4", 0), None);
+        // The owner's next publish gets the next seq (no gap), even with the refused id.
+        assert_eq!(fenced_publish(&mut h, "a", "f", 2, Some("f:4")), Ok(4));
+        // Another feed on the same channel, and the same feed on another channel, are apart.
+        assert_eq!(fenced_publish(&mut h, "a", "g", 1, None), Ok(5));
+        assert_eq!(fenced_publish(&mut h, "b", "f", 1, None), Ok(1));
+        // Unfenced publishes are not affected.
+        assert_eq!(publish(&mut h, "a", None, b"1", 10, 0).0.seq, 6);
+        // A takeover raises the highest: the old owner's token is refused from then on.
+        assert_eq!(fenced_publish(&mut h, "a", "f", u64::MAX, None), Ok(7));
+        assert_eq!(fenced_publish(&mut h, "a", "f", u64::MAX - 1, None), Err(FenceCheck::Fenced { highest: u64::MAX }));
+    }
+
+    #[test]
+    fn a_channel_keeps_the_tokens_of_a_bounded_number_of_feeds() {
+        let mut h = homes(1);
+        for i in 0..MAX_FEEDS_PER_CHANNEL as u64 {
+            assert_eq!(fenced_publish(&mut h, "a", &format!("f{i}"), 1, None), Ok(i + 1));
+        }
+        assert_eq!(fenced_publish(&mut h, "a", "one.more", 1, None), Err(FenceCheck::TooManyFeeds));
+        assert_eq!(h.get("a").unwrap().head, MAX_FEEDS_PER_CHANNEL as u64, "nothing stored");
+        assert_eq!(fenced_publish(&mut h, "a", "f0", 1, None), Ok(MAX_FEEDS_PER_CHANNEL as u64 + 1));
+    }
+
+    #[test]
+    fn a_fence_check_over_max_channels_keeps_nothing() {
+        let cap = Arc::new(ChannelCap::new(1));
+        let mut h = Homes::new(1, Dedup::new(1000, 100), Numbering::new(E.into(), TOMBSTONES_PER_CORE), cap);
+        publish(&mut h, "a", None, b"1", 10, 0);
+        assert_eq!(h.fence("b", &Fence { feed: "f".into(), token: 1 }, 10), None);
+        assert!(h.get("b").is_none());
     }
 
     #[test]

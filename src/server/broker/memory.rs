@@ -7,8 +7,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use super::epoch::{Numbering, TOMBSTONES_PER_CORE};
-use super::home::{home_of, Dedup, Homes};
+use super::home::{home_of, Dedup, FenceCheck, Homes, MAX_FEEDS_PER_CHANNEL};
 use super::{Broker, Request};
+use crate::protocol::RequestError;
 use crate::server::bus::{BusMsg, CoreMsg, PublishResult, Resume, Router};
 use crate::server::metrics::Limit;
 use crate::server::Shared;
@@ -40,8 +41,33 @@ impl Broker for MemoryBroker {
     fn serve(&mut self, router: &mut Router, now_ms: u64, req: Request) {
         let metrics = &self.shared.metrics[router.me()];
         match req {
-            Request::Publish { ch, id, data, reply } => {
+            Request::Publish { ch, id, data, reply, fence } => {
                 let cap = self.shared.config.channel_rule(&ch).history;
+                let refusal = match fence.as_ref().map(|f| (f, self.homes.fence(&ch, f, cap))) {
+                    None | Some((_, Some(FenceCheck::Accepted))) => None,
+                    Some((_, None)) => {
+                        metrics.limit_refused(Limit::MaxChannels);
+                        Some(self.shared.channels.refusal())
+                    }
+                    Some((f, Some(FenceCheck::Fenced { highest }))) => {
+                        metrics.feed_fenced.fetch_add(1, Relaxed);
+                        Some(RequestError::fenced(&f.feed, f.token, highest))
+                    }
+                    Some((f, Some(FenceCheck::TooManyFeeds))) => Some(RequestError::limit(
+                        format!(
+                            "channel {ch} keeps fencing tokens of {MAX_FEEDS_PER_CHANNEL} feeds; not of {}",
+                            f.feed
+                        ),
+                        None,
+                    )),
+                };
+                if let Some(refusal) = refusal {
+                    if let Some(r) = reply {
+                        let result = PublishResult::Refused(Box::new(refusal));
+                        router.to_core(r.core as usize, CoreMsg::Published { reply: r, ch, id, result });
+                    }
+                    return;
+                }
                 let Some((p, name)) = self.homes.publish(&ch, id.as_deref(), &data, cap, now_ms) else {
                     metrics.limit_refused(Limit::MaxChannels);
                     if let Some(r) = reply {

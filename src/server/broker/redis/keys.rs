@@ -10,20 +10,31 @@
 //! | meta | `PREFIX{CH}:m` | hash: `seq` (last seq), `epoch` |
 //! | history | `PREFIX{CH}:s` | stream, entry id `SEQ-0`, field `d` = the message JSON |
 //! | dedup | `PREFIX{CH}:d:ID` | string: the seq stored for publish id `ID` |
+//! | fences | `PREFIX{CH}:f` | hash: feed id → highest fencing token seen (docs/feeds.md) |
 //! | topic | `PREFIX{CH}` | (sharded) pub/sub channel, payload `SEQ EPOCH DATA` |
 
-/// The publish script: stores a batch of publishes (dedup check, seq, history, fan-out,
-/// expiry), in order, in one call.
+/// The publish script: stores a batch of publishes (fence check, dedup check, seq, history,
+/// fan-out, expiry), in order, in one call.
 ///
 /// With `C` channels and `N` publishes (build them with [`PublishCall`]):
 /// - KEYS: per channel `c` = 1..C its meta then its stream (`KEYS[2c-1]`, `KEYS[2c]`), then per
 ///   publish `i` = 1..N its dedup key (`KEYS[2C+i]`; for a publish without id any key of its
-///   channel, untouched, so that every key stays in the channel's slot);
+///   channel, untouched, so that every key stays in the channel's slot), then per publish its
+///   channel's fence hash (`KEYS[2C+N+i]`; for an unfenced publish any key of its channel,
+///   untouched);
 /// - ARGV: `C`, ttl in ms, dedup window in ms, the epoch for a channel without one, `PUBLISH` or
 ///   `SPUBLISH`; then per channel its topic and history length (0 keeps none); then per
-///   publish its channel's index `c`, `1` when it has an id (else `0`), and its data.
+///   publish its channel's index `c`, `1` when it has an id (else `0`), its data, its feed id
+///   (empty when unfenced) and its fencing token (decimal, `0` when unfenced).
 ///
-/// Returns `N` triples `seq, epoch, duplicate` in one flat array, in publish order. A publish
+/// Returns `N` triples `seq, epoch, kind` in one flat array, in publish order; `kind` is `0`
+/// for a publish stored now, `1` for a duplicate, `2` for a fenced-out one.
+///
+/// A fenced publish is checked first: when its feed's field in the fence hash holds a higher
+/// token (compared as decimal strings, exact over the whole u64 range), it is fenced out: its
+/// triple is `highest token, epoch (or empty), 2`, and nothing is written for it (no seq, no
+/// dedup key, no history, no fan-out). Otherwise the field is set to its token, the hash's
+/// expiry pushed to the ttl, and the publish goes on as an unfenced one. A publish
 /// whose dedup key exists (stored by an earlier call, or by an earlier publish of this call)
 /// is a duplicate: it returns the seq stored for it and the channel's epoch (empty if the
 /// channel has none), and publishes nothing. Any other gets the channel's next seq: its dedup
@@ -46,8 +57,11 @@ pub const PUBLISH_LUA: &str = r#"#!lua
 local nc = tonumber(ARGV[1])
 local ttl, window, fresh, command = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local base = 5 + 2 * nc
-local n = (#ARGV - base) / 3
+local n = (#ARGV - base) / 5
 local epoch, seq, head = {}, {}, {}
+local function lower(a, b)
+  return #a < #b or (#a == #b and a < b)
+end
 for c = 1, nc do
   local m = redis.call('HMGET', KEYS[2 * c - 1], 'epoch', 'seq')
   epoch[c], seq[c] = m[1], tonumber(m[2] or '0')
@@ -56,12 +70,25 @@ end
 local out, claimed = {}, nil
 local function store()
   for i = 1, n do
-    local a = base + 3 * i - 2
+    local a = base + 5 * i - 4
     local c, id, data = tonumber(ARGV[a]), ARGV[a + 1] == '1', ARGV[a + 2]
+    local feed, token, highest = ARGV[a + 3], ARGV[a + 4], nil
+    if feed ~= '' then
+      highest = redis.call('HGET', KEYS[2 * nc + n + i], feed)
+      if highest and not lower(token, highest) then
+        highest = nil
+      end
+      if not highest then
+        redis.call('HSET', KEYS[2 * nc + n + i], feed, token)
+        redis.call('PEXPIRE', KEYS[2 * nc + n + i], ttl)
+      end
+    end
     local s = seq[c] + 1
     local ss = string.format('%d', s)
-    local old = id and redis.call('SET', KEYS[2 * nc + i], ss, 'NX', 'GET', 'PX', window)
-    if old then
+    local old = not highest and id and redis.call('SET', KEYS[2 * nc + i], ss, 'NX', 'GET', 'PX', window)
+    if highest then
+      out[3 * i - 2], out[3 * i - 1], out[3 * i] = highest, epoch[c] or '', 2
+    elseif old then
       out[3 * i - 2], out[3 * i - 1], out[3 * i] = tonumber(old), epoch[c] or '', 1
     else
       if id then claimed = KEYS[2 * nc + i] end
@@ -181,6 +208,11 @@ impl Keys {
         format!("{}{{{ch}}}:d:{id}", self.prefix)
     }
 
+    /// The fence hash of `ch` (feed id → highest fencing token seen).
+    pub fn fence(&self, ch: &str) -> String {
+        format!("{}{{{ch}}}:f", self.prefix)
+    }
+
     /// The pub/sub topic of `ch`.
     pub fn topic(&self, ch: &str) -> String {
         format!("{}{{{ch}}}", self.prefix)
@@ -207,6 +239,10 @@ pub struct PublishParams<'a> {
     pub command: &'a str,
 }
 
+/// One publish of a [`PublishCall`]: its channel's index from 1, its id, its data and its
+/// fence (feed id, fencing token).
+type CallPub<'a> = (usize, Option<&'a str>, &'a [u8], Option<(&'a str, u64)>);
+
 /// The arguments of one [`PUBLISH_LUA`] call, built publish by publish: the channels in the
 /// order they first appear, each publish pointing at its channel. Sans-IO; the caller writes
 /// [`PublishCall::args`] after `EVALSHA sha` (or `EVAL script`).
@@ -216,14 +252,21 @@ pub struct PublishCall<'a> {
     /// here plus one.
     channels: Vec<(&'a str, usize)>,
     index: std::collections::HashMap<&'a str, usize>,
-    /// `(channel index from 1, id, data)` per publish.
-    pubs: Vec<(usize, Option<&'a str>, &'a [u8])>,
+    pubs: Vec<CallPub<'a>>,
 }
 
 impl<'a> PublishCall<'a> {
-    /// Adds a publish of `data` to `ch` (with publish id `id`, if any). `history` gives the
-    /// channel's history length; it is asked once per channel of the call.
-    pub fn push(&mut self, ch: &'a str, id: Option<&'a str>, data: &'a [u8], history: impl FnOnce() -> usize) {
+    /// Adds a publish of `data` to `ch` (with publish id `id`, if any; with `fence` = (feed id,
+    /// fencing token), if any). `history` gives the channel's history length; it is asked once
+    /// per channel of the call.
+    pub fn push(
+        &mut self,
+        ch: &'a str,
+        id: Option<&'a str>,
+        data: &'a [u8],
+        fence: Option<(&'a str, u64)>,
+        history: impl FnOnce() -> usize,
+    ) {
         let c = match self.index.get(ch) {
             Some(&c) => c,
             None => {
@@ -232,7 +275,7 @@ impl<'a> PublishCall<'a> {
                 self.channels.len()
             }
         };
-        self.pubs.push((c, id, data));
+        self.pubs.push((c, id, data, fence));
     }
 
     /// Publishes added.
@@ -249,15 +292,22 @@ impl<'a> PublishCall<'a> {
     /// ARGV (their shapes are in [`PUBLISH_LUA`]).
     pub fn args(&self, keys: &Keys, p: &PublishParams, mut arg: impl FnMut(&[u8])) {
         let n = |v: usize| v.to_string();
-        arg(n(2 * self.channels.len() + self.pubs.len()).as_bytes());
+        arg(n(2 * self.channels.len() + 2 * self.pubs.len()).as_bytes());
         for (ch, _) in &self.channels {
             arg(keys.meta(ch).as_bytes());
             arg(keys.stream(ch).as_bytes());
         }
-        for (c, id, _) in &self.pubs {
+        for (c, id, _, _) in &self.pubs {
             let ch = self.channels[c - 1].0;
             match id {
                 Some(id) => arg(keys.dedup(ch, id).as_bytes()),
+                None => arg(keys.meta(ch).as_bytes()),
+            }
+        }
+        for (c, _, _, fence) in &self.pubs {
+            let ch = self.channels[c - 1].0;
+            match fence {
+                Some(_) => arg(keys.fence(ch).as_bytes()),
                 None => arg(keys.meta(ch).as_bytes()),
             }
         }
@@ -270,10 +320,13 @@ impl<'a> PublishCall<'a> {
             arg(keys.topic(ch).as_bytes());
             arg(n(*history).as_bytes());
         }
-        for (c, id, data) in &self.pubs {
+        for (c, id, data, fence) in &self.pubs {
             arg(n(*c).as_bytes());
             arg(if id.is_some() { b"1" } else { b"0" });
             arg(data);
+            let (feed, token) = fence.unwrap_or(("", 0));
+            arg(feed.as_bytes());
+            arg(token.to_string().as_bytes());
         }
     }
 }
@@ -315,6 +368,7 @@ mod tests {
         assert_eq!(k.meta("news.eu"), "tether:{news.eu}:m");
         assert_eq!(k.stream("news.eu"), "tether:{news.eu}:s");
         assert_eq!(k.dedup("news.eu", "a b"), "tether:{news.eu}:d:a b");
+        assert_eq!(k.fence("news.eu"), "tether:{news.eu}:f");
         assert_eq!(k.topic("news.eu"), "tether:{news.eu}");
         assert_eq!(k.channel_of(b"tether:{news.eu}"), Some("news.eu"));
         assert_eq!(k.channel_of(b"other:{news.eu}"), None);
@@ -333,10 +387,10 @@ mod tests {
                 h
             }
         };
-        call.push("a", Some("x"), b"1", history(10));
-        call.push("b", None, b"2", history(0));
-        call.push("a", None, b"3", history(10));
-        call.push("a", Some("x"), b"4", history(10));
+        call.push("a", Some("x"), b"1", None, history(10));
+        call.push("b", None, b"2", Some(("f1", 7)), history(0));
+        call.push("a", None, b"3", None, history(10));
+        call.push("a", Some("x"), b"4", Some(("f2", u64::MAX)), history(10));
         assert_eq!(call.len(), 4);
         assert_eq!(asked.get(), 2, "a channel's history is asked once per call");
         let p = PublishParams { ttl_ms: 600_000, dedup_window_ms: 300_000, epoch: "e1", command: "PUBLISH" };
@@ -344,15 +398,16 @@ mod tests {
         call.args(&k, &p, |a| args.push(String::from_utf8(a.to_vec()).unwrap()));
         #[rustfmt::skip]
         let want = [
-            "8",
+            "12",
             "t:{a}:m", "t:{a}:s", "t:{b}:m", "t:{b}:s",
             "t:{a}:d:x", "t:{b}:m", "t:{a}:m", "t:{a}:d:x",
+            "t:{a}:m", "t:{b}:f", "t:{a}:m", "t:{a}:f",
             "2", "600000", "300000", "e1", "PUBLISH",
             "t:{a}", "10", "t:{b}", "0",
-            "1", "1", "1",
-            "2", "0", "2",
-            "1", "0", "3",
-            "1", "1", "4",
+            "1", "1", "1", "", "0",
+            "2", "0", "2", "f1", "7",
+            "1", "0", "3", "", "0",
+            "1", "1", "4", "f2", "18446744073709551615",
         ];
         assert_eq!(args, want);
     }

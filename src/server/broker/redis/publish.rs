@@ -17,7 +17,7 @@ use super::keys::{self, PublishCall, PublishParams};
 use super::thread::{down, script_cmd, unavailable, warn_limited, Ctx, ERR_SCRIPT};
 use crate::protocol::RequestError;
 use crate::server::broker::epoch::new_epoch;
-use crate::server::bus::{ConnRef, CoreMsg, PublishResult};
+use crate::server::bus::{ConnRef, CoreMsg, Fence, PublishResult};
 
 /// Publishes per batch at most (one script call on one Redis).
 const BATCH_MAX: usize = 512;
@@ -46,6 +46,7 @@ pub(super) struct Pub {
     pub id: Option<Box<str>>,
     pub data: Bytes,
     pub reply: Option<ConnRef>,
+    pub fence: Option<Fence>,
 }
 
 /// Stores a batch of publishes and answers each publisher. On one Redis the batch is one
@@ -79,14 +80,26 @@ async fn publish_call(ctx: &Ctx, batch: Vec<Pub>) {
             let mut batch = batch.into_iter();
             // `results` first: zip takes from its left side before it finds the right one
             // exhausted, which would drop the first publish left unanswered.
-            for ((seq, dup), p) in results.into_iter().zip(batch.by_ref()) {
+            for (outcome, p) in results.into_iter().zip(batch.by_ref()) {
                 let core = p.reply.map_or(0, |r| r.core as usize);
-                if dup {
-                    metrics[core].publish_duplicates.fetch_add(1, Relaxed);
-                } else {
-                    metrics[core].published.fetch_add(1, Relaxed);
+                match outcome {
+                    Outcome::Stored(seq) => {
+                        metrics[core].published.fetch_add(1, Relaxed);
+                        answer(ctx, p, Ok(seq));
+                    }
+                    Outcome::Duplicate(seq) => {
+                        metrics[core].publish_duplicates.fetch_add(1, Relaxed);
+                        answer(ctx, p, Ok(seq));
+                    }
+                    Outcome::Fenced { highest } => {
+                        metrics[core].feed_fenced.fetch_add(1, Relaxed);
+                        let refusal = match &p.fence {
+                            Some(f) => RequestError::fenced(&f.feed, f.token, highest),
+                            None => unavailable("unexpected script reply"),
+                        };
+                        answer(ctx, p, Err(refusal));
+                    }
                 }
-                answer(ctx, p, Ok(seq));
             }
             if let Some(why) = failed {
                 script_failed(ctx, &why);
@@ -104,8 +117,8 @@ async fn publish_call(ctx: &Ctx, batch: Vec<Pub>) {
 }
 
 /// Runs the script for `batch` (`EVALSHA`, then `EVAL` with its text after a `NOSCRIPT`: the
-/// script cache is empty after a Redis restart): `(seq, duplicate)` per publish, in order, up
-/// to a publish that failed and why; or why there is none.
+/// script cache is empty after a Redis restart): an [`Outcome`] per publish, in order, up to a
+/// publish that failed and why; or why there is none.
 async fn store(ctx: &Ctx, batch: &[Pub]) -> Result<Published, String> {
     let reply = match send(ctx, batch, true).await {
         Ok(Value::ServerError(e)) if e.code() == "NOSCRIPT" => send(ctx, batch, false).await,
@@ -154,7 +167,8 @@ fn answer(ctx: &Ctx, p: Pub, outcome: Result<u64, RequestError>) {
 fn publish_cmd(ctx: &Ctx, batch: &[Pub], by_sha: bool) -> redis::Cmd {
     let mut call = PublishCall::default();
     for p in batch {
-        call.push(&p.ch, p.id.as_deref(), &p.data, || ctx.shared.config.channel_rule(&p.ch).history);
+        let fence = p.fence.as_ref().map(|f| (&*f.feed, f.token));
+        call.push(&p.ch, p.id.as_deref(), &p.data, fence, || ctx.shared.config.channel_rule(&p.ch).history);
     }
     let epoch = new_epoch();
     let params = PublishParams {
@@ -170,12 +184,26 @@ fn publish_cmd(ctx: &Ctx, batch: &[Pub], by_sha: bool) -> redis::Cmd {
     cmd
 }
 
-/// `(seq, duplicate)` per publish stored (in order), and why the call stopped before the rest.
-type Published = (Vec<(u64, bool)>, Option<String>);
+/// What the publish script did with one publish (its triple's `kind`, [`keys::PUBLISH_LUA`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// Stored now as this seq (kind 0).
+    Stored(u64),
+    /// A duplicate id: the seq stored for it earlier (kind 1).
+    Duplicate(u64),
+    /// Fenced out (kind 2): `highest` is the highest fencing token seen for its feed.
+    Fenced {
+        /// The highest fencing token the script found for the publish's feed.
+        highest: u64,
+    },
+}
 
-/// The script's flat array of `n` triples `seq, epoch, duplicate` → `(seq, duplicate)` per
-/// publish; or `k < n` triples and the error that stopped the call at publish `k + 1`; `None`
-/// when it is anything else.
+/// An [`Outcome`] per publish answered (in order), and why the call stopped before the rest.
+type Published = (Vec<Outcome>, Option<String>);
+
+/// The script's flat array of `n` triples `seq, epoch, kind` → an [`Outcome`] per publish;
+/// or `k < n` triples and the error that stopped the call at publish `k + 1`; `None` when it
+/// is anything else.
 fn parse_published(v: Value, n: usize) -> Option<Published> {
     let Value::Array(mut a) = v else { return None };
     let failed = match a.len() % 3 {
@@ -192,7 +220,16 @@ fn parse_published(v: Value, n: usize) -> Option<Published> {
         Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
         _ => None,
     };
-    let stored = a.chunks(3).map(|t| Some((int(&t[0])?, int(&t[2])? == 1))).collect::<Option<Vec<_>>>()?;
+    let outcome = |t: &[Value]| {
+        let n = int(&t[0])?;
+        match int(&t[2])? {
+            0 => Some(Outcome::Stored(n)),
+            1 => Some(Outcome::Duplicate(n)),
+            2 => Some(Outcome::Fenced { highest: n }),
+            _ => None,
+        }
+    };
+    let stored = a.chunks(3).map(outcome).collect::<Option<Vec<_>>>()?;
     Some((stored, failed))
 }
 
@@ -202,7 +239,8 @@ mod tests {
 
     #[test]
     fn batches_end_at_a_count_or_a_size() {
-        let p = |len: usize| Pub { ch: "c".into(), id: None, data: Bytes::from(vec![b'x'; len]), reply: None };
+        let p =
+            |len: usize| Pub { ch: "c".into(), id: None, data: Bytes::from(vec![b'x'; len]), reply: None, fence: None };
         let small: Vec<Pub> = (0..1000).map(|_| p(64)).collect();
         assert_eq!(batch_end(&small), BATCH_MAX);
         assert_eq!(batch_end(&small[..3]), 3);
@@ -217,7 +255,8 @@ mod tests {
     fn published_triples() {
         let t = |seq: i64, dup: i64| [Value::Int(seq), Value::BulkString(b"e".to_vec()), Value::Int(dup)];
         let v = Value::Array([t(7, 0), t(3, 1)].concat());
-        assert_eq!(parse_published(v.clone(), 2), Some((vec![(7, false), (3, true)], None)));
+        use Outcome::*;
+        assert_eq!(parse_published(v.clone(), 2), Some((vec![Stored(7), Duplicate(3)], None)));
         assert_eq!(parse_published(v.clone(), 3), None, "a reply short of a publish answers none");
         let stopped = |v: &Value, why: &[u8]| match v {
             Value::Array(a) => Value::Array([a.clone(), vec![Value::BulkString(why.to_vec())]].concat()),
@@ -225,7 +264,7 @@ mod tests {
         };
         assert_eq!(
             parse_published(stopped(&v, b"WRONGTYPE"), 4),
-            Some((vec![(7, false), (3, true)], Some("WRONGTYPE".to_owned()))),
+            Some((vec![Stored(7), Duplicate(3)], Some("WRONGTYPE".to_owned()))),
             "two stored, the third failed, the fourth not tried"
         );
         assert_eq!(
@@ -234,6 +273,9 @@ mod tests {
         );
         assert_eq!(parse_published(stopped(&v, b"x"), 2), None, "an error after every publish is no reply");
         assert_eq!(parse_published(Value::Array(t(-1, 0).to_vec()), 1), None);
+        let fenced = [Value::BulkString(b"9".to_vec()), Value::BulkString(b"e".to_vec()), Value::Int(2)];
+        assert_eq!(parse_published(Value::Array(fenced.to_vec()), 1), Some((vec![Fenced { highest: 9 }], None)));
+        assert_eq!(parse_published(Value::Array(t(1, 3).to_vec()), 1), None, "an unknown kind");
         assert_eq!(parse_published(Value::Nil, 1), None);
     }
 }

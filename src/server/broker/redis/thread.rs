@@ -409,7 +409,7 @@ async fn serve(
 
 fn handle(ctx: &Rc<Ctx>, req: Request, batch: &mut Vec<Pub>) {
     match req {
-        Request::Publish { ch, id, data, reply } => batch.push(Pub { ch, id, data, reply }),
+        Request::Publish { ch, id, data, reply, fence } => batch.push(Pub { ch, id, data, reply, fence }),
         Request::Subscribe { ch, conn, from, epoch } => {
             let mut chans = ctx.chans.borrow_mut();
             // A channel's task is this node's per-channel state: it counts against
