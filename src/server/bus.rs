@@ -54,7 +54,8 @@ pub enum PublishResult {
 /// to `token`, atomically with the publish.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fence {
-    /// The feed's id (`crate::feeds::FeedDef::id`: 1–64 bytes, no `:`).
+    /// The feed's id (`crate::feeds::FeedDef::id`: 1–64 bytes of `[A-Za-z0-9._-]`; the Redis
+    /// publish script relies on it holding no space).
     pub feed: Box<str>,
     /// The fencing token of the lease the publisher holds (`crate::feeds::Lease`'s
     /// `fencing_token`: 1 on the first acquire, one more on each next one).

@@ -19,13 +19,14 @@
 /// With `C` channels and `N` publishes (build them with [`PublishCall`]):
 /// - KEYS: per channel `c` = 1..C its meta then its stream (`KEYS[2c-1]`, `KEYS[2c]`), then per
 ///   publish `i` = 1..N its dedup key (`KEYS[2C+i]`; for a publish without id any key of its
-///   channel, untouched, so that every key stays in the channel's slot), then per publish its
-///   channel's fence hash (`KEYS[2C+N+i]`; for an unfenced publish any key of its channel,
-///   untouched);
+///   channel, untouched, so that every key stays in the channel's slot), then per *fenced*
+///   publish, in publish order, its channel's fence hash (`KEYS[2C+N+f]` for the `f`-th fenced
+///   publish): an unfenced publish costs no key and no argument;
 /// - ARGV: `C`, ttl in ms, dedup window in ms, the epoch for a channel without one, `PUBLISH` or
 ///   `SPUBLISH`; then per channel its topic and history length (0 keeps none); then per
-///   publish its channel's index `c`, `1` when it has an id (else `0`), its data, its feed id
-///   (empty when unfenced) and its fencing token (decimal, `0` when unfenced).
+///   publish its channel's index `c`, its flag and its data. The flag is `1` when the publish
+///   has an id, else `0`; a fenced publish appends ` TOKEN FEED` (its fencing token in
+///   decimal and its feed id, which holds no space), e.g. `1 7 btc`.
 ///
 /// Returns `N` triples `seq, epoch, kind` in one flat array, in publish order; `kind` is `0`
 /// for a publish stored now, `1` for a duplicate, `2` for a fenced-out one.
@@ -57,7 +58,7 @@ pub const PUBLISH_LUA: &str = r#"#!lua
 local nc = tonumber(ARGV[1])
 local ttl, window, fresh, command = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local base = 5 + 2 * nc
-local n = (#ARGV - base) / 5
+local n = (#ARGV - base) / 3
 local epoch, seq, head = {}, {}, {}
 local function lower(a, b)
   return #a < #b or (#a == #b and a < b)
@@ -67,20 +68,23 @@ for c = 1, nc do
   epoch[c], seq[c] = m[1], tonumber(m[2] or '0')
   head[c] = seq[c]
 end
-local out, claimed = {}, nil
+local out, claimed, fenced = {}, nil, 0
 local function store()
   for i = 1, n do
-    local a = base + 5 * i - 4
-    local c, id, data = tonumber(ARGV[a]), ARGV[a + 1] == '1', ARGV[a + 2]
-    local feed, token, highest = ARGV[a + 3], ARGV[a + 4], nil
-    if feed ~= '' then
-      highest = redis.call('HGET', KEYS[2 * nc + n + i], feed)
+    local a = base + 3 * i - 2
+    local c, flag, data = tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2]
+    local id, highest = string.byte(flag, 1) == 49, nil
+    if #flag > 1 then
+      fenced = fenced + 1
+      local fkey, sp = KEYS[2 * nc + n + fenced], string.find(flag, ' ', 3, true)
+      local token, feed = string.sub(flag, 3, sp - 1), string.sub(flag, sp + 1)
+      highest = redis.call('HGET', fkey, feed)
       if highest and not lower(token, highest) then
         highest = nil
       end
       if not highest then
-        redis.call('HSET', KEYS[2 * nc + n + i], feed, token)
-        redis.call('PEXPIRE', KEYS[2 * nc + n + i], ttl)
+        redis.call('HSET', fkey, feed, token)
+        redis.call('PEXPIRE', fkey, ttl)
       end
     end
     local s = seq[c] + 1
@@ -292,7 +296,8 @@ impl<'a> PublishCall<'a> {
     /// ARGV (their shapes are in [`PUBLISH_LUA`]).
     pub fn args(&self, keys: &Keys, p: &PublishParams, mut arg: impl FnMut(&[u8])) {
         let n = |v: usize| v.to_string();
-        arg(n(2 * self.channels.len() + 2 * self.pubs.len()).as_bytes());
+        let fenced = self.pubs.iter().filter(|p| p.3.is_some()).count();
+        arg(n(2 * self.channels.len() + self.pubs.len() + fenced).as_bytes());
         for (ch, _) in &self.channels {
             arg(keys.meta(ch).as_bytes());
             arg(keys.stream(ch).as_bytes());
@@ -305,10 +310,8 @@ impl<'a> PublishCall<'a> {
             }
         }
         for (c, _, _, fence) in &self.pubs {
-            let ch = self.channels[c - 1].0;
-            match fence {
-                Some(_) => arg(keys.fence(ch).as_bytes()),
-                None => arg(keys.meta(ch).as_bytes()),
+            if fence.is_some() {
+                arg(keys.fence(self.channels[c - 1].0).as_bytes());
             }
         }
         arg(n(self.channels.len()).as_bytes());
@@ -322,11 +325,12 @@ impl<'a> PublishCall<'a> {
         }
         for (c, id, data, fence) in &self.pubs {
             arg(n(*c).as_bytes());
-            arg(if id.is_some() { b"1" } else { b"0" });
+            let has_id = if id.is_some() { "1" } else { "0" };
+            match fence {
+                Some((feed, token)) => arg(format!("{has_id} {token} {feed}").as_bytes()),
+                None => arg(has_id.as_bytes()),
+            }
             arg(data);
-            let (feed, token) = fence.unwrap_or(("", 0));
-            arg(feed.as_bytes());
-            arg(token.to_string().as_bytes());
         }
     }
 }
@@ -398,16 +402,17 @@ mod tests {
         call.args(&k, &p, |a| args.push(String::from_utf8(a.to_vec()).unwrap()));
         #[rustfmt::skip]
         let want = [
-            "12",
+            "10",
             "t:{a}:m", "t:{a}:s", "t:{b}:m", "t:{b}:s",
             "t:{a}:d:x", "t:{b}:m", "t:{a}:m", "t:{a}:d:x",
-            "t:{a}:m", "t:{b}:f", "t:{a}:m", "t:{a}:f",
+            // Fence hashes of the fenced publishes only.
+            "t:{b}:f", "t:{a}:f",
             "2", "600000", "300000", "e1", "PUBLISH",
             "t:{a}", "10", "t:{b}", "0",
-            "1", "1", "1", "", "0",
-            "2", "0", "2", "f1", "7",
-            "1", "0", "3", "", "0",
-            "1", "1", "4", "f2", "18446744073709551615",
+            "1", "1", "1",
+            "2", "0 7 f1", "2",
+            "1", "0", "3",
+            "1", "1 18446744073709551615 f2", "4",
         ];
         assert_eq!(args, want);
     }
