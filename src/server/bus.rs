@@ -218,6 +218,8 @@ pub enum CoreMsg {
         reply: ConnRef,
         /// This core's largest queues.
         rows: Vec<ConnRow>,
+        /// This core's outbound queues, summed (`GET /status.json`).
+        load: CoreLoad,
     },
 }
 
@@ -236,6 +238,20 @@ pub struct ConnRow {
     pub secs_since_drain: f64,
     /// Channels subscribed to (confirmed ones).
     pub subscriptions: Vec<String>,
+}
+
+/// One core's outbound queues in `GET /status.json`, summed over its upgraded connections
+/// when the core answered [`CoreMsg::Inspect`].
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct CoreLoad {
+    /// The core's index.
+    pub core: usize,
+    /// Bytes queued and not yet written, all connections of the core.
+    pub queued_bytes: usize,
+    /// Frames queued, all connections of the core.
+    pub queued_messages: usize,
+    /// Connections whose outbound queue is not empty.
+    pub backlogged: usize,
 }
 
 /// How a `sub` with `from` resolved at the home core.

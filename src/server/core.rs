@@ -19,7 +19,7 @@ use slab::Slab;
 
 use super::authorize::Right;
 use super::broker::{memory::MemoryBroker, Broker, Request};
-use super::bus::{ConnRef, ConnRow, CoreMsg, Endpoint, PublishResult, Router};
+use super::bus::{ConnRef, ConnRow, CoreLoad, CoreMsg, Endpoint, PublishResult, Router};
 use super::local::LocalChannels;
 use super::metrics::{CoreMetrics, HandshakeFailure};
 use super::session::queue::MAX_IOV;
@@ -117,16 +117,20 @@ pub struct Drain {
     pub tick_waker: Option<Waker>,
 }
 
-/// One `GET /connections` request gathering rows from every core.
+/// One `GET /connections` or `GET /status.json` request gathering rows from every core.
 pub struct Gathering {
     /// The HTTP connection that asked.
     pub conn: ConnId,
+    /// Which endpoint answers once every core has.
+    pub what: super::inspect::Gather,
     /// Cores that have yet to answer.
     pub missing: usize,
     /// Rows wanted.
     pub top: usize,
     /// Rows gathered so far.
     pub rows: Vec<ConnRow>,
+    /// Each answered core's summed queues.
+    pub loads: Vec<CoreLoad>,
 }
 
 /// One core's state. Borrowed mutably only between awaits.
@@ -149,7 +153,7 @@ pub struct CoreState {
     pub drain: Drain,
     /// The local channel a delivery is walking right now (no compaction there meanwhile).
     pub active_chan: Option<u32>,
-    /// `GET /connections` requests gathering rows from every core.
+    /// `GET /connections` and `GET /status.json` requests gathering rows from every core.
     pub inspects: Vec<Gathering>,
     /// The grants of this core's authenticated connections, interned (docs/security.md).
     pub grants: Grants,
@@ -503,10 +507,10 @@ impl CoreState {
                 self.flush(conn);
             }
             CoreMsg::Inspect { reply, top } => {
-                let rows = self.inspect(top);
-                self.router.to_core(reply.core as usize, CoreMsg::Inspected { reply, rows });
+                let (rows, load) = self.inspect(top);
+                self.router.to_core(reply.core as usize, CoreMsg::Inspected { reply, rows, load });
             }
-            CoreMsg::Inspected { reply, rows } => self.inspected(reply.id, rows),
+            CoreMsg::Inspected { reply, rows, load } => self.inspected(reply.id, rows, load),
             CoreMsg::Deliver { .. } => unreachable!("the processor walks deliveries itself"),
         }
     }

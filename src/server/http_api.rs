@@ -1,6 +1,7 @@
 //! Plain HTTP on the WebSocket port: the upgrade itself (`GET /ws`, `GET /echo`) and the API
-//! (`POST /publish/{channel}`, `/healthz`, `/readyz`, `/metrics`, `/connections`). HTTP/1.1
-//! keep-alive and pipelining are honoured; an upgraded connection leaves this module for good.
+//! (`POST /publish/{channel}`, `/healthz`, `/readyz`, `/metrics`, `/connections`; the status
+//! page is [`super::status`]). HTTP/1.1 keep-alive and pipelining are honoured; an upgraded
+//! connection leaves this module for good.
 //! The session parses requests ([`Session::next_request`](super::session::Session::next_request));
 //! this module routes them and answers.
 
@@ -11,8 +12,10 @@ use bytes::Bytes;
 use super::bus::{ConnRow, PublishResult};
 use super::core::CoreState;
 use super::http_auth::{self, Guarded, Refusal};
+use super::inspect::Gather;
 use super::metrics::{self, HandshakeFailure};
 use super::session::{ConnId, State};
+use super::status;
 use crate::http;
 use crate::protocol;
 use crate::ws::handshake::{self, HttpError, Method, Request};
@@ -103,6 +106,9 @@ impl CoreState {
             }
             return self.http_publish(id, req, ch, body);
         }
+        if let Some(what) = status::Resource::at(path) {
+            return self.serve_status(id, req, what);
+        }
         let admin_only = path == "/connections" || (path == "/metrics" && self.shared.config.admin.protect_metrics);
         if admin_only {
             let peer = self.conn(id).and_then(|s| s.peer()).map(|a| a.ip());
@@ -133,16 +139,10 @@ impl CoreState {
                 http::response(200, "text/plain; version=0.0.4", text.as_bytes(), &[], keep_alive)
             }
             (Method::Get | Method::Head, "/connections") => {
-                let top = req
-                    .query
-                    .as_deref()
-                    .and_then(|q| http::query_param(q, "top"))
-                    .and_then(|t| t.parse().ok())
-                    .unwrap_or(10usize);
                 if let Some(s) = self.conn(id) {
                     s.await_answer(keep_alive);
                 }
-                return self.start_inspect(id, top.min(10_000));
+                return self.start_inspect(id, super::inspect::top_of(req), Gather::Connections);
             }
             (_, "/healthz" | "/readyz" | "/metrics" | "/connections") => {
                 http::error_response(405, "use GET or HEAD", &[("Allow", "GET, HEAD")], keep_alive)
@@ -154,7 +154,7 @@ impl CoreState {
 
     /// Answers 401 to a request refused by a credentials guard (the connection stays open
     /// when the request asked for keep-alive: a client may retry with the right token).
-    fn refuse_auth(&mut self, id: ConnId, what: Guarded, r: Refusal, keep_alive: bool) {
+    pub(super) fn refuse_auth(&mut self, id: ConnId, what: Guarded, r: Refusal, keep_alive: bool) {
         self.metrics().http_auth_failures[what as usize].fetch_add(1, Relaxed);
         let fd = self.conn(id).map(|s| s.fd);
         super::events::http_auth_failed(self.me, fd, http_auth::GUARDED_NAMES[what as usize], r.reason);
@@ -262,7 +262,7 @@ impl CoreState {
     /// Queues one response; without keep-alive the connection closes after it. Keep-alive
     /// connections stay open during a drain, so probes and scrapers that hold one see `/readyz`
     /// turn 503 and the drain progress in `/metrics` until the process exits.
-    fn send(&mut self, id: ConnId, resp: Vec<u8>, keep_alive: bool) {
+    pub(super) fn send(&mut self, id: ConnId, resp: Vec<u8>, keep_alive: bool) {
         self.metrics().http_requests.fetch_add(1, Relaxed);
         self.with_session(id, |s, ctx| s.respond(ctx, resp, keep_alive));
         self.flush(id);

@@ -1,28 +1,60 @@
-//! `GET /connections?top=N`: the connections with the largest outbound queues, gathered from
-//! every core over the bus.
+//! `GET /connections?top=N` and the per-core part of `GET /status.json`: the connections with
+//! the largest outbound queues and each core's summed queues, gathered from every core over
+//! the bus.
 
-use super::bus::{ConnRef, ConnRow, CoreMsg};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use super::bus::{ConnRef, ConnRow, CoreLoad, CoreMsg};
 use super::core::{CoreState, Gathering};
 use super::session::{ConnId, Flags};
 use super::timer::TICK_MS;
+use crate::http;
+use crate::ws::handshake::Request;
+
+/// Which endpoint a gathering answers once every core has sent its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gather {
+    /// `GET /connections`: the rows only.
+    Connections,
+    /// `GET /status.json` (docs/http.md): the rows, the cores' loads and the counters.
+    Status,
+}
+
+/// The `top` query parameter of `/connections` and `/status.json`: rows wanted, default 10,
+/// at most 10,000 (a value that is not a number counts as absent).
+pub fn top_of(req: &Request) -> usize {
+    let top = req.query.as_deref().and_then(|q| http::query_param(q, "top")).and_then(|t| t.parse().ok());
+    top.unwrap_or(10usize).min(10_000)
+}
 
 impl CoreState {
-    /// This core's `top` upgraded connections by queued bytes.
-    pub fn inspect(&self, top: usize) -> Vec<ConnRow> {
+    /// This core's `top` upgraded connections by queued bytes, and its queues summed. One
+    /// pass over the slab; the running top is a min-heap of at most `top` entries, so a
+    /// refresh of the status page every second allocates nothing per connection.
+    pub fn inspect(&self, top: usize) -> (Vec<ConnRow>, CoreLoad) {
         let now = self.clock.now();
-        let mut all: Vec<(usize, usize)> = self
-            .conns
-            .slab
-            .iter()
-            .filter(|(_, s)| s.flags.has(Flags::UPGRADED))
-            .map(|(k, s)| (s.queue.bytes(), k))
-            .collect();
-        if all.len() > top && top > 0 {
-            all.select_nth_unstable_by(top - 1, |a, b| b.0.cmp(&a.0));
+        let mut load = CoreLoad { core: self.me, ..CoreLoad::default() };
+        let mut heap: BinaryHeap<Reverse<(usize, usize)>> = BinaryHeap::with_capacity(top.min(1024) + 1);
+        for (k, s) in self.conns.slab.iter().filter(|(_, s)| s.flags.has(Flags::UPGRADED)) {
+            let bytes = s.queue.bytes();
+            load.queued_bytes += bytes;
+            load.queued_messages += s.queue.len();
+            load.backlogged += usize::from(!s.queue.is_empty());
+            if top == 0 {
+                continue;
+            }
+            if heap.len() < top {
+                heap.push(Reverse((bytes, k)));
+            } else if heap.peek().is_some_and(|Reverse((least, _))| bytes > *least) {
+                heap.pop();
+                heap.push(Reverse((bytes, k)));
+            }
         }
-        all.truncate(top);
-        all.iter()
-            .map(|&(_, k)| {
+        let rows = heap
+            .into_sorted_vec()
+            .into_iter()
+            .map(|Reverse((_, k))| {
                 let s = &self.conns.slab[k];
                 let since_drain = if s.queue.is_empty() {
                     0.0
@@ -43,31 +75,46 @@ impl CoreState {
                         .collect(),
                 }
             })
-            .collect()
+            .collect();
+        (rows, load)
     }
 
-    /// Asks every core (this one included) for its `top` connections; the answer completes
-    /// the HTTP request of `id`.
-    pub fn start_inspect(&mut self, id: ConnId, top: usize) {
+    /// Asks every core (this one included) for its `top` connections and its load; the
+    /// answer completes the HTTP request of `id` as `what`.
+    pub fn start_inspect(&mut self, id: ConnId, top: usize, what: Gather) {
         let cores = self.shared.cores;
-        self.inspects.push(Gathering { conn: id, missing: cores, top, rows: Vec::new() });
+        self.inspects.push(Gathering {
+            conn: id,
+            what,
+            missing: cores,
+            top,
+            rows: Vec::new(),
+            loads: Vec::with_capacity(cores),
+        });
         for core in 0..cores {
             self.router.to_core(core, CoreMsg::Inspect { reply: ConnRef { core: self.me as u16, id }, top });
         }
     }
 
-    /// One core's rows for the `GET /connections` of `id`; the last one completes it.
-    pub fn inspected(&mut self, id: ConnId, rows: Vec<ConnRow>) {
+    /// One core's rows for the gathering of `id`; the last one completes it.
+    pub fn inspected(&mut self, id: ConnId, rows: Vec<ConnRow>, load: CoreLoad) {
         let Some(i) = self.inspects.iter().position(|g| g.conn == id) else { return };
         let g = &mut self.inspects[i];
         g.rows.extend(rows);
+        g.loads.push(load);
         g.missing -= 1;
         if g.missing > 0 {
             return;
         }
         let mut g = self.inspects.swap_remove(i);
-        g.rows.sort_by_key(|r| std::cmp::Reverse(r.queued_bytes));
+        g.rows.sort_by_key(|r| Reverse(r.queued_bytes));
         g.rows.truncate(g.top);
-        self.answer_inspect(id, g.rows);
+        match g.what {
+            Gather::Connections => self.answer_inspect(id, g.rows),
+            Gather::Status => {
+                g.loads.sort_by_key(|l| l.core);
+                self.answer_status(id, g.rows, g.loads);
+            }
+        }
     }
 }

@@ -167,6 +167,17 @@ impl CoreMetrics {
         self.limit_refusals[limit as usize].fetch_add(1, Relaxed);
     }
 
+    /// Overflows so far under each policy, in [`OVERFLOW_POLICIES`] order
+    /// (`tether_overflow_total{policy}` of this core).
+    pub fn overflows(&self) -> [u64; OVERFLOW_POLICIES.len()] {
+        std::array::from_fn(|i| self.overflow[i].load(Relaxed))
+    }
+
+    /// Connections reaped so far for `why` (`tether_reaped_total{reason}` of this core).
+    pub fn reaped_count(&self, why: ReapReason) -> u64 {
+        self.reaped[why as usize].load(Relaxed)
+    }
+
     /// Counts one overflow under `policy` (index into [`OVERFLOW_POLICIES`]) with the queue
     /// size in bytes at that moment.
     pub fn overflow(&self, policy: usize, queued_bytes: u64) {

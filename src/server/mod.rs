@@ -18,7 +18,10 @@
 //! - [`subscribe`]: `sub`/`unsub` and the broker's confirmation, at the subscriber's core.
 //! - [`authorize`]: JWT auth at the core: the token of an upgrade, channel rights on
 //!   `sub`/`pub`, `refresh`, and the core's table of interned grants.
-//! - [`inspect`]: `GET /connections`, gathered from every core.
+//! - [`inspect`]: `GET /connections` and the per-core part of `/status.json`, gathered from
+//!   every core.
+//! - [`status`]: the live status page `GET /status`, its assets (compiled in from
+//!   `server/status/`) and `GET /status.json`.
 //! - [`events`]: log lines about connections (handshake failures, reaps, overflow closes,
 //!   drain progress), rate-limited per core.
 //! - [`broker`]: the home side of channels behind the [`broker::Broker`] trait (seq, epoch,
@@ -49,6 +52,7 @@ pub mod local;
 pub mod metrics;
 pub mod processor;
 pub mod session;
+pub mod status;
 pub mod subscribe;
 pub mod tick;
 pub mod timer;

@@ -65,6 +65,18 @@ impl RawHttp {
         RawHttp { s, buf: Vec::new() }
     }
 
+    /// Connects from source address `from` (e.g. 127.0.0.2, standing for a remote peer of a
+    /// server that admits only 127.0.0.1 as local).
+    pub fn connect_from(from: std::net::IpAddr, addr: SocketAddr) -> RawHttp {
+        let domain = socket2::Domain::for_address(addr);
+        let sock = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP)).expect("socket");
+        sock.bind(&SocketAddr::new(from, 0).into()).expect("bind source address");
+        sock.connect_timeout(&addr.into(), STEP).expect("connect");
+        let s: TcpStream = sock.into();
+        s.set_nodelay(true).expect("nodelay");
+        RawHttp { s, buf: Vec::new() }
+    }
+
     /// Writes `bytes` as they are.
     pub fn send(&mut self, bytes: impl AsRef<[u8]>) {
         self.s.write_all(bytes.as_ref()).expect("write request");
