@@ -190,7 +190,8 @@
     counter.dataset.uptimeMs = String(s.uptime_ms);
     counter.textContent = String(samples);
     document.getElementById("auth").hidden = true;
-    setState("ok", s.drain.draining ? "draining" : "live");
+    if (s.drain.draining) setState("draining", "draining (close code " + s.drain.close_code + ")");
+    else setState("ok", "live");
   }
 
   async function refused(resp) {
