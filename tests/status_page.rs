@@ -279,6 +279,14 @@ async fn status_json_says_what_metrics_says_after_known_traffic() {
     assert!(summed >= queued[0], "per-core queued bytes {summed} < the top row's {}", queued[0]);
     assert!(cores.iter().map(|c| c["backlogged"].as_u64().unwrap()).sum::<u64>() >= 1);
     assert_eq!(status_json(&srv, "?top=2")["top"].as_array().unwrap().len(), 2);
+    // `/connections` shares the gathering: the same rows, largest queue first.
+    let listed = ask(srv.addr, &request(srv.addr, "GET", "/connections?top=3", None));
+    let listed: Value = serde_json::from_slice(&listed.body).unwrap();
+    let rows = listed["connections"].as_array().unwrap();
+    assert_eq!(rows.len(), 3, "{listed}");
+    assert_eq!(rows[0]["subscriptions"], serde_json::json!(["drop.x"]), "{listed}");
+    let bytes: Vec<u64> = rows.iter().map(|r| r["queued_bytes"].as_u64().unwrap()).collect();
+    assert!(bytes.windows(2).all(|w| w[0] >= w[1]), "{bytes:?}");
     let later = status_json(&srv, "");
     assert!(later["uptime_ms"].as_u64() >= s["uptime_ms"].as_u64(), "uptime goes forward");
     drop((dropper, slow));

@@ -191,3 +191,47 @@ pub fn status_json(shared: &Shared, uptime_ms: u64, top: Vec<ConnRow>, loads: &[
     });
     serde_json::to_vec(&body).unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resources_by_path() {
+        assert_eq!(Resource::at("/status"), Some(Resource::Page));
+        assert_eq!(Resource::at("/status.json"), Some(Resource::Json));
+        assert_eq!(Resource::at("/status/status.js"), Some(Resource::Script));
+        assert_eq!(Resource::at("/status/status.css"), Some(Resource::Style));
+        for other in ["/status/", "/status/other.js", "/statusx", "/Status"] {
+            assert_eq!(Resource::at(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn top_defaults_to_10_and_stops_at_10000() {
+        let top = |target: &str| {
+            let head = format!("GET {target} HTTP/1.1\r\nHost: h\r\n\r\n");
+            super::super::inspect::top_of(&crate::ws::handshake::parse_request(head.as_bytes(), 8192).unwrap().unwrap())
+        };
+        assert_eq!(top("/status.json"), 10);
+        assert_eq!(top("/status.json?top=3"), 3);
+        assert_eq!(top("/status.json?top=0"), 0);
+        assert_eq!(top("/status.json?top=99999999"), 10_000);
+        assert_eq!(top("/status.json?top=x"), 10);
+    }
+
+    #[test]
+    fn assets_load_nothing_from_elsewhere() {
+        for (name, text) in [("status.html", PAGE), ("status.js", SCRIPT), ("status.css", STYLE)] {
+            // The SVG namespace is a name, not a place anything is loaded from.
+            let text = text.replace("\"http://www.w3.org/2000/svg\"", "");
+            for external in ["http://", "https://", "//fonts.", "@import"] {
+                assert!(!text.contains(external), "{name} refers to {external}");
+            }
+        }
+        // Everything the page links is served.
+        for linked in ["status/status.js", "status/status.css"] {
+            assert!(PAGE.contains(linked) && Resource::at(&format!("/{linked}")).is_some(), "{linked}");
+        }
+    }
+}
