@@ -1,0 +1,70 @@
+// Close-code classes against a real tether: a 1008 (abuse limit) stops the client for good
+// with a typed error; a silent socket is found by the heartbeat probe and replaced.
+
+import assert from 'node:assert/strict';
+import test from 'node:test';
+
+import { WebSocket } from 'ws';
+
+import { Tether, TetherError } from '../index.js';
+import { Proxy, startTether, waitFor } from './helpers.js';
+
+test('no reconnect after 1008: a typed error, publishes rejected', async (t) => {
+  const server = await startTether({ toml: '[limits.per_connection]\npublish_rate = 1\n' });
+  const proxy = await Proxy.start(server.port);
+  const client = new Tether(proxy.url, { WebSocket, backoff: { baseMs: 20, capMs: 50 } });
+  t.after(async () => {
+    client.close();
+    await proxy.close();
+    await server.stop();
+  });
+  const events = [];
+  const errors = [];
+  client.on('disconnected', (d) => events.push(d));
+  client.on('error', (e) => errors.push(e));
+  await waitFor(() => client.state === 'open', 5000, 'connected');
+  // Far past 10 x the rate within one second: the server closes with 1008.
+  const results = await Promise.allSettled(Array.from({ length: 40 }, (_, i) => client.publish('flood', { i })));
+  await waitFor(() => client.state === 'stopped', 5000, 'the stop', () => JSON.stringify(events));
+  assert.equal(results[0].status, 'fulfilled', 'the first publish fits the rate');
+  const limited = results.filter((r) => r.status === 'rejected' && r.reason.kind === 'refused' && r.reason.code === 'limit');
+  assert.ok(limited.length >= 11, `${limited.length} refused with limit`);
+  assert.ok(results.every((r) => r.status === 'fulfilled' || r.reason instanceof TetherError));
+  assert.deepEqual(events.map((d) => [d.code, d.willRetry]), [[1008, false]]);
+  const closed = errors.find((e) => e.kind === 'closed');
+  assert.equal(closed?.closeCode, 1008, `errors: ${errors.map((e) => e.message)}`);
+  // With 20-50 ms backoff windows, a reconnecting client would have come back many times.
+  await new Promise((r) => setTimeout(r, 500));
+  assert.equal(proxy.accepted, 1, 'no second connection');
+  await assert.rejects(client.publish('flood', {}), (e) => e.kind === 'closed' && e.closeCode === 1008);
+});
+
+test('a silent socket is probed, dropped and replaced', async (t) => {
+  const server = await startTether();
+  const proxy = await Proxy.start(server.port);
+  const client = new Tether(proxy.url, { WebSocket, backoff: { baseMs: 20, capMs: 50 }, heartbeat: { idleMs: 200, timeoutMs: 300 } });
+  t.after(async () => {
+    client.close();
+    await proxy.close();
+    await server.stop();
+  });
+  const events = [];
+  const got = [];
+  client.on('disconnected', (d) => events.push(d));
+  client.subscribe('quiet', { onMessage: (m) => got.push(m.seq) });
+  await waitFor(() => client.subs.get('quiet').position, 5000, 'subscribed');
+  // Idle but healthy: every probe is answered, the connection stays (several probe rounds).
+  await new Promise((r) => setTimeout(r, 1200));
+  assert.deepEqual(events, [], 'no false alarm on a quiet, healthy connection');
+  const t0 = Date.now();
+  proxy.blackhole();
+  await waitFor(() => events.length === 1, 3000, 'the dead socket found');
+  const found = Date.now() - t0;
+  assert.equal(events[0].code, 1006);
+  assert.match(events[0].reason, /heartbeat/);
+  assert.ok(found <= 200 + 300 + 300, `found after ${found} ms (idle 200 + timeout 300 + a timer tick)`);
+  await waitFor(() => client.stats.connects === 2, 3000, 'the new connection');
+  await server.publish('quiet', 1);
+  await waitFor(() => got.length === 1, 5000, 'a message on the new connection');
+  console.log(`heartbeat: a blackholed socket was declared dead after ${found} ms (idleMs 200 + timeoutMs 300)`);
+});
