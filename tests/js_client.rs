@@ -19,13 +19,23 @@ const SUITE_LIMIT: Duration = Duration::from_secs(240);
 
 /// Starts of the lines worth showing from a passing run: the figures the tests print and
 /// node's totals.
-const FIGURES: &[&str] =
-    &["backoff distribution", "two cuts:", "heartbeat:", "drain herd:", "browser:", "tests ", "pass ", "fail ", "duration_ms "];
+const FIGURES: &[&str] = &[
+    "backoff distribution",
+    "two cuts:",
+    "heartbeat:",
+    "drain herd:",
+    "browser:",
+    "tests ",
+    "pass ",
+    "fail ",
+    "duration_ms ",
+];
 
 /// Runs `cmd` with stdout and stderr in a temporary file, killing it by PID after `limit`.
 /// Returns (success, output).
 fn run_bounded(mut cmd: Command, what: &str, limit: Duration) -> (bool, String) {
-    let log = std::env::temp_dir().join(format!("tether-js-client-{}-{}.log", std::process::id(), what.replace(' ', "_")));
+    let log =
+        std::env::temp_dir().join(format!("tether-js-client-{}-{}.log", std::process::id(), what.replace(' ', "_")));
     let out = std::fs::File::create(&log).expect("create the log file");
     let err = out.try_clone().expect("clone the log file handle");
     let mut child = cmd
@@ -86,7 +96,9 @@ fn js_client_suite_passes() {
     match node_major() {
         Some(v) if v >= 20 => {}
         Some(v) => panic!("node v{v} is too old: the JavaScript client's tests need Node >= 20"),
-        None => panic!("node is not installed: the JavaScript client's tests need Node >= 20 and npm (.ci/run installs them)"),
+        None => panic!(
+            "node is not installed: the JavaScript client's tests need Node >= 20 and npm (.ci/run installs them)"
+        ),
     }
     let chromium = chromium().unwrap_or_else(|| {
         panic!("chromium is not installed: the browser test needs it (apt-get install chromium; .ci/run installs it)")

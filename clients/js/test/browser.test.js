@@ -18,8 +18,11 @@ const ROOT = fileURLToPath(new URL('../', import.meta.url));
 export const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
 const TYPES = { '.js': 'text/javascript', '.html': 'text/html' };
 
-/** Serves clients/js/ (and the test page at /page.html) on 127.0.0.1:0. */
-async function serveStatic() {
+/**
+ * Serves clients/js/ (and the test page at /page.html) on 127.0.0.1:0. In example.html the
+ * README's server address (ws://127.0.0.1:8080/ws) becomes `wsUrl`, the test's server.
+ */
+async function serveStatic(wsUrl) {
   const server = http.createServer((req, res) => {
     const p = new URL(req.url, 'http://x').pathname;
     const file = p === '/page.html' ? path.join(ROOT, 'test/browser/page.html') : path.join(ROOT, path.normalize(p));
@@ -27,8 +30,10 @@ async function serveStatic() {
       res.writeHead(404).end('not found');
       return;
     }
+    let body = fs.readFileSync(file, 'utf8');
+    if (p === '/example.html') body = body.replace('ws://127.0.0.1:8080/ws', wsUrl);
     res.writeHead(200, { 'content-type': TYPES[path.extname(file)] ?? 'application/octet-stream' });
-    fs.createReadStream(file).pipe(res);
+    res.end(body);
   });
   await new Promise((r) => server.listen(0, '127.0.0.1', r));
   return server;
@@ -38,7 +43,7 @@ test('a page processes a stream exactly once in order through a server restart',
   assert.ok(fs.existsSync(CHROMIUM), `chromium not found at ${CHROMIUM} (apt-get install chromium, or set CHROMIUM)`);
   const toml = '[drain]\nwindow_ms = 300\n';
   let server = await startTether({ toml });
-  const web = await serveStatic();
+  const web = await serveStatic(server.url);
   const browser = await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: ['--no-sandbox', '--headless=new'] });
   t.after(async () => {
     await browser.close();
@@ -94,4 +99,25 @@ test('a page processes a stream exactly once in order through a server restart',
   assert.equal(after.subscribed[0].recovered, true);
   assert.deepEqual(consoleErrors, []);
   console.log(`browser: ${published[e1].length} + ${published[e2].length} messages once in order across a restart, reset ${JSON.stringify(reset)}, 3 resumed after a reload`);
+});
+
+test('the README example (example.html) shows what is published', async (t) => {
+  const server = await startTether();
+  const web = await serveStatic(server.url);
+  const browser = await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: ['--no-sandbox', '--headless=new'] });
+  t.after(async () => {
+    await browser.close();
+    web.close();
+    await server.stop();
+  });
+  const page = await browser.newPage();
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(String(e)));
+  await page.goto(`http://127.0.0.1:${web.address().port}/example.html`);
+  // Subscribed (live from the head) once the position is stored; then publish as the README does.
+  await waitFor(async () => (await page.evaluate(() => sessionStorage.getItem('tether.positions'))) != null, 10000, 'the subscription', () => errors.join('\n'));
+  await server.publish('news', { hello: 1 });
+  const text = () => page.evaluate(() => document.getElementById('log').textContent);
+  await waitFor(async () => (await text()).includes('1 {"hello":1}'), 5000, 'the message on the page', () => errors.join('\n'));
+  assert.deepEqual(errors, []);
 });
