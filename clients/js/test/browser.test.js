@@ -39,21 +39,32 @@ async function serveStatic(wsUrl) {
   return server;
 }
 
-test('a page processes a stream exactly once in order through a server restart', async (t) => {
+/**
+ * A tether server (config `toml`), the static server and a headless Chromium page, all stopped
+ * when test `t` ends (the server in `ctx.server` then, which a test may replace).
+ */
+async function launch(t, toml = '') {
   assert.ok(fs.existsSync(CHROMIUM), `chromium not found at ${CHROMIUM} (apt-get install chromium, or set CHROMIUM)`);
-  const toml = '[drain]\nwindow_ms = 300\n';
-  let server = await startTether({ toml });
-  const web = await serveStatic(server.url);
-  const browser = await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: ['--no-sandbox', '--headless=new'] });
+  const ctx = { server: await startTether({ toml }), errors: [] };
+  ctx.web = await serveStatic(ctx.server.url);
+  ctx.browser = await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: ['--no-sandbox', '--headless=new'] });
   t.after(async () => {
-    await browser.close();
-    web.close();
-    await server.stop();
+    await ctx.browser.close();
+    ctx.web.close();
+    await ctx.server.stop();
   });
-  const page = await browser.newPage();
-  const consoleErrors = [];
-  page.on('pageerror', (e) => consoleErrors.push(String(e)));
-  const pageUrl = `http://127.0.0.1:${web.address().port}/page.html?ws=${encodeURIComponent(server.url)}`;
+  ctx.page = await ctx.browser.newPage();
+  ctx.page.on('pageerror', (e) => ctx.errors.push(String(e)));
+  ctx.base = `http://127.0.0.1:${ctx.web.address().port}`;
+  return ctx;
+}
+
+test('a page processes a stream exactly once in order through a server restart', async (t) => {
+  const toml = '[drain]\nwindow_ms = 300\n';
+  const ctx = await launch(t, toml);
+  const { page, errors: consoleErrors } = ctx;
+  let server = ctx.server;
+  const pageUrl = `${ctx.base}/page.html?ws=${encodeURIComponent(server.url)}`;
   await page.goto(pageUrl);
   const state = () => page.evaluate(() => window.tetherTest);
   await waitFor(async () => (await state())?.subscribed.length === 1, 10000, 'the page subscribed', () => consoleErrors.join('\n'));
@@ -66,7 +77,7 @@ test('a page processes a stream exactly once in order through a server restart',
     await new Promise((r) => setTimeout(r, 10));
   }
   await server.stop('SIGTERM');
-  server = await startTetherOn(server.port, toml);
+  server = ctx.server = await startTetherOn(server.port, toml);
   await waitFor(async () => (await state()).resets.length === 1, 10000, 'the reset after the restart', async () => JSON.stringify((await state()).events));
   const reset = (await state()).resets[0];
   assert.equal(reset.reason, 'epoch');
@@ -102,18 +113,8 @@ test('a page processes a stream exactly once in order through a server restart',
 });
 
 test('the README example (example.html) shows what is published', async (t) => {
-  const server = await startTether();
-  const web = await serveStatic(server.url);
-  const browser = await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: ['--no-sandbox', '--headless=new'] });
-  t.after(async () => {
-    await browser.close();
-    web.close();
-    await server.stop();
-  });
-  const page = await browser.newPage();
-  const errors = [];
-  page.on('pageerror', (e) => errors.push(String(e)));
-  await page.goto(`http://127.0.0.1:${web.address().port}/example.html`);
+  const { server, page, errors, base } = await launch(t);
+  await page.goto(`${base}/example.html`);
   // Subscribed (live from the head) once the position is stored; then publish as the README does.
   await waitFor(async () => (await page.evaluate(() => sessionStorage.getItem('tether.positions'))) != null, 10000, 'the subscription', () => errors.join('\n'));
   await server.publish('news', { hello: 1 });

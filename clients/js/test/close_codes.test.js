@@ -7,17 +7,10 @@ import test from 'node:test';
 import { WebSocket } from 'ws';
 
 import { Tether, TetherError } from '../index.js';
-import { Proxy, startTether, waitFor } from './helpers.js';
+import { proxiedClient, waitFor } from './helpers.js';
 
 test('no reconnect after 1008: a typed error, publishes rejected', async (t) => {
-  const server = await startTether({ toml: '[limits.per_connection]\npublish_rate = 1\n' });
-  const proxy = await Proxy.start(server.port);
-  const client = new Tether(proxy.url, { WebSocket, backoff: { baseMs: 20, capMs: 50 } });
-  t.after(async () => {
-    client.close();
-    await proxy.close();
-    await server.stop();
-  });
+  const { proxy, client } = await proxiedClient(t, Tether, '[limits.per_connection]\npublish_rate = 1\n', { WebSocket, backoff: { baseMs: 20, capMs: 50 } });
   const events = [];
   const errors = [];
   client.on('disconnected', (d) => events.push(d));
@@ -40,14 +33,8 @@ test('no reconnect after 1008: a typed error, publishes rejected', async (t) => 
 });
 
 test('a silent socket is probed, dropped and replaced', async (t) => {
-  const server = await startTether();
-  const proxy = await Proxy.start(server.port);
-  const client = new Tether(proxy.url, { WebSocket, backoff: { baseMs: 20, capMs: 50 }, heartbeat: { idleMs: 200, timeoutMs: 300 } });
-  t.after(async () => {
-    client.close();
-    await proxy.close();
-    await server.stop();
-  });
+  const opts = { WebSocket, backoff: { baseMs: 20, capMs: 50 }, heartbeat: { idleMs: 200, timeoutMs: 300 } };
+  const { server, proxy, client } = await proxiedClient(t, Tether, '', opts);
   const events = [];
   const got = [];
   client.on('disconnected', (d) => events.push(d));

@@ -8,19 +8,12 @@ import test from 'node:test';
 import { WebSocket } from 'ws';
 
 import { Tether } from '../index.js';
-import { MemoryStorage, Proxy, startTether, startTetherOn, waitFor } from './helpers.js';
+import { MemoryStorage, proxiedClient, startTether, startTetherOn, waitFor } from './helpers.js';
 
 const FAST = { baseMs: 50, capMs: 200 };
 
 test('order and exactly-once across two forced cuts', async (t) => {
-  const server = await startTether();
-  const proxy = await Proxy.start(server.port);
-  const client = new Tether(proxy.url, { WebSocket, backoff: FAST });
-  t.after(async () => {
-    client.close();
-    await proxy.close();
-    await server.stop();
-  });
+  const { server, proxy, client } = await proxiedClient(t, Tether, '', { WebSocket, backoff: FAST });
   const processed = [];
   client.subscribe('news', {
     from: 0,
@@ -101,16 +94,9 @@ test('an epoch change (server restart) surfaces reset; storage resumes after a p
 });
 
 test('an unacked publish is resent with its id after a cut and deduplicated by the server', async (t) => {
-  const server = await startTether();
-  const proxy = await Proxy.start(server.port);
-  const publisher = new Tether(proxy.url, { WebSocket, backoff: FAST });
+  const { server, proxy, client: publisher } = await proxiedClient(t, Tether, '', { WebSocket, backoff: FAST });
   const reader = new Tether(server.url, { WebSocket, backoff: FAST });
-  t.after(async () => {
-    publisher.close();
-    reader.close();
-    await proxy.close();
-    await server.stop();
-  });
+  t.after(() => reader.close());
   const got = [];
   reader.subscribe('orders', { from: 0, onMessage: (m) => got.push(m) });
   await waitFor(() => publisher.stats.connects === 1 && reader.stats.connects === 1, 5000, 'both connected');

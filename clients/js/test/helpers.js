@@ -219,3 +219,19 @@ export class MemoryStorage {
 export function percentile(sorted, p) {
   return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1))];
 }
+
+/**
+ * A tether server (config `toml`), a Proxy in front of it and a Tether client (options `opts`)
+ * connected through the proxy; all closed and stopped when test `t` ends.
+ */
+export async function proxiedClient(t, Tether, toml, opts) {
+  const server = await startTether({ toml });
+  const proxy = await Proxy.start(server.port);
+  const client = new Tether(proxy.url, opts);
+  t.after(async () => {
+    client.close();
+    await proxy.close();
+    await server.stop();
+  });
+  return { server, proxy, client };
+}
