@@ -122,3 +122,27 @@ test('the README example (example.html) shows what is published', async (t) => {
   await waitFor(async () => (await text()).includes('1 {"hello":1}'), 5000, 'the message on the page', () => errors.join('\n'));
   assert.deepEqual(errors, []);
 });
+
+test('coming back online reconnects at once instead of waiting out the backoff', async (t) => {
+  const ctx = await launch(t);
+  const { page, errors } = ctx;
+  // Backoff windows of 60 s and a jitter at their far end: without the lifecycle hook the page
+  // would wait 59.4 s.
+  await page.goto(`${ctx.base}/page.html?base=60000&jitter=0.99&ws=${encodeURIComponent(ctx.server.url)}`);
+  const state = () => page.evaluate(() => window.tetherTest);
+  await waitFor(async () => (await state())?.subscribed.length === 1, 10000, 'the page subscribed', () => errors.join('\n'));
+  const port = ctx.server.port;
+  await ctx.server.stop('SIGKILL');
+  await waitFor(async () => (await state()).events.some((e) => e.event === 'disconnected'), 10000, 'the disconnect');
+  ctx.server = await startTetherOn(port, '');
+  const [down] = (await state()).events.filter((e) => e.event === 'disconnected');
+  await page.setOfflineMode(true);
+  await page.setOfflineMode(false);
+  const online = Date.now();
+  await waitFor(async () => (await state()).events.filter((e) => e.event === 'connected').length === 2, 5000, 'the reconnect after online', async () => JSON.stringify((await state()).events));
+  const back = (await state()).events.filter((e) => e.event === 'connected')[1];
+  await waitFor(async () => (await state()).resets.length === 1, 5000, 'the reset (a new server, a new epoch)');
+  console.log(`browser: online reconnected after ${back.at - online} ms (the backoff had said ${down.retryInMs} ms)`);
+  assert.ok(down.retryInMs >= 59000, `the backoff said ${down.retryInMs} ms`);
+  assert.ok(back.at - online < 2000, `reconnected ${back.at - online} ms after online`);
+});
