@@ -22,6 +22,7 @@ const SUITE_LIMIT: Duration = Duration::from_secs(240);
 const FIGURES: &[&str] = &[
     "backoff distribution",
     "two cuts:",
+    "backlog:",
     "heartbeat:",
     "drain herd:",
     "browser:",

@@ -36,6 +36,12 @@ export interface TetherOptions {
   storageKey?: string;
   /** The WebSocket class; required where there is no global one (Node 20: `import { WebSocket } from "ws"`). */
   WebSocket?: new (url: string) => WebSocket;
+  /**
+   * Most messages one subscription may hold received but not yet processed; past it the client
+   * closes the socket (reported as a `disconnected` with code 4000), works the backlog off, then
+   * reconnects and resumes from the committed seq. Default 10000.
+   */
+  maxBacklog?: number;
   /** A connection attempt not open after this long is abandoned (a 1006). Default 10000 ms. */
   connectTimeoutMs?: number;
   /** Reconnect promptly on `online` / the tab becoming visible. Default true (in a page). */
@@ -99,12 +105,15 @@ export interface Ack {
 }
 
 export interface Disconnected {
-  /** The close code; 1006 when the connection ended without one (a cut, a dead socket, a failed attempt). */
+  /**
+   * The close code; 1006 when the connection ended without one (a cut, a dead socket, a failed
+   * attempt); 4000 when the client closed it itself over a backlog (`maxBacklog`).
+   */
   code: number;
   reason: string;
   /** False after a stop code: the client has stopped. */
   willRetry: boolean;
-  /** The wait before the next attempt, or null. */
+  /** The wait before the next attempt, or null (stopped, or waiting for a backlog). */
   retryInMs: number | null;
   url: string;
 }
@@ -135,7 +144,7 @@ export declare class Subscription {
 export declare class Tether {
   /** @throws TypeError naming the URL entry or option that is wrong. */
   constructor(urls: string | string[], opts?: TetherOptions);
-  readonly state: 'connecting' | 'open' | 'waiting' | 'stopped' | 'closed';
+  readonly state: 'connecting' | 'open' | 'waiting' | 'backlogged' | 'stopped' | 'closed';
   readonly stats: { connects: number; duplicatesDropped: number; gaps: number };
   on(event: 'connected', fn: (e: { url: string }) => void): () => void;
   on(event: 'disconnected', fn: (e: Disconnected) => void): () => void;

@@ -52,6 +52,7 @@ export class Subscription {
     this.active = false;
     this.queue.length = 0;
     this.tether.unsubscribed(this);
+    this.tether.drained();
   }
 
   /** The server answered `subscribed` (a live subscription after `seq`, in `epoch`). */
@@ -73,6 +74,7 @@ export class Subscription {
   push(item) {
     if (!this.active) return;
     this.queue.push(item);
+    if (this.queue.length > this.tether.maxBacklog) this.tether.backlogged();
     if (!this.pumping) this.pump();
   }
 
@@ -105,6 +107,7 @@ export class Subscription {
     } finally {
       this.pumping = false;
     }
+    this.tether.drained();
   }
 
   /** Calls handler `name` and waits for it; a throw is reported, not fatal. */

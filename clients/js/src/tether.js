@@ -11,7 +11,8 @@ const HANDLERS = ['onMessage', 'onReset', 'onSubscribed', 'onError'];
 /**
  * A reconnecting, resuming tether client for browsers and Node ≥ 20. See README.md.
  * Lifecycle (`state`): 'connecting' → 'open' → 'waiting' (backoff before the next attempt) →
- * 'connecting' …; 'stopped' after a stop close code or a protocol error; 'closed' after close().
+ * 'connecting' …; 'backlogged' (not reading until the application has worked off its backlog);
+ * 'stopped' after a stop close code or a protocol error; 'closed' after close().
  */
 export class Tether {
   /**
@@ -41,6 +42,10 @@ export class Tether {
       throw new TypeError('storage: expected an object with getItem and setItem (localStorage, sessionStorage)');
     }
     this.storageKey = opts.storageKey ?? 'tether.positions';
+    this.maxBacklog = opts.maxBacklog ?? 10000;
+    if (!Number.isSafeInteger(this.maxBacklog) || this.maxBacklog < 1) {
+      throw new TypeError(`maxBacklog must be a positive integer number of messages, got ${opts.maxBacklog}`);
+    }
     /** Counters since the client started. */
     this.stats = { connects: 0, duplicatesDropped: 0, gaps: 0 };
     /** @type {Map<string, Subscription>} in subscription order */
@@ -203,6 +208,27 @@ export class Tether {
     this.state = 'waiting';
     this.timer = setTimeout(() => this.connect(), delay);
     this.emit('disconnected', { code, reason, willRetry: true, retryInMs: Math.round(delay), url });
+  }
+
+  /**
+   * A subscription holds more than `maxBacklog` messages not yet processed. A page cannot stop
+   * reading a WebSocket, so the client closes it (4000) instead of letting memory grow, works
+   * the backlog off, and then connects again, resuming from the committed seq.
+   */
+  backlogged() {
+    if (this.state !== 'open') return;
+    const conn = this.conn;
+    this.clearTimers(conn);
+    this.abandon(conn, 4000, 'client backlog');
+    this.conn = null;
+    this.state = 'backlogged';
+    const reason = `a subscription has more than ${this.maxBacklog} messages to process: reading resumes once they are done`;
+    this.emit('disconnected', { code: 4000, reason, willRetry: true, retryInMs: null, url: conn.url });
+  }
+
+  /** After each delivered item: reconnects once a backlog is worked off. */
+  drained() {
+    if (this.state === 'backlogged' && [...this.subs.values()].every((s) => s.queue.length === 0)) this.connect();
   }
 
   /** Gives up on a socket that cannot be trusted (silent, or never opened) and reconnects. */

@@ -120,3 +120,32 @@ test('an unacked publish is resent with its id after a cut and deduplicated by t
   const b2 = await publisher.publish('orders', { order: 9 }, { id: 'order-9' });
   assert.equal(b1.seq, b2.seq);
 });
+
+test('a backlog past maxBacklog stops reading until it is worked off, then resumes exactly once', async (t) => {
+  const server = await startTether();
+  const client = new Tether(server.url, { WebSocket, backoff: FAST, maxBacklog: 50 });
+  t.after(async () => {
+    client.close();
+    await server.stop();
+  });
+  const events = [];
+  const processed = [];
+  let longest = 0;
+  client.on('disconnected', (d) => events.push(d));
+  client.subscribe('firehose', {
+    from: 0,
+    async onMessage(m, sub) {
+      longest = Math.max(longest, sub.queue.length);
+      await new Promise((r) => setTimeout(r, 1));
+      processed.push(m.seq);
+    },
+  });
+  await waitFor(() => client.subs.get('firehose').position, 5000, 'subscribed');
+  const N = 400;
+  for (let i = 0; i < N; i += 100) await Promise.all(Array.from({ length: 100 }, () => server.publish('firehose', {})));
+  await waitFor(() => processed.length >= N, 20000, `${N} processed`, () => `${processed.length}`);
+  assert.deepEqual(processed, Array.from({ length: N }, (_, i) => i + 1));
+  assert.ok(events.length >= 1 && events.every((d) => d.code === 4000 && d.willRetry), JSON.stringify(events));
+  assert.ok(longest <= 51, `the backlog reached ${longest}`);
+  console.log(`backlog: ${N} processed once in order with maxBacklog 50 (longest backlog ${longest}); ${events.length} pauses, ${client.stats.connects} connections`);
+});
