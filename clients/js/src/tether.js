@@ -117,7 +117,12 @@ export class Tether {
       if (this.terminal) return Promise.reject(this.terminal);
       const pending = this.outbox.get(id);
       if (pending) return pending.promise;
-      const json = JSON.stringify(data);
+      let json;
+      try {
+        json = JSON.stringify(data);
+      } catch (e) {
+        throw new TypeError(`publish: data is not a JSON value: ${e.message}`);
+      }
       if (json === undefined) throw new TypeError('publish: data is not a JSON value');
       const entry = { id, frame: `{"op":"pub","ch":${JSON.stringify(ch)},"id":${JSON.stringify(id)},"data":${json}}` };
       entry.promise = new Promise((resolve, reject) => Object.assign(entry, { resolve, reject }));

@@ -77,9 +77,9 @@ export function checkUrls(arg) {
 
 /** `url` with `token=<token, percent-encoded>` added to its query (docs/security.md). */
 export function urlWithToken(url, token) {
-  const u = new URL(url);
-  u.searchParams.set('token', token);
-  return u.href;
+  const [base, fragment] = url.split('#', 2);
+  const t = `${base}${base.includes('?') ? '&' : '?'}token=${encodeURIComponent(token)}`;
+  return fragment == null ? t : `${t}#${fragment}`;
 }
 
 /** `{"op":"sub",…}` with `from`/`epoch` when known. */
