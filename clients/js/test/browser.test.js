@@ -47,7 +47,7 @@ async function launch(t, toml = '') {
   assert.ok(fs.existsSync(CHROMIUM), `chromium not found at ${CHROMIUM} (apt-get install chromium, or set CHROMIUM)`);
   const ctx = { server: await startTether({ toml }), errors: [] };
   ctx.web = await serveStatic(ctx.server.url);
-  ctx.browser = await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: ['--no-sandbox', '--headless=new'] });
+  ctx.browser = await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: ['--no-sandbox', '--headless=new', '--disable-gpu', '--disable-quic', '--disable-background-networking', '--disable-component-update'] });
   t.after(async () => {
     await ctx.browser.close();
     ctx.web.close();
