@@ -284,9 +284,18 @@ async function main() {
 
   const browser = await puppeteer.launch({
     executablePath: CHROMIUM,
-    // headless: true is Chromium's new headless mode (--headless=new); no sandbox, as root in CI.
+    // The new headless mode; no sandbox (root in CI); nothing that reaches out to the network
+    // on its own (the same flags as clients/js/test/browser.test.js).
     headless: true,
-    args: ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"],
+    args: [
+      "--no-sandbox",
+      "--headless=new",
+      "--disable-gpu",
+      "--disable-dev-shm-usage",
+      "--disable-quic",
+      "--disable-background-networking",
+      "--disable-component-update",
+    ],
     timeout: STEP_MS,
   });
   cleanups.push(() => browser.close());

@@ -1,0 +1,148 @@
+// In headless Chromium: a page using the client from clients/js/ (unbundled ES modules) keeps
+// processing a stream while the tether server is restarted (SIGTERM drain): every message is
+// processed exactly once in order within each epoch, the epoch change is surfaced as a reset,
+// and a page reload resumes from the position kept in sessionStorage.
+
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import http from 'node:http';
+import path from 'node:path';
+import test from 'node:test';
+import { fileURLToPath } from 'node:url';
+
+import puppeteer from 'puppeteer-core';
+
+import { startTether, startTetherOn, waitFor } from './helpers.js';
+
+const ROOT = fileURLToPath(new URL('../', import.meta.url));
+export const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
+const TYPES = { '.js': 'text/javascript', '.html': 'text/html' };
+
+/**
+ * Serves clients/js/ (and the test page at /page.html) on 127.0.0.1:0. In example.html the
+ * README's server address (ws://127.0.0.1:8080/ws) becomes `wsUrl`, the test's server.
+ */
+async function serveStatic(wsUrl) {
+  const server = http.createServer((req, res) => {
+    const p = new URL(req.url, 'http://x').pathname;
+    const file = p === '/page.html' ? path.join(ROOT, 'test/browser/page.html') : path.join(ROOT, path.normalize(p));
+    if (!file.startsWith(ROOT) || !fs.existsSync(file) || !fs.statSync(file).isFile()) {
+      res.writeHead(404).end('not found');
+      return;
+    }
+    let body = fs.readFileSync(file, 'utf8');
+    if (p === '/example.html') body = body.replace('ws://127.0.0.1:8080/ws', wsUrl);
+    res.writeHead(200, { 'content-type': TYPES[path.extname(file)] ?? 'application/octet-stream' });
+    res.end(body);
+  });
+  await new Promise((r) => server.listen(0, '127.0.0.1', r));
+  return server;
+}
+
+/**
+ * A tether server (config `toml`), the static server and a headless Chromium page, all stopped
+ * when test `t` ends (the server in `ctx.server` then, which a test may replace).
+ */
+async function launch(t, toml = '') {
+  assert.ok(fs.existsSync(CHROMIUM), `chromium not found at ${CHROMIUM} (apt-get install chromium, or set CHROMIUM)`);
+  const ctx = { server: await startTether({ toml }), errors: [] };
+  ctx.web = await serveStatic(ctx.server.url);
+  ctx.browser = await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: ['--no-sandbox', '--headless=new', '--disable-gpu', '--disable-quic', '--disable-background-networking', '--disable-component-update'] });
+  t.after(async () => {
+    await ctx.browser.close();
+    ctx.web.close();
+    await ctx.server.stop();
+  });
+  ctx.page = await ctx.browser.newPage();
+  ctx.page.on('pageerror', (e) => ctx.errors.push(String(e)));
+  ctx.base = `http://127.0.0.1:${ctx.web.address().port}`;
+  return ctx;
+}
+
+test('a page processes a stream exactly once in order through a server restart', async (t) => {
+  const toml = '[drain]\nwindow_ms = 300\n';
+  const ctx = await launch(t, toml);
+  const { page, errors: consoleErrors } = ctx;
+  let server = ctx.server;
+  const pageUrl = `${ctx.base}/page.html?ws=${encodeURIComponent(server.url)}`;
+  await page.goto(pageUrl);
+  const state = () => page.evaluate(() => window.tetherTest);
+  await waitFor(async () => (await state())?.subscribed.length === 1, 10000, 'the page subscribed', () => consoleErrors.join('\n'));
+  const e1 = (await state()).subscribed[0].epoch;
+
+  // The stream: published every 10 ms; the server is drained and restarted in the middle.
+  const published = { [e1]: [] };
+  for (let i = 0; i < 30; i++) {
+    published[e1].push(await server.publish('news', { i }));
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  await server.stop('SIGTERM');
+  server = ctx.server = await startTetherOn(server.port, toml);
+  await waitFor(async () => (await state()).resets.length === 1, 10000, 'the reset after the restart', async () => JSON.stringify((await state()).events));
+  const reset = (await state()).resets[0];
+  assert.equal(reset.reason, 'epoch');
+  const e2 = reset.epoch;
+  published[e2] = [];
+  for (let i = 0; i < 30; i++) {
+    published[e2].push(await server.publish('news', { i }));
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  await waitFor(async () => (await state()).log.filter(([e]) => e === e2).length === 30, 10000, 'the 30 messages after the reset');
+
+  const s = await state();
+  const inEpoch = (e) => s.log.filter(([x]) => x === e).map(([, seq]) => seq);
+  assert.deepEqual(inEpoch(e1), published[e1], 'before the restart: every message once, in order');
+  assert.deepEqual(inEpoch(e2), published[e2], 'after the reset: every message once, in order');
+  assert.deepEqual(s.log.map(([e]) => e), [...published[e1].map(() => e1), ...published[e2].map(() => e2)], 'no message of the old epoch after the reset');
+  assert.ok(s.events.some((d) => d.event === 'disconnected' && d.code === 1012 && d.willRetry), JSON.stringify(s.events));
+  assert.deepEqual(s.errors, []);
+
+  // A reload: messages published meanwhile arrive after the committed seq kept in sessionStorage.
+  const last = published[e2].at(-1);
+  await page.goto('about:blank');
+  const away = [];
+  for (let i = 0; i < 3; i++) away.push(await server.publish('news', { away: i }));
+  await page.goto(pageUrl);
+  await waitFor(async () => (await state())?.log.length === 3, 10000, 'the messages published during the reload');
+  const after = await state();
+  assert.deepEqual(after.log, away.map((seq) => [e2, seq]));
+  assert.deepEqual(away, [last + 1, last + 2, last + 3]);
+  assert.equal(after.subscribed[0].recovered, true);
+  assert.deepEqual(consoleErrors, []);
+  console.log(`browser: ${published[e1].length} + ${published[e2].length} messages once in order across a restart, reset ${JSON.stringify(reset)}, 3 resumed after a reload`);
+});
+
+test('the README example (example.html) shows what is published', async (t) => {
+  const { server, page, errors, base } = await launch(t);
+  await page.goto(`${base}/example.html`);
+  // Subscribed (live from the head) once the position is stored; then publish as the README does.
+  await waitFor(async () => (await page.evaluate(() => sessionStorage.getItem('tether.positions'))) != null, 10000, 'the subscription', () => errors.join('\n'));
+  await server.publish('news', { hello: 1 });
+  const text = () => page.evaluate(() => document.getElementById('log').textContent);
+  await waitFor(async () => (await text()).includes('1 {"hello":1}'), 5000, 'the message on the page', () => errors.join('\n'));
+  assert.deepEqual(errors, []);
+});
+
+test('coming back online reconnects at once instead of waiting out the backoff', async (t) => {
+  const ctx = await launch(t);
+  const { page, errors } = ctx;
+  // Backoff windows of 60 s and a jitter at their far end: without the lifecycle hook the page
+  // would wait 59.4 s.
+  await page.goto(`${ctx.base}/page.html?base=60000&jitter=0.99&ws=${encodeURIComponent(ctx.server.url)}`);
+  const state = () => page.evaluate(() => window.tetherTest);
+  await waitFor(async () => (await state())?.subscribed.length === 1, 10000, 'the page subscribed', () => errors.join('\n'));
+  const port = ctx.server.port;
+  await ctx.server.stop('SIGKILL');
+  await waitFor(async () => (await state()).events.some((e) => e.event === 'disconnected'), 10000, 'the disconnect');
+  ctx.server = await startTetherOn(port, '');
+  const [down] = (await state()).events.filter((e) => e.event === 'disconnected');
+  await page.setOfflineMode(true);
+  await page.setOfflineMode(false);
+  const online = Date.now();
+  await waitFor(async () => (await state()).events.filter((e) => e.event === 'connected').length === 2, 5000, 'the reconnect after online', async () => JSON.stringify((await state()).events));
+  const back = (await state()).events.filter((e) => e.event === 'connected')[1];
+  await waitFor(async () => (await state()).resets.length === 1, 5000, 'the reset (a new server, a new epoch)');
+  console.log(`browser: online reconnected after ${back.at - online} ms (the backoff had said ${down.retryInMs} ms)`);
+  assert.ok(down.retryInMs >= 59000, `the backoff said ${down.retryInMs} ms`);
+  assert.ok(back.at - online < 2000, `reconnected ${back.at - online} ms after online`);
+});
