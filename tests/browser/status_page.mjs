@@ -18,10 +18,8 @@
 // the refreshes and after them agree (else it is repeated). Every wait is bounded; the whole
 // run is bounded by TOTAL_MS. The server is stopped by its PID. Prints the screenshots' paths.
 
-import { spawn } from "node:child_process";
 import net from "node:net";
-import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { existsSync, mkdirSync } from "node:fs";
 import path from "node:path";
 import puppeteer from "puppeteer-core";
 import WebSocket from "ws";
@@ -45,8 +43,7 @@ const loadShot = shot.replace(/\.png$/, "") + "-load.png";
 const drainShot = shot.replace(/\.png$/, "") + "-drain.png";
 
 const cleanups = [];
-let serverLog = "";
-/** The tether child process. */
+/** The tether process (a TetherProcess of clients/js/test/helpers.js). */
 let server = null;
 const overall = setTimeout(() => fail(`the test took longer than ${TOTAL_MS} ms`), TOTAL_MS);
 
@@ -67,7 +64,8 @@ async function cleanup() {
 
 async function fail(msg) {
   console.error(`status_page: FAILED: ${msg}`);
-  console.error(`---- tether log tail ----\n${serverLog.split("\n").slice(-40).join("\n")}`);
+  const log = server ? server.log.join("").split("\n").slice(-40).join("\n") : "(not started)";
+  console.error(`---- tether log tail (warnings and errors) ----\n${log}`);
   await cleanup();
   process.exit(1);
 }
@@ -90,50 +88,21 @@ async function until(what, ms, f) {
   }
 }
 
-/// Starts tether; resolves with its address once it prints `tether listening on ADDR`.
+/// Starts tether (2 cores, the admin token) with the JS client's test helper, which waits
+/// for its `tether listening on ADDR` line and stops it by PID; resolves with its address.
 async function startServer() {
-  const dir = mkdtempSync(path.join(tmpdir(), "tether-status-"));
-  cleanups.push(() => rmSync(dir, { recursive: true, force: true }));
-  const config = path.join(dir, "tether.toml");
+  process.env.TETHER_BIN = bin;
+  const { startTether } = await import("../../clients/js/test/helpers.js");
   // A fast heartbeat, so the silent peer is reaped for pong timeout within about 2 s, and a
   // short drain window, so the page can be watched draining at the end.
-  writeFileSync(
-    config,
-    `[admin]\ntoken = "${ADMIN}"\n\n[heartbeat]\nping_interval_ms = 1000\npong_timeout_ms = 500\n\n` +
+  server = await startTether({
+    cores: 2,
+    toml:
+      `[admin]\ntoken = "${ADMIN}"\n\n[heartbeat]\nping_interval_ms = 1000\npong_timeout_ms = 500\n\n` +
       `[drain]\nwindow_ms = 2000\n`,
-  );
-  server = spawn(bin, ["serve", "--listen", "127.0.0.1:0", "--cores", "2", "--config", config], {
-    stdio: ["ignore", "pipe", "pipe"],
-    env: { ...process.env, TETHER_LOG: "info" },
   });
-  const child = server;
-  cleanups.push(async () => {
-    if (child.exitCode !== null || child.signalCode !== null) return;
-    process.kill(child.pid, "SIGKILL");
-    await new Promise((r) => child.once("exit", r));
-  });
-  child.stderr.setEncoding("utf8");
-  child.stderr.on("data", (d) => {
-    serverLog = (serverLog + d).slice(-20_000);
-  });
-  child.stdout.setEncoding("utf8");
-  return new Promise((resolve, reject) => {
-    let out = "";
-    const timer = setTimeout(() => reject(new Error(`no listening line within ${STEP_MS} ms`)), STEP_MS);
-    // The listener stays: stdout is drained until the end, so the server never blocks on it.
-    child.stdout.on("data", (d) => {
-      out += d;
-      const m = /tether listening on (\S+)/.exec(out);
-      if (m) {
-        clearTimeout(timer);
-        resolve(m[1]);
-      }
-    });
-    child.once("exit", (code, signal) => {
-      clearTimeout(timer);
-      reject(new Error(`tether exited (${code ?? signal}) before listening`));
-    });
-  });
+  cleanups.push(() => server.kill());
+  return server.addr;
 }
 
 /// One scrape of /metrics as `name{labels}` → value.
@@ -374,15 +343,15 @@ async function main() {
   await until(`subscribers receiving all ${delivered} deliveries`, STEP_MS, () => subs.received.n === delivered);
 
   // 4. SIGTERM: the page, polling over its keep-alive connection, shows the drain.
-  process.kill(server.pid, "SIGTERM");
+  const stopped = server.stop("SIGTERM", STEP_MS);
   const drained = await until("the page showing the drain", STEP_MS, async () => {
     const s = await shown(page);
     return s["drain.draining"] === true && s;
   });
   check(drained["drain.close_code"] === 1012, `drain close code shown: ${drained["drain.close_code"]}`);
   await page.screenshot({ path: drainShot, fullPage: true });
-  const exit = await until("tether exiting after the drain", STEP_MS, () => server.exitCode !== null && { code: server.exitCode });
-  check(exit.code === 0, `tether exited with ${exit.code} after SIGTERM`);
+  const exit = await stopped;
+  check(exit.code === 0, `tether exited with ${JSON.stringify(exit)} after SIGTERM`);
 
   console.log(`status page screenshot (under load): ${loadShot}`);
   console.log(`status page screenshot (compared with /metrics): ${shot}`);
