@@ -268,23 +268,25 @@ async fn status_json_says_what_metrics_says_after_known_traffic() {
     assert_eq!(cores.iter().map(|c| c["core"].as_u64().unwrap()).collect::<Vec<_>>(), [0, 1]);
     assert_eq!(cores.iter().map(|c| c["connections"].as_u64().unwrap()).sum::<u64>(), conns);
 
-    // The top connections by queued bytes: the drop-oldest non-reader keeps a full queue.
+    // The top connections by queued bytes. (How much the non-readers still hold depends on
+    // how much the kernel took meanwhile, so only bounds are checked.)
     let top = s["top"].as_array().unwrap();
     assert_eq!(top.len(), conns as usize, "fewer connections than top=10: all of them");
     let queued: Vec<u64> = top.iter().map(|r| r["queued_bytes"].as_u64().unwrap()).collect();
     assert!(queued.windows(2).all(|w| w[0] >= w[1]), "sorted by queued bytes: {queued:?}");
-    assert_eq!(top[0]["subscriptions"], serde_json::json!(["drop.x"]), "{}", top[0]);
-    assert!(queued[0] > 0 && queued[0] <= 65536 + 16384, "{queued:?}");
+    assert!(queued[0] <= 65536 + 16384, "a queue past queue_max_bytes: {queued:?}");
+    let dropper_row = top.iter().find(|r| r["subscriptions"] == serde_json::json!(["drop.x"]));
+    assert!(dropper_row.is_some_and(|r| r["peer"].as_str().unwrap().starts_with("127.0.0.1:")), "{top:?}");
     let summed: u64 = cores.iter().map(|c| c["queued_bytes"].as_u64().unwrap()).sum();
     assert!(summed >= queued[0], "per-core queued bytes {summed} < the top row's {}", queued[0]);
-    assert!(cores.iter().map(|c| c["backlogged"].as_u64().unwrap()).sum::<u64>() >= 1);
+    let backlogged: u64 = cores.iter().map(|c| c["backlogged"].as_u64().unwrap()).sum();
+    assert_eq!(backlogged, queued.iter().filter(|&&b| b > 0).count() as u64, "{s}");
     assert_eq!(status_json(&srv, "?top=2")["top"].as_array().unwrap().len(), 2);
     // `/connections` shares the gathering: the same rows, largest queue first.
     let listed = ask(srv.addr, &request(srv.addr, "GET", "/connections?top=3", None));
     let listed: Value = serde_json::from_slice(&listed.body).unwrap();
     let rows = listed["connections"].as_array().unwrap();
     assert_eq!(rows.len(), 3, "{listed}");
-    assert_eq!(rows[0]["subscriptions"], serde_json::json!(["drop.x"]), "{listed}");
     let bytes: Vec<u64> = rows.iter().map(|r| r["queued_bytes"].as_u64().unwrap()).collect();
     assert!(bytes.windows(2).all(|w| w[0] >= w[1]), "{bytes:?}");
     let later = status_json(&srv, "");
