@@ -4,7 +4,8 @@
 //! each send one frame at the same instant, and readiness after a partial frame.
 //!
 //! Every case uses raw sockets (`common::RawWs`), so the test controls exactly which bytes
-//! reach the server and when.
+//! reach the server and when, and runs once per monoio driver: io_uring, then epoll
+//! (`MONOIO_FORCE_LEGACY_DRIVER=1`), each checked in the server's log.
 
 mod common;
 
@@ -18,6 +19,27 @@ use tether::ws::codec::encode_client_frame;
 use tokio::io::AsyncWriteExt;
 
 const MASK: [u8; 4] = [0x11, 0x22, 0x33, 0x44];
+
+/// The monoio drivers a server can run on.
+const DRIVERS: [Driver; 2] = [Driver::IoUring, Driver::Epoll];
+
+#[derive(Debug, Clone, Copy)]
+enum Driver {
+    IoUring,
+    Epoll,
+}
+
+/// Starts a server on `driver` and checks in its log that the driver is the one asked for.
+fn start(driver: Driver, config: &str, cores: &str) -> Server {
+    let (env, want): (&[(&str, &str)], _) = match driver {
+        Driver::IoUring => (&[("MONOIO_FORCE_LEGACY_DRIVER", "0")], "driver=\"io_uring\""),
+        Driver::Epoll => (&[("MONOIO_FORCE_LEGACY_DRIVER", "1")], "driver=\"epoll\""),
+    };
+    let srv = Server::start_with_env(config, "127.0.0.1:0".parse().unwrap(), &["--cores", cores], env);
+    let log = String::from_utf8_lossy(&srv.log_bytes()).into_owned();
+    assert!(log.contains(want), "expected {want} in the server log:\n{log}");
+    srv
+}
 
 /// Reads frames (skipping pings) until one is a JSON object with `op == want`; returns it.
 async fn until_op(ws: &mut RawWs, want: &str, limit: Duration) -> Value {
@@ -61,9 +83,16 @@ async fn small_frame(ws: &mut RawWs, end: Instant) -> Frame {
 /// `ack` arrives after the backlog once it reads again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readable_while_queue_full() {
-    let srv = Server::start(
+    for driver in DRIVERS {
+        readable_while_queue_full_on(driver).await;
+    }
+}
+
+async fn readable_while_queue_full_on(driver: Driver) {
+    let srv = start(
+        driver,
         "[limits]\nqueue_max_bytes = 65536\nmax_publish_bytes = 16384\nmax_message_bytes = 16384\n\n[[channels]]\npattern = \"flood\"\noverflow = \"drop-oldest\"\n",
-        &["--cores", "2"],
+        "2",
     );
     let mut stuck = RawWs::upgrade(connect_small_rcvbuf(srv.addr, 4096).await, srv.addr, "/ws").await;
     stuck.subscribe("flood").await;
@@ -98,7 +127,13 @@ async fn readable_while_queue_full() {
 /// behind; the server keeps serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_racing_a_read() {
-    let srv = Server::start("", &["--cores", "2"]);
+    for driver in DRIVERS {
+        close_racing_a_read_on(driver).await;
+    }
+}
+
+async fn close_racing_a_read_on(driver: Driver) {
+    let srv = start(driver, "", "2");
     let mut reader = RawWs::connect(srv.addr, "/ws").await;
     reader.subscribe("race").await;
     const PEERS: usize = 200;
@@ -151,8 +186,14 @@ async fn close_racing_a_read() {
 /// subscriber receives each published message exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_connections_send_one_frame_at_once() {
+    for driver in DRIVERS {
+        ten_thousand_connections_send_one_frame_at_once_on(driver).await;
+    }
+}
+
+async fn ten_thousand_connections_send_one_frame_at_once_on(driver: Driver) {
     let _ = tether::server::raise_nofile();
-    let srv = Server::start("[limits.per_connection]\ncontrol_frames_rate = 0\n", &["--cores", "2"]);
+    let srv = start(driver, "[limits.per_connection]\ncontrol_frames_rate = 0\n", "2");
     let mut reader = RawWs::connect(srv.addr, "/ws").await;
     reader.subscribe("burst").await;
     const N: usize = 10_000;
@@ -218,12 +259,13 @@ async fn ten_thousand_connections_send_one_frame_at_once() {
 /// yields both answers, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_after_partial_frame() {
-    let srv = Server::start("", &["--cores", "1"]);
-    // CI runs this file once per monoio driver: check the server really runs the one asked for.
-    let legacy = std::env::var("MONOIO_FORCE_LEGACY_DRIVER").is_ok_and(|v| v == "1");
-    let want = if legacy { "driver=\"epoll\"" } else { "driver=\"io_uring\"" };
-    let log = String::from_utf8_lossy(&srv.log_bytes()).into_owned();
-    assert!(log.contains(want), "expected {want} in the server log:\n{log}");
+    for driver in DRIVERS {
+        readiness_after_partial_frame_on(driver).await;
+    }
+}
+
+async fn readiness_after_partial_frame_on(driver: Driver) {
+    let srv = start(driver, "", "1");
     let mut slow = RawWs::connect(srv.addr, "/ws").await;
     let mut other = RawWs::connect(srv.addr, "/ws").await;
 
