@@ -1,5 +1,6 @@
 //! Plain HTTP on the WebSocket port: the upgrade itself (`GET /ws`, `GET /echo`) and the API
-//! (`POST /publish/{channel}`, `/healthz`, `/readyz`, `/metrics`, `/connections`). HTTP/1.1
+//! (`POST /publish/{channel}`, `/healthz`, `/readyz`, `/metrics`, `/connections`; `/feeds` in
+//! [`super::http_feeds`]). HTTP/1.1
 //! keep-alive and pipelining are honoured; an upgraded connection leaves this module for good.
 //! The session parses requests ([`Session::next_request`](super::session::Session::next_request));
 //! this module routes them and answers.
@@ -103,6 +104,9 @@ impl CoreState {
             }
             return self.http_publish(id, req, ch, body);
         }
+        if path == "/feeds" || path.starts_with("/feeds/") {
+            return self.feeds_api(id, req, body);
+        }
         let admin_only = path == "/connections" || (path == "/metrics" && self.shared.config.admin.protect_metrics);
         if admin_only {
             let peer = self.conn(id).and_then(|s| s.peer()).map(|a| a.ip());
@@ -130,6 +134,7 @@ impl CoreState {
                 let mut text = metrics::render(&self.shared.metrics, draining);
                 metrics::render_channels(&mut text, self.shared.channels.count());
                 self.shared.broker.render_into(&mut text, self.shared.config.broker.kind.as_str());
+                self.shared.feeds.render_into(&mut text, crate::feeds::runtime::now_ms());
                 http::response(200, "text/plain; version=0.0.4", text.as_bytes(), &[], keep_alive)
             }
             (Method::Get | Method::Head, "/connections") => {
@@ -154,7 +159,7 @@ impl CoreState {
 
     /// Answers 401 to a request refused by a credentials guard (the connection stays open
     /// when the request asked for keep-alive: a client may retry with the right token).
-    fn refuse_auth(&mut self, id: ConnId, what: Guarded, r: Refusal, keep_alive: bool) {
+    pub(super) fn refuse_auth(&mut self, id: ConnId, what: Guarded, r: Refusal, keep_alive: bool) {
         self.metrics().http_auth_failures[what as usize].fetch_add(1, Relaxed);
         let fd = self.conn(id).map(|s| s.fd);
         super::events::http_auth_failed(self.me, fd, http_auth::GUARDED_NAMES[what as usize], r.reason);
@@ -262,7 +267,7 @@ impl CoreState {
     /// Queues one response; without keep-alive the connection closes after it. Keep-alive
     /// connections stay open during a drain, so probes and scrapers that hold one see `/readyz`
     /// turn 503 and the drain progress in `/metrics` until the process exits.
-    fn send(&mut self, id: ConnId, resp: Vec<u8>, keep_alive: bool) {
+    pub(super) fn send(&mut self, id: ConnId, resp: Vec<u8>, keep_alive: bool) {
         self.metrics().http_requests.fetch_add(1, Relaxed);
         self.with_session(id, |s, ctx| s.respond(ctx, resp, keep_alive));
         self.flush(id);
