@@ -13,8 +13,9 @@ use crate::config::{Config, FeedStoreKind};
 pub enum AnyStore {
     /// `store = "memory"`: this process only.
     Memory(MemoryLeaseStore),
-    /// `store = "redis"`: the broker's Redis.
-    Redis(RedisLeaseStore),
+    /// `store = "redis"`: the broker's Redis (boxed: its connection and scripts are large,
+    /// and the enum is held once per process).
+    Redis(Box<RedisLeaseStore>),
     // `store = "dynamodb"` adds its variant here, behind `#[cfg(feature = "dynamodb")]`, with
     // its arm in `open` and in `each!`.
 }
@@ -37,7 +38,7 @@ impl AnyStore {
     pub async fn open(config: &Config) -> Result<AnyStore, LeaseError> {
         match config.feeds.store {
             FeedStoreKind::Memory => Ok(AnyStore::Memory(MemoryLeaseStore::new())),
-            FeedStoreKind::Redis => Ok(AnyStore::Redis(RedisLeaseStore::connect(&config.broker).await?)),
+            FeedStoreKind::Redis => Ok(AnyStore::Redis(Box::new(RedisLeaseStore::connect(&config.broker).await?))),
             FeedStoreKind::Dynamodb => Err(LeaseError::Store(
                 "feeds.store = \"dynamodb\": this binary has no DynamoDB store (build with --features dynamodb)".into(),
             )),

@@ -90,6 +90,8 @@ impl Upstream {
     }
 }
 
+// The handshake callback's `Result<Response, ErrorResponse>` is tungstenite's signature.
+#[allow(clippy::result_large_err)]
 async fn serve(
     stream: tokio::net::TcpStream,
     interval: Duration,
