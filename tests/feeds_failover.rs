@@ -56,41 +56,48 @@ async fn wait_owned(nodes: &[&Server], limit: Duration, pred: impl Fn(u64) -> bo
     }
 }
 
-/// Waits (bounded) until every feed has exactly one upstream connection.
-async fn wait_one_connection_each(up: &Upstream, ids: &[String], limit: Duration) {
+/// Polls `offenders` every 20 ms until it returns none; panics after `limit` naming `what`
+/// and the last offenders.
+async fn wait_none(what: &str, limit: Duration, offenders: impl Fn() -> Vec<String>) {
     let start = Instant::now();
     loop {
-        let bad: Vec<_> = ids.iter().filter(|id| up.counts(id).open != 1).collect();
+        let bad = offenders();
         if bad.is_empty() {
             return;
         }
-        assert!(start.elapsed() < limit, "feeds without exactly one upstream connection after {limit:?}: {bad:?}");
+        assert!(start.elapsed() < limit, "{what} after {limit:?}: {bad:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
-/// Waits until every channel received a message after `mark` messages (so the stream goes on).
+/// Waits (bounded) until every feed has exactly one upstream connection.
+async fn wait_one_connection_each(up: &Upstream, ids: &[String], limit: Duration) {
+    let offenders = || ids.iter().filter(|id| up.counts(id).open != 1).cloned().collect();
+    wait_none("feeds without exactly one upstream connection", limit, offenders).await;
+}
+
+/// Waits (bounded) until every channel received a new message (so the stream goes on).
 async fn wait_flowing(rec: &Recorder, ids: &[String], limit: Duration) {
     let marks: Vec<usize> = ids.iter().map(|id| rec.count(&channel(id))).collect();
-    let start = Instant::now();
-    loop {
-        let stuck: Vec<_> =
-            ids.iter().zip(&marks).filter(|(id, m)| rec.count(&channel(id)) <= **m).map(|(id, _)| id).collect();
-        if stuck.is_empty() {
-            return;
-        }
-        assert!(start.elapsed() < limit, "channels without new messages after {limit:?}: {stuck:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let offenders =
+        || ids.iter().zip(&marks).filter(|(id, m)| rec.count(&channel(id)) <= **m).map(|(id, _)| id.clone()).collect();
+    wait_none("channels without new messages", limit, offenders).await;
+}
+
+/// A redis-server, an upstream of `n` feeds, their ids, and the node config (Redis broker
+/// and store under `prefix`).
+async fn setup(n: usize, prefix: &str) -> (RedisProc, Upstream, Vec<String>, String) {
+    let redis = RedisProc::start();
+    let up = Upstream::start(INTERVAL, None).await;
+    let ids = feed_ids(n);
+    let cfg = node_config(&redis_broker(&redis, prefix), "redis", &up, &ids);
+    (redis, up, ids, cfg)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_thirty_feeds_one_owner_each_and_handover() {
     let _serial = common::serial().await;
-    let redis = RedisProc::start();
-    let up = Upstream::start(INTERVAL, None).await;
-    let ids = feed_ids(30);
-    let cfg = node_config(&redis_broker(&redis, "ff3:"), "redis", &up, &ids);
+    let (_redis, up, ids, cfg) = setup(30, "ff3:").await;
     let mut nodes: Vec<Server> = (0..3).map(|_| Server::start(&cfg, &[])).collect();
     wait_one_connection_each(&up, &ids, Duration::from_secs(10)).await;
     wait_owned(&nodes.iter().collect::<Vec<_>>(), Duration::from_secs(5), |n| n == 30).await;
@@ -168,10 +175,7 @@ async fn three_nodes_thirty_feeds_one_owner_each_and_handover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_owner_is_fenced_out_after_takeover() {
     let _serial = common::serial().await;
-    let redis = RedisProc::start();
-    let up = Upstream::start(INTERVAL, None).await;
-    let ids = feed_ids(3);
-    let cfg = node_config(&redis_broker(&redis, "ffs:"), "redis", &up, &ids);
+    let (_redis, up, ids, cfg) = setup(3, "ffs:").await;
     let first = Server::start(&cfg, &[]);
     wait_owned(&[&first], Duration::from_secs(5), |n| n == 3).await;
     let second = Server::start(&cfg, &[]);

@@ -85,7 +85,12 @@ impl CoreState {
         let path = req.path.as_str();
         if req.method == Method::Other {
             // RFC 9110 §9.1: a method the server does not implement at all gets 501.
-            let resp = http::error_response(501, "method not implemented: use GET, HEAD or POST", &[], keep_alive);
+            let resp = http::error_response(
+                501,
+                "method not implemented: use GET, HEAD, POST, PUT or DELETE",
+                &[],
+                keep_alive,
+            );
             return self.send(id, resp, keep_alive);
         }
         if path == "/ws" || (path == "/echo" && self.shared.echo) {
