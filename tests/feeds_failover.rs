@@ -207,7 +207,7 @@ async fn paused_owner_is_fenced_out_after_takeover() {
     }
     let log = first.log_tail(400);
     assert!(
-        log.contains("fenced") || log.contains("lease not renewed in time") || log.contains("lease lost"),
+        ["fenced", "lease not renewed in time", "lease lost", "lease taken over"].iter().any(|w| log.contains(w)),
         "the old owner logged no reason for stopping"
     );
 }

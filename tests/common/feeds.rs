@@ -55,7 +55,8 @@ impl Drop for Recorder {
 }
 
 impl Recorder {
-    /// Connects to `addr`, subscribes to `channels`, and records every `msg` from then on.
+    /// Connects to `addr`, subscribes to `channels` (again after an `unavailable` refusal),
+    /// and records every `msg` from then on.
     pub async fn start(addr: SocketAddr, channels: &[String]) -> Recorder {
         let mut ws = RawWs::connect(addr, "/ws").await;
         for ch in channels {
@@ -69,6 +70,13 @@ impl Recorder {
                     continue;
                 }
                 let v = f.json();
+                if v["op"] == "error" && v["code"] == "unavailable" {
+                    // The node's broker is not connected yet: subscribe again after its hint.
+                    let wait = v["retry_after_ms"].as_u64().unwrap_or(100);
+                    tokio::time::sleep(Duration::from_millis(wait)).await;
+                    ws.send_json(&serde_json::json!({"op": "sub", "ch": v["ch"]})).await;
+                    continue;
+                }
                 if v["op"] == "msg" {
                     let ch = v["ch"].as_str().unwrap_or_default().to_owned();
                     let up = v["data"]["seq"].as_u64().expect("upstream seq in data");
