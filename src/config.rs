@@ -14,10 +14,12 @@
 //! - `validate`: the range and shape checks behind [`Config::validate`].
 //! - `toml_error`: turning a `toml` parse or type error into a [`ConfigError`] with a key path.
 
+mod feeds;
 mod security;
 mod toml_error;
 mod validate;
 
+pub use feeds::{FeedStoreKind, Feeds};
 pub use security::{Admin, Auth, PerConnection};
 pub use validate::{QUEUE_CONTROL_RESERVE, SHIPPED_UNIT_STOP_TIMEOUT_MS};
 
@@ -85,6 +87,9 @@ pub struct Config {
     pub auth: Option<Auth>,
     /// The admin token guarding `/connections` and the other admin endpoints (`[admin]`).
     pub admin: Admin,
+    /// Upstream feeds owned by leases: the lease store, the lease timings and the feeds
+    /// declared in the file (`[feeds]`, `[[feeds.static]]`, docs/feeds.md).
+    pub feeds: Feeds,
 }
 
 /// Handshake, header, message and outbound-queue limits (`[limits]`).
@@ -432,6 +437,7 @@ impl Default for Config {
             allowed_origins: Vec::new(),
             auth: None,
             admin: Admin::default(),
+            feeds: Feeds::default(),
         }
     }
 }
@@ -555,6 +561,17 @@ impl Config {
                 r.history
             ));
         }
+        let f = &self.feeds;
+        out.push_str(&format!(
+            " feeds.store={} feeds.renew_ms={} feeds.lease_ms={} feeds.reconcile_ms={} feeds.skew_margin_ms={} \
+             feeds.static={}",
+            f.store.as_str(),
+            f.renew_ms,
+            f.lease_ms,
+            f.reconcile_ms,
+            f.skew_margin_ms,
+            f.static_feeds.len()
+        ));
         out
     }
 

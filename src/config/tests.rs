@@ -171,16 +171,6 @@ fn long_and_odd_patterns_refused() {
     assert_eq!(err("[[channels]]\npattern = \"a/b\"").key, "channels[0].pattern");
 }
 
-/// `[feeds]` is designed (DESIGN §7) but only its lease store exists (docs/feeds.md): a file
-/// that sets it must be refused, not silently run without feeds.
-#[test]
-fn feeds_table_is_refused_until_feeds_run() {
-    assert_eq!(err("[feeds]\nstore = \"redis\"").key, "feeds");
-    let e = err("[[feeds.static]]\nid = \"btc\"");
-    assert!(e.key.starts_with("feeds"), "{e}");
-    assert!(e.message.contains("unknown"), "{e}");
-}
-
 #[test]
 fn unknown_keys_are_errors_naming_the_key() {
     let e = err("listne = \"0.0.0.0:1\"");

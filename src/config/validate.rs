@@ -101,11 +101,12 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     }
 
     super::security::validate(c)?;
+    super::feeds::validate(c)?;
     validate_origins(c)
 }
 
 /// `[broker]` with `kind = "redis"`: URL schemes, the key prefix, the timings.
-fn validate_redis(b: &super::Broker) -> Result<(), ConfigError> {
+pub(super) fn validate_redis(b: &super::Broker) -> Result<(), ConfigError> {
     let scheme_ok = |u: &str, unix: bool| {
         u.starts_with("redis://") || u.starts_with("rediss://") || (unix && u.starts_with("unix://"))
     };

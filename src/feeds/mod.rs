@@ -1,6 +1,6 @@
-//! Upstream feeds owned by leases (DESIGN §6 "Upstream feeds", docs/feeds.md): so far the
-//! feed record and the lease store that later slices (the owner task, the reconcile, the admin
-//! API, `[feeds]` config) build on. Nothing in the server uses this module yet.
+//! Upstream feeds owned by leases (DESIGN §6 "Upstream feeds", docs/feeds.md): the feed
+//! record, the lease store, and the runtime that owns feeds on a node (reconcile, renew,
+//! the owner task that republishes an upstream, release on drain, the admin API's side).
 //!
 //! A feed is an outbound WebSocket to an upstream source whose messages are republished into
 //! one channel. Exactly one node may hold it at a time: the holder of the feed's **lease**.
@@ -22,12 +22,22 @@
 //!   definition;
 //! - [`store`]: the [`LeaseStore`] trait and [`LeaseError`];
 //! - [`memory`]: [`MemoryLeaseStore`], for one process;
-//! - [`redis`]: [`RedisLeaseStore`], the broker's Redis, one Lua script per compare-and-set.
+//! - [`redis`]: [`RedisLeaseStore`], the broker's Redis, one Lua script per compare-and-set;
+//! - [`stores`]: [`stores::AnyStore`], the backend `[feeds] store` names;
+//! - [`runtime`]: the feeds thread: reconcile, renew, give up in time, release on drain;
+//! - [`owner`]: one owned feed's upstream connection and its fenced publishes;
+//! - [`admin`]: the `/feeds` admin requests, served by the feeds thread;
+//! - [`metrics`]: `tether_feed*` counters and per-feed progress.
 
+pub mod admin;
 pub mod memory;
+pub mod metrics;
+pub mod owner;
 pub mod record;
 pub mod redis;
+pub mod runtime;
 pub mod store;
+pub mod stores;
 
 pub use memory::MemoryLeaseStore;
 pub use record::{DesiredState, Feed, FeedDef, FeedError, Lease};

@@ -157,6 +157,8 @@ pub struct CoreState {
     pub inspects: Vec<Gathering>,
     /// The grants of this core's authenticated connections, interned (docs/security.md).
     pub grants: Grants,
+    /// Publishes of the feeds thread handed to this core, and those waiting for an answer.
+    pub feeds: super::feed_port::FeedInbox,
     /// Pub/sub requests handed up by a session (kept to reuse its allocation).
     requests: Vec<ClientOp>,
     /// Token bucket for `accept_rate` (tokens, last refill in ms).
@@ -191,6 +193,7 @@ impl CoreState {
             active_chan: None,
             inspects: Vec::new(),
             grants: Grants::default(),
+            feeds: super::feed_port::FeedInbox::new(&shared.feed_ports, me),
             requests: Vec::new(),
             rate: (cfg.accept_rate as f64, 0),
             shared,
@@ -481,6 +484,9 @@ impl CoreState {
     pub fn handle(&mut self, msg: CoreMsg) {
         match msg {
             CoreMsg::Published { reply, ch, id, result } => {
+                if super::feed_port::FeedInbox::is_ticket(reply.id) {
+                    return self.feeds.answer(reply.id, result);
+                }
                 let Some(s) = self.conn(reply.id) else { return };
                 if let Some(keep_alive) = s.awaiting() {
                     return self.answer_publish(reply.id, result, keep_alive);

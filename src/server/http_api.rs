@@ -1,7 +1,7 @@
 //! Plain HTTP on the WebSocket port: the upgrade itself (`GET /ws`, `GET /echo`) and the API
 //! (`POST /publish/{channel}`, `/healthz`, `/readyz`, `/metrics`, `/connections`; the status
-//! page is [`super::status`]). HTTP/1.1 keep-alive and pipelining are honoured; an upgraded
-//! connection leaves this module for good.
+//! page is [`super::status`], `/feeds` is [`super::http_feeds`]). HTTP/1.1 keep-alive and
+//! pipelining are honoured; an upgraded connection leaves this module for good.
 //! The session parses requests ([`Session::next_request`](super::session::Session::next_request));
 //! this module routes them and answers.
 
@@ -87,7 +87,12 @@ impl CoreState {
         let path = req.path.as_str();
         if req.method == Method::Other {
             // RFC 9110 §9.1: a method the server does not implement at all gets 501.
-            let resp = http::error_response(501, "method not implemented: use GET, HEAD or POST", &[], keep_alive);
+            let resp = http::error_response(
+                501,
+                "method not implemented: use GET, HEAD, POST, PUT or DELETE",
+                &[],
+                keep_alive,
+            );
             return self.send(id, resp, keep_alive);
         }
         if path == "/ws" || (path == "/echo" && self.shared.echo) {
@@ -108,6 +113,9 @@ impl CoreState {
         }
         if let Some(what) = status::Resource::at(path) {
             return self.serve_status(id, req, what);
+        }
+        if path == "/feeds" || path.starts_with("/feeds/") {
+            return self.feeds_api(id, req, body);
         }
         let admin_only = path == "/connections" || (path == "/metrics" && self.shared.config.admin.protect_metrics);
         if admin_only {
@@ -136,6 +144,7 @@ impl CoreState {
                 let mut text = metrics::render(&self.shared.metrics, draining);
                 metrics::render_channels(&mut text, self.shared.channels.count());
                 self.shared.broker.render_into(&mut text, self.shared.config.broker.kind.as_str());
+                self.shared.feeds.render_into(&mut text, crate::feeds::runtime::now_ms());
                 http::response(200, "text/plain; version=0.0.4", text.as_bytes(), &[], keep_alive)
             }
             (Method::Get | Method::Head, "/connections") => {

@@ -15,6 +15,7 @@
 //! - [`core`]: one core's state: sessions, clock, drain; feeds the sessions and writes what
 //!   they queue.
 //! - [`http_api`]: the upgrade and the HTTP endpoints.
+//! - [`http_feeds`]: the admin API of feeds (`/feeds`), answered by the feeds thread.
 //! - [`subscribe`]: `sub`/`unsub` and the broker's confirmation, at the subscriber's core.
 //! - [`authorize`]: JWT auth at the core: the token of an upgrade, channel rights on
 //!   `sub`/`pub`, `refresh`, and the core's table of interned grants.
@@ -22,6 +23,8 @@
 //!   every core.
 //! - [`status`]: the live status page `GET /status`, its assets (compiled in from
 //!   `server/status/`) and `GET /status.json`.
+//! - [`feed_port`]: the feeds thread's entry into the broker path (bounded, answered per
+//!   publish).
 //! - [`events`]: log lines about connections (handshake failures, reaps, overflow closes,
 //!   drain progress), rate-limited per core.
 //! - [`broker`]: the home side of channels behind the [`broker::Broker`] trait (seq, epoch,
@@ -44,8 +47,10 @@ pub mod bus;
 pub mod conn;
 pub mod core;
 pub mod events;
+pub mod feed_port;
 pub mod http_api;
 pub mod http_auth;
+pub mod http_feeds;
 pub mod inspect;
 pub mod io;
 pub mod local;
@@ -108,6 +113,12 @@ pub struct Shared {
     /// The JWT verifier when `[auth]` turns JWT auth on (docs/security.md); `None`: upgrades
     /// need no token.
     pub auth: Option<Verifier>,
+    /// The feeds thread's queues into the cores ([`feed_port`]).
+    pub feed_ports: feed_port::FeedPorts,
+    /// The way to the feeds thread (admin requests, the drain).
+    pub feed_commands: tokio::sync::mpsc::UnboundedSender<crate::feeds::runtime::Command>,
+    /// The feed runtime's process-wide counters and per-feed progress (`tether_feed*`).
+    pub feeds: crate::feeds::metrics::FeedMetrics,
 }
 
 impl Shared {
@@ -141,6 +152,7 @@ pub struct Server {
     shared: Arc<Shared>,
     addr: SocketAddr,
     threads: Vec<JoinHandle<()>>,
+    feeds: crate::feeds::runtime::FeedRuntime,
 }
 
 impl Server {
@@ -158,6 +170,7 @@ impl Server {
         };
         let cores = config.effective_cores().max(1);
         let bus = Bus::new(cores);
+        let (feed_commands, feed_rx) = tokio::sync::mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             echo: opts.echo,
             cores,
@@ -169,6 +182,9 @@ impl Server {
             epoch: broker::epoch::new_epoch(),
             channels: Arc::new(broker::cap::ChannelCap::new(config.limits.max_channels)),
             auth,
+            feed_ports: feed_port::FeedPorts::new(bus.doorbells.clone()),
+            feed_commands,
+            feeds: crate::feeds::metrics::FeedMetrics::default(),
             config,
         });
         let (addr, listeners) = bind_listeners(shared.config.listen, cores)?;
@@ -205,7 +221,8 @@ impl Server {
                 Err(_) => return Err(std::io::Error::other("a core thread died while starting")),
             }
         }
-        Ok(Server { shared, addr, threads })
+        let feeds = crate::feeds::runtime::FeedRuntime::start(shared.clone(), feed_rx)?;
+        Ok(Server { shared, addr, threads, feeds })
     }
 
     /// The bound address (with the real port when `listen` had port 0).
@@ -219,19 +236,32 @@ impl Server {
     }
 
     /// Begins the drain: `/readyz` turns 503, listeners close, every connection is closed with
-    /// `code` (1012 restart, 1001 going away), spread over `drain.window_ms`. A second call
-    /// changes nothing.
+    /// `code` (1012 restart, 1001 going away), spread over `drain.window_ms`, and every owned
+    /// feed is stopped and its lease released (docs/feeds.md). A second call changes nothing.
     pub fn shutdown(&self, code: CloseCode) {
         if self.shared.drain.compare_exchange(0, code.into(), Relaxed, Relaxed).is_ok() {
             tracing::info!(code = u16::from(code), window_ms = self.shared.config.drain.window_ms, "draining");
             for d in self.shared.doorbells.iter() {
                 d.ring();
             }
+            self.feeds.shutdown();
         }
     }
 
-    /// Waits until every core has drained (or its drain deadline passed).
+    /// This process's node id (the `lease_owner` of the feeds it owns, docs/feeds.md).
+    pub fn node_id(&self) -> &str {
+        self.feeds.node_id()
+    }
+
+    /// The feed runtime, for the admin API.
+    pub fn feeds(&self) -> &crate::feeds::runtime::FeedRuntime {
+        &self.feeds
+    }
+
+    /// Waits until every core has drained (or its drain deadline passed) and the feeds
+    /// thread has released the leases it held.
     pub fn wait(self) {
+        self.feeds.join();
         for t in self.threads {
             let _ = t.join();
         }

@@ -68,6 +68,7 @@ pub async fn run(core: Rc<RefCell<CoreState>>) {
             }
             super::tick::catch_up(&mut st);
         }
+        handle_feed_publishes(&core);
         let mut handled = 0;
         loop {
             let msg = {
@@ -96,6 +97,20 @@ pub async fn run(core: Rc<RefCell<CoreState>>) {
         }
         core.borrow_mut().flush_dirty();
     }
+}
+
+/// Answers the admin requests the feeds thread answered, and hands its queued publishes to the broker, as a connection's publish would
+/// be (at most [`PASS`] per pass; the doorbell is rung again when more wait).
+fn handle_feed_publishes(core: &Rc<RefCell<CoreState>>) {
+    let st = &mut *core.borrow_mut();
+    while let Some((conn, reply)) = st.feeds.next_answer() {
+        st.answer_feeds(conn, reply);
+    }
+    for _ in 0..PASS {
+        let Some(req) = st.feeds.next_request(st.me) else { return };
+        st.broker.request(&mut st.router, req);
+    }
+    st.shared.doorbells[st.me].ring();
 }
 
 /// Queues `frame` to every local subscriber of `ch`, in chunks of [`CHUNK`].

@@ -21,6 +21,10 @@ pub enum Method {
     Post,
     /// `HEAD`: answered like `GET`, without content (RFC 9110 §9.3.2).
     Head,
+    /// `PUT` (the admin API: `PUT /feeds/{id}`).
+    Put,
+    /// `DELETE` (the admin API: `DELETE /feeds/{id}`).
+    Delete,
     /// Any other method (501, or 405 where the resource exists).
     Other,
 }
@@ -162,6 +166,8 @@ pub fn parse_request(buf: &[u8], max_head_bytes: usize) -> Result<Option<Request
         Some("GET") => Method::Get,
         Some("POST") => Method::Post,
         Some("HEAD") => Method::Head,
+        Some("PUT") => Method::Put,
+        Some("DELETE") => Method::Delete,
         _ => Method::Other,
     };
     let minor_version = parsed.version.unwrap_or(1);

@@ -7,10 +7,12 @@
 #![allow(dead_code)]
 
 pub mod auth;
+pub mod feeds;
 pub mod raw_http;
 pub mod redis;
 pub mod redis_cluster;
 pub mod traffic;
+pub mod upstream;
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;

@@ -129,7 +129,9 @@ fn methods() {
         ("GET", Method::Get),
         ("POST", Method::Post),
         ("HEAD", Method::Head),
-        ("PUT", Method::Other),
+        ("PUT", Method::Put),
+        ("DELETE", Method::Delete),
+        ("PATCH", Method::Other),
         ("get", Method::Other),
     ] {
         assert_eq!(req(&head_of(&[&format!("{m} / HTTP/1.1")])).method, want);

@@ -1,0 +1,100 @@
+//! The lease store a node uses, chosen by `[feeds] store` (docs/feeds.md). [`LeaseStore`] uses
+//! `impl Future` and is not object safe, so the runtime holds this enum over the backends.
+
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::record::{Feed, FeedDef};
+use super::store::{LeaseError, LeaseStore};
+use super::{MemoryLeaseStore, RedisLeaseStore};
+use crate::config::{Config, FeedStoreKind};
+
+/// One of the lease store backends. Each method forwards to the backend's [`LeaseStore`]
+/// method of the same name (same arguments, same errors).
+pub enum AnyStore {
+    /// `store = "memory"`: this process only.
+    Memory(MemoryLeaseStore),
+    /// `store = "redis"`: the broker's Redis (boxed: its connection and scripts are large,
+    /// and the enum is held once per process).
+    Redis(Box<RedisLeaseStore>),
+    // `store = "dynamodb"` adds its variant here, behind `#[cfg(feature = "dynamodb")]`, with
+    // its arm in `open` and in `each!`.
+}
+
+/// Calls `$call` on whichever backend `$s` holds.
+macro_rules! each {
+    ($s:expr, $b:ident => $call:expr) => {
+        match $s {
+            AnyStore::Memory($b) => $call,
+            AnyStore::Redis($b) => $call,
+        }
+    };
+}
+
+impl AnyStore {
+    /// Opens the store `config.feeds.store` names (Redis: connects with `[broker]`'s URL and
+    /// prefix). Errors: the store cannot be reached ([`LeaseError::Store`]), or the binary
+    /// lacks the backend (`dynamodb` without the cargo feature; config validation refuses it
+    /// first).
+    pub async fn open(config: &Config) -> Result<AnyStore, LeaseError> {
+        match config.feeds.store {
+            FeedStoreKind::Memory => Ok(AnyStore::Memory(MemoryLeaseStore::new())),
+            FeedStoreKind::Redis => Ok(AnyStore::Redis(Box::new(RedisLeaseStore::connect(&config.broker).await?))),
+            FeedStoreKind::Dynamodb => Err(LeaseError::Store(
+                "feeds.store = \"dynamodb\": this binary has no DynamoDB store (build with --features dynamodb)".into(),
+            )),
+        }
+    }
+
+    /// See [`LeaseStore::put`].
+    pub async fn put(&self, def: &FeedDef) -> Result<bool, LeaseError> {
+        each!(self, s => s.put(def).await)
+    }
+
+    /// See [`LeaseStore::get`].
+    pub async fn get(&self, id: &str) -> Result<Option<Feed>, LeaseError> {
+        each!(self, s => s.get(id).await)
+    }
+
+    /// See [`LeaseStore::delete`].
+    pub async fn delete(&self, id: &str) -> Result<bool, LeaseError> {
+        each!(self, s => s.delete(id).await)
+    }
+
+    /// See [`LeaseStore::acquire`].
+    pub async fn acquire(&self, id: &str, owner: &str, now_ms: u64, lease_ms: u64) -> Result<u64, LeaseError> {
+        each!(self, s => s.acquire(id, owner, now_ms, lease_ms).await)
+    }
+
+    /// See [`LeaseStore::renew`].
+    pub async fn renew(
+        &self,
+        id: &str,
+        owner: &str,
+        token: u64,
+        now_ms: u64,
+        lease_ms: u64,
+        last_seq: Option<&str>,
+    ) -> Result<(), LeaseError> {
+        each!(self, s => s.renew(id, owner, token, now_ms, lease_ms, last_seq).await)
+    }
+
+    /// See [`LeaseStore::release`].
+    pub async fn release(&self, id: &str, owner: &str, token: u64, last_seq: Option<&str>) -> Result<(), LeaseError> {
+        each!(self, s => s.release(id, owner, token, last_seq).await)
+    }
+
+    /// See [`LeaseStore::get_many`].
+    pub async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<Feed>>, LeaseError> {
+        each!(self, s => s.get_many(ids).await)
+    }
+
+    /// See [`LeaseStore::list`].
+    pub async fn list(&self) -> Result<Vec<Feed>, LeaseError> {
+        each!(self, s => s.list().await)
+    }
+
+    /// See [`LeaseStore::released`].
+    pub async fn released(&self) -> Result<UnboundedReceiver<String>, LeaseError> {
+        each!(self, s => s.released().await)
+    }
+}
