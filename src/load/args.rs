@@ -54,6 +54,12 @@ pub struct IdleArgs {
     /// SIGTERM or SIGINT ends the hold early (the report is still printed).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub hold: Duration,
+    /// Measure broadcast latency: each `msg` whose `data` carries `{"t": UNIX_NS}` (its publish
+    /// time) is timed on arrival, per seq, over every held connection; the report gains
+    /// `broadcast_received`, `broadcasts` (per seq: `received`, `p50_ms`, `p99_ms`, `max_ms`) and
+    /// `broadcast_hist` (src/load/broadcast.rs).
+    #[arg(long)]
+    pub latency_from_data: bool,
     /// Options shared by every scenario.
     #[command(flatten)]
     pub common: CommonArgs,

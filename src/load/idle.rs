@@ -4,7 +4,8 @@
 //! Report: `scenario`, `connections` (open and subscribed at the end of the hold), `errors`
 //! (`failed` + `dropped`), `opened`, `failed` (connect, handshake or subscribe failed),
 //! `dropped` (closed by the peer during the hold), `connect_s` (time to attempt all), `held_s`,
-//! `procs`, `error_kinds`.
+//! `procs`, `error_kinds`; with `--latency-from-data`, the broadcast fields of
+//! [`super::broadcast`].
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -16,9 +17,10 @@ use serde_json::json;
 use tokio::sync::{watch, Semaphore};
 
 use super::args::{IdleArgs, Sources, WsUrl};
+use super::broadcast::Broadcasts;
 use super::report::{round3, Errors, Report};
 use super::wire::{scan_str, ConnError, WsConn};
-use super::{proc_slot, procs, run_split, share, thread_count, wait_until};
+use super::{now_ns, proc_slot, procs, run_split, share, thread_count, wait_until};
 
 /// Deadline for TCP connect plus handshake, and separately for the `subscribed` answer.
 pub(crate) const STEP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -41,6 +43,8 @@ struct Tally {
     failed: u64,
     dropped: u64,
     errors: Errors,
+    /// With `--latency-from-data`: this thread's broadcast latencies.
+    broadcasts: Broadcasts,
 }
 
 /// Runs the scenario (or, with `--procs P > 1` in the parent, P children and their aggregate).
@@ -49,7 +53,15 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
         return Err("--conns must be at least 1".into());
     }
     if args.procs > 1 && args.common.child_of.is_none() {
-        return procs::run_children(args.procs, "idle", &FIELDS, &["connect_s", "held_s"]);
+        let (mut report, children) = procs::run_children_raw(args.procs, "idle", &FIELDS, &["connect_s", "held_s"])?;
+        if args.latency_from_data {
+            let mut all = Broadcasts::default();
+            for (i, child) in children.iter().enumerate() {
+                all.merge(&Broadcasts::from_report(child).map_err(|e| format!("child {i}: {e}"))?);
+            }
+            all.fill(&mut report);
+        }
+        return Ok(report);
     }
     let urls: Vec<WsUrl> = args.urls.iter().map(|u| super::args::parse_ws_url(u)).collect::<Result<_, _>>()?;
     let (proc_index, procs) = proc_slot(&args.common);
@@ -61,6 +73,7 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
     let (stop, _) = watch::channel(false);
     let shared = Arc::new(Shared { attempted: AtomicUsize::new(0), stop });
     let started = Instant::now();
+    let latency_from_data = args.latency_from_data;
 
     let worker = |t: usize| {
         let shared = shared.clone();
@@ -68,6 +81,8 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
         let sources = args.common.sources.clone();
         async move {
             let tally = Rc::new(RefCell::new(Tally::default()));
+            // One histogram set per thread, shared by its connections (None: not measuring).
+            let broadcasts = latency_from_data.then(|| Rc::new(RefCell::new(Broadcasts::default())));
             let gate = Arc::new(Semaphore::new(permits));
             let mut tasks = Vec::new();
             let begin = Instant::now();
@@ -80,7 +95,7 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
                 let url = urls[index % urls.len()].clone();
                 let source = sources.as_ref().map(|s: &Sources| s.pick(index));
                 let channel = format!("load.idle.{}", index % channels);
-                let (tally, shared) = (tally.clone(), shared.clone());
+                let (tally, shared, broadcasts) = (tally.clone(), shared.clone(), broadcasts.clone());
                 tasks.push(tokio::task::spawn_local(async move {
                     let opened = open_and_subscribe(&url, source, &channel).await;
                     drop(permit);
@@ -96,8 +111,11 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
                     };
                     tally.borrow_mut().opened += 1;
                     let mut stop = shared.stop.subscribe();
+                    // Biased to the socket: what had arrived when the stop came is still read
+                    // (and timed) before the connection counts as held to the end.
                     let ended = tokio::select! {
-                        r = hold(&mut conn) => Some(r),
+                        biased;
+                        r = hold(&mut conn, broadcasts.as_deref()) => Some(r),
                         _ = stop.wait_for(|s| *s) => None,
                     };
                     let mut t = tally.borrow_mut();
@@ -114,7 +132,11 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
                 // A panicking task is a bug in this module; its connection is simply not counted.
                 let _ = task.await;
             }
-            Rc::try_unwrap(tally).map(RefCell::into_inner).unwrap_or_default()
+            let mut tally = Rc::try_unwrap(tally).map(RefCell::into_inner).unwrap_or_default();
+            if let Some(b) = broadcasts {
+                tally.broadcasts.merge(&b.borrow());
+            }
+            tally
         }
     };
 
@@ -141,6 +163,7 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
         total.failed += t.failed;
         total.dropped += t.dropped;
         total.errors.merge(&t.errors);
+        total.broadcasts.merge(&t.broadcasts);
     }
     let errors = total.failed + total.dropped;
     let mut report = Report::new("idle");
@@ -154,6 +177,9 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
         .set("held_s", round3(held_s))
         .set("procs", procs)
         .set("error_kinds", total.errors.to_json());
+    if latency_from_data {
+        total.broadcasts.fill(&mut report);
+    }
     report.ok = errors == 0;
     Ok(report)
 }
@@ -205,10 +231,18 @@ pub(crate) async fn await_op(conn: &mut WsConn, op: &[u8]) -> Result<(), ConnErr
     tokio::time::timeout(STEP_TIMEOUT, wait).await.unwrap_or(Err(ConnError::Timeout))
 }
 
-/// Keeps an idle connection alive (pongs, discarding messages) until it ends; returns why.
-async fn hold(conn: &mut WsConn) -> ConnError {
+/// Keeps an idle connection alive (pongs; messages discarded, or timed into `broadcasts`)
+/// until it ends; returns why.
+async fn hold(conn: &mut WsConn, broadcasts: Option<&RefCell<Broadcasts>>) -> ConnError {
     loop {
-        if let Err(e) = conn.recv(|_| {}).await {
+        let got = conn
+            .recv(|m| {
+                if let Some(b) = broadcasts {
+                    b.borrow_mut().record(m, now_ns());
+                }
+            })
+            .await;
+        if let Err(e) = got {
             return e;
         }
     }

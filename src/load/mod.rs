@@ -2,8 +2,9 @@
 //!
 //! Scenarios, one subcommand each; every one prints a table on stderr and ONE final JSON line
 //! on stdout:
-//! - `idle URL... --conns N [--procs P] [--rate R] [--channels K] [--hold 30s] [--sources A-B]`
-//!   → `{"scenario":"idle","connections":N,"errors":E,…}`
+//! - `idle URL... --conns N [--procs P] [--rate R] [--channels K] [--hold 30s] [--sources A-B]
+//!   [--latency-from-data]` → `{"scenario":"idle","connections":N,"errors":E,…}` (+
+//!   `broadcasts`, per seq `p50_ms`, `p99_ms`, `max_ms`, with `--latency-from-data`)
 //! - `fanout URL... --subs N --rate M --size S --duration D [--channels K] [--publish ws|http]
 //!   [--publish-url URL] [--raw TEXT] [--non-readers N]` → `{"deliveries_per_s","p50_ms",
 //!   "p90_ms","p99_ms","p999_ms","max_ms","lost","reordered",…}` (+ `non_readers_closed`, …
@@ -29,11 +30,13 @@
 //! - [`wire`]: TCP connect with a source address, client handshake, frame reading.
 //! - [`seq`]: loss / reordering / duplicate accounting per subscriber.
 //! - [`report`]: report fields, table and JSON line, latency histogram, error tallies.
+//! - [`broadcast`]: per-seq latency of stamped broadcasts, for `idle --latency-from-data`.
 //! - [`idle`], [`fanout`] (+ [`publish`], [`nonreader`]), [`throughput`] (`publish`),
 //!   [`connect`], [`storm`]: the scenarios.
 //! - [`procs`]: `--procs` child processes and the aggregation of their reports.
 
 pub mod args;
+pub mod broadcast;
 pub mod connect;
 pub mod fanout;
 pub mod idle;

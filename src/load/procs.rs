@@ -18,6 +18,17 @@ use super::report::Report;
 /// tallies) are summed key by key; other values come from child 0. Fields are shown in `order`
 /// (others after). `ok` is true when every child reported `errors == 0` and exited 0.
 pub fn run_children(procs: usize, scenario: &str, order: &[&str], max_keys: &[&str]) -> Result<Report, String> {
+    run_children_raw(procs, scenario, order, max_keys).map(|(report, _)| report)
+}
+
+/// [`run_children`], also returning the children's reports as parsed (in child order), for
+/// fields the generic rules cannot merge (histograms).
+pub fn run_children_raw(
+    procs: usize,
+    scenario: &str,
+    order: &[&str],
+    max_keys: &[&str],
+) -> Result<(Report, Vec<Value>), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
     let args: Vec<_> = std::env::args_os().skip(1).collect();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(usize, Option<String>, Option<ExitStatus>)>();
@@ -94,7 +105,7 @@ pub fn run_children(procs: usize, scenario: &str, order: &[&str], max_keys: &[&s
     report.set("procs", procs);
     ok &= report.get("errors").and_then(Value::as_u64) == Some(0);
     report.ok = ok;
-    Ok(report)
+    Ok((report, reports))
 }
 
 /// Merges child reports (see [`run_children`] for the rules); field order follows child 0.

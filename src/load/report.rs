@@ -50,6 +50,31 @@ impl Latency {
         round3(self.0.value_at_quantile(q) as f64 / 1000.0)
     }
 
+    /// The samples as `[[value_us, count], …]`, one pair per distinct recorded value, in
+    /// ascending value order: a lossless form of the histogram that travels in a JSON report
+    /// (hdrhistogram's binary serializer is not built here) and that [`Latency::from_pairs`]
+    /// reads back.
+    pub fn to_pairs(&self) -> Value {
+        let pairs: Vec<[u64; 2]> =
+            self.0.iter_recorded().map(|v| [v.value_iterated_to(), v.count_at_value()]).collect();
+        json!(pairs)
+    }
+
+    /// Reads [`Latency::to_pairs`] back. Errors name what is not a `[value_us, count]` pair of
+    /// unsigned integers.
+    pub fn from_pairs(pairs: &Value) -> Result<Latency, String> {
+        let list = pairs.as_array().ok_or_else(|| format!("latency pairs: expected an array, got {pairs}"))?;
+        let mut latency = Latency::new();
+        for pair in list {
+            let (Some(value), Some(count)) = (pair.get(0).and_then(Value::as_u64), pair.get(1).and_then(Value::as_u64))
+            else {
+                return Err(format!("latency pairs: {pair} is not [value_us, count]"));
+            };
+            latency.0.saturating_record_n(value.clamp(1, MAX_LATENCY_US), count);
+        }
+        Ok(latency)
+    }
+
     /// The largest sample in milliseconds, 0 when empty.
     pub fn max_ms(&self) -> f64 {
         if self.0.is_empty() {
@@ -137,11 +162,13 @@ impl Report {
         out
     }
 
-    /// The table shown on stderr: one `name  value` row per field.
+    /// The table shown on stderr: one `name  value` row per field, except raw histograms
+    /// (fields ending in `_hist`, for machines; the JSON line has them).
     pub fn to_table(&self) -> String {
-        let width = self.fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+        let shown = || self.fields.iter().filter(|(k, _)| !k.ends_with("_hist"));
+        let width = shown().map(|(k, _)| k.len()).max().unwrap_or(0);
         let mut out = String::new();
-        for (k, v) in &self.fields {
+        for (k, v) in shown() {
             let shown = match v {
                 Value::String(s) => s.clone(),
                 other => other.to_string(),

@@ -202,3 +202,28 @@ fn drop_oldest_keeps_non_readers_open_with_a_gap() {
     server.shutdown(crate::ws::codec::CloseCode::Away);
     server.wait();
 }
+
+#[test]
+fn broadcasts_time_stamped_msgs_per_seq_and_merge_exactly() {
+    use super::broadcast::Broadcasts;
+    let mut a = Broadcasts::default();
+    a.record(br#"{"op":"msg","ch":"load.idle.0","seq":2,"data":{"t":1000000}}"#, 3_000_000);
+    a.record(br#"{"op":"msg","ch":"load.idle.0","seq":2,"data":{"t":1000000}}"#, 5_000_000);
+    // Unstamped messages and other ops are not timed.
+    a.record(br#"{"op":"msg","ch":"load.idle.0","seq":1,"data":{"warmup":true}}"#, 5_000_000);
+    a.record(br#"{"op":"subscribed","ch":"load.idle.0","seq":0,"epoch":"e"}"#, 5_000_000);
+    let mut b = Broadcasts::default();
+    b.record(br#"{"op":"msg","ch":"load.idle.0","seq":3,"data":{"t":1000000}}"#, 2_000_000);
+    let mut report = Report::new("idle");
+    b.fill(&mut report);
+    let json: serde_json::Value = serde_json::from_str(&report.to_json_line()).unwrap();
+    a.merge(&Broadcasts::from_report(&json).unwrap());
+    assert_eq!(a.received(), 3);
+    assert_eq!(a.0.keys().copied().collect::<Vec<_>>(), vec![2, 3]);
+    // 3 significant digits: within 0.1 %.
+    assert!((a.0[&2].max_ms() - 4.0).abs() < 0.005, "{}", a.0[&2].max_ms());
+    assert!((a.0[&3].max_ms() - 1.0).abs() < 0.002, "{}", a.0[&3].max_ms());
+    let bad = serde_json::json!({"broadcast_hist": {"x": []}});
+    let Err(e) = Broadcasts::from_report(&bad) else { panic!("a bad seq key was accepted") };
+    assert!(e.contains("seq \"x\""), "{e}");
+}
