@@ -23,12 +23,18 @@
 //! - [`store`]: the [`LeaseStore`] trait and [`LeaseError`];
 //! - [`memory`]: [`MemoryLeaseStore`], for one process;
 //! - [`redis`]: [`RedisLeaseStore`], the broker's Redis, one Lua script per compare-and-set.
+//! - `dynamodb` (cargo feature `dynamodb`): `DynamoLeaseStore`, a DynamoDB table, one
+//!   conditional `UpdateItem` per compare-and-set.
 
+#[cfg(feature = "dynamodb")]
+pub mod dynamodb;
 pub mod memory;
 pub mod record;
 pub mod redis;
 pub mod store;
 
+#[cfg(feature = "dynamodb")]
+pub use dynamodb::{DynamoConfig, DynamoCredentials, DynamoLeaseStore};
 pub use memory::MemoryLeaseStore;
 pub use record::{DesiredState, Feed, FeedDef, FeedError, Lease};
 pub use redis::RedisLeaseStore;
