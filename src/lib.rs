@@ -22,7 +22,8 @@
 //!   table of interned grants, and `tether token`.
 //! - [`client`]: the tokio client (`tether::client`) and the `sub`/`pub` command-line tools.
 //! - [`feeds`]: upstream feeds owned by leases (docs/feeds.md), so far the feed record and the
-//!   lease store (memory, Redis); not used by the server yet.
+//!   lease store (memory, Redis, and DynamoDB with the `dynamodb` feature); not used by the
+//!   server yet.
 //! - [`fuzz`]: fuzz targets for the parsers that read client bytes (handshake, frames, protocol,
 //!   chunked bodies) and the stable mutation engine that drives them (docs/security.md).
 

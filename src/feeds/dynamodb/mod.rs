@@ -49,7 +49,7 @@ use item::{
     def_values, feed_of, item_id, key, lease_of, n, s, sdk_err, Item, DEF_FIELDS, EXPIRES, ID, LAST_SEQ, OWNER, TOKEN,
 };
 
-use super::record::{validate_id, Feed, FeedDef};
+use super::record::{validate_id, Feed, FeedDef, Lease};
 use super::store::{check_lease_args, LeaseError, LeaseStore};
 
 /// Most keys in one `BatchGetItem` (DynamoDB's limit).
@@ -107,6 +107,21 @@ pub struct DynamoLeaseStore {
 /// `ExpressionAttributeNames` for the lease attributes, as `(placeholder, name)`.
 fn names(with: &[(&str, &str)]) -> HashMap<String, String> {
     with.iter().map(|(p, n)| ((*p).to_owned(), (*n).to_owned())).collect()
+}
+
+/// The lease of a feed whose conditional write was refused, as it was when refused.
+struct Refused(Lease);
+
+impl Refused {
+    /// A holder's write refused: it is no longer the holder.
+    fn lost(self) -> LeaseError {
+        let Refused(lease) = self;
+        LeaseError::Lost {
+            owner: lease.lease_owner,
+            fencing_token: lease.fencing_token,
+            expires_at_ms: lease.lease_expires_at_ms,
+        }
+    }
 }
 
 impl DynamoLeaseStore {
@@ -244,16 +259,19 @@ impl DynamoLeaseStore {
         }
     }
 
-    /// One conditional `UpdateItem` of a holder (`renew`, `release`): `Ok` if the condition
-    /// held, else `Lost` with the item as it was, or `NotFound`.
-    async fn holder_update(
+    /// One conditional `UpdateItem` of the lease attributes of feed `id`: `SET`s `update`
+    /// (plus `last_seq` when given) if `condition` holds. `#id`, `#o`, `#t`, `#e` name the
+    /// key, owner, token and expiry attributes. Returns the new values of the updated
+    /// attributes, or [`Refused`] with the lease that failed the condition (read in the same
+    /// atomic step); [`LeaseError::NotFound`] when there is no such feed.
+    async fn conditional_update(
         &self,
         id: &str,
         update: &str,
         condition: &str,
         mut values: Item,
         last_seq: Option<&str>,
-    ) -> Result<(), LeaseError> {
+    ) -> Result<Result<Item, Refused>, LeaseError> {
         let mut names = names(&[("#id", ID), ("#o", OWNER), ("#t", TOKEN), ("#e", EXPIRES)]);
         let mut update = update.to_owned();
         if let Some(seq) = last_seq {
@@ -271,23 +289,19 @@ impl DynamoLeaseStore {
             .condition_expression(condition)
             .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(Some(values))
+            .return_values(ReturnValue::UpdatedNew)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
         let err = match sent {
-            Ok(_) => return Ok(()),
+            Ok(mut out) => return Ok(Ok(out.attributes.take().unwrap_or_default())),
             Err(e) => e,
         };
         let Some(UpdateItemError::ConditionalCheckFailedException(failed)) = err.as_service_error() else {
             return Err(sdk_err("UpdateItem", self.timeout_ms, err));
         };
         let item = self.refused_item(id, failed.item()).await?.ok_or(LeaseError::NotFound)?;
-        let lease = lease_of(&item, id)?;
-        Err(LeaseError::Lost {
-            owner: lease.lease_owner,
-            fencing_token: lease.fencing_token,
-            expires_at_ms: lease.lease_expires_at_ms,
-        })
+        Ok(Err(Refused(lease_of(&item, id)?)))
     }
 
     /// One `BatchGetItem` of at most [`BATCH_KEYS`] distinct ids, strongly consistent, its
@@ -393,36 +407,20 @@ impl LeaseStore for DynamoLeaseStore {
             (":now".to_owned(), n(now_ms)),
             (":one".to_owned(), n(1)),
         ]);
-        self.count(Op::UpdateItem);
-        let sent = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(key(id)))
-            .update_expression("SET #o = :owner, #e = :exp ADD #t :one")
-            .condition_expression("attribute_exists(#id) AND (attribute_not_exists(#o) OR #e <= :now)")
-            .set_expression_attribute_names(Some(names(&[("#id", ID), ("#o", OWNER), ("#t", TOKEN), ("#e", EXPIRES)])))
-            .set_expression_attribute_values(Some(values))
-            .return_values(ReturnValue::UpdatedNew)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        let err = match sent {
-            Ok(out) => {
-                let lease = lease_of(out.attributes().unwrap_or(&HashMap::new()), id)?;
-                if lease.fencing_token == 0 {
-                    return Err(LeaseError::Store(format!("UpdateItem {id}: the new fencing_token was not returned")));
+        let update = "SET #o = :owner, #e = :exp ADD #t :one";
+        let condition = "attribute_exists(#id) AND (attribute_not_exists(#o) OR #e <= :now)";
+        match self.conditional_update(id, update, condition, values, None).await? {
+            Ok(new) => match lease_of(&new, id)?.fencing_token {
+                0 => {
+                    Err(LeaseError::Store(format!("DynamoDB UpdateItem {id}: the new fencing_token was not returned")))
                 }
-                return Ok(lease.fencing_token);
-            }
-            Err(e) => e,
-        };
-        let Some(UpdateItemError::ConditionalCheckFailedException(failed)) = err.as_service_error() else {
-            return Err(sdk_err("UpdateItem", self.timeout_ms, err));
-        };
-        let item = self.refused_item(id, failed.item()).await?.ok_or(LeaseError::NotFound)?;
-        let lease = lease_of(&item, id)?;
-        Err(LeaseError::Held { owner: lease.lease_owner.unwrap_or_default(), expires_at_ms: lease.lease_expires_at_ms })
+                token => Ok(token),
+            },
+            Err(Refused(lease)) => Err(LeaseError::Held {
+                owner: lease.lease_owner.unwrap_or_default(),
+                expires_at_ms: lease.lease_expires_at_ms,
+            }),
+        }
     }
 
     async fn renew(
@@ -442,7 +440,8 @@ impl LeaseStore for DynamoLeaseStore {
             (":exp".to_owned(), n(now_ms.saturating_add(lease_ms))),
         ]);
         let condition = "attribute_exists(#id) AND #o = :owner AND #t = :token AND #e > :now";
-        self.holder_update(id, "SET #e = :exp", condition, values, last_seq).await
+        self.conditional_update(id, "SET #e = :exp", condition, values, last_seq).await?.map_err(Refused::lost)?;
+        Ok(())
     }
 
     async fn release(&self, id: &str, owner: &str, token: u64, last_seq: Option<&str>) -> Result<(), LeaseError> {
@@ -453,7 +452,7 @@ impl LeaseStore for DynamoLeaseStore {
             (":zero".to_owned(), n(0)),
         ]);
         let condition = "attribute_exists(#id) AND #o = :owner AND #t = :token";
-        self.holder_update(id, "SET #e = :zero", condition, values, last_seq).await?;
+        self.conditional_update(id, "SET #e = :zero", condition, values, last_seq).await?.map_err(Refused::lost)?;
         self.notify_released(id);
         Ok(())
     }
