@@ -22,7 +22,7 @@
 //!   table of interned grants, and `tether token`.
 //! - [`client`]: the tokio client (`tether::client`) and the `sub`/`pub` command-line tools.
 //! - [`feeds`]: upstream feeds owned by leases (docs/feeds.md): the feed record, the lease
-//!   store (memory, Redis), and the feeds thread of each process (reconcile, renew, the owner
+//!   store (memory, Redis, and DynamoDB with the `dynamodb` feature), and the feeds thread of each process (reconcile, renew, the owner
 //!   task that republishes an upstream, release on drain, the `/feeds` admin requests).
 //! - [`fuzz`]: fuzz targets for the parsers that read client bytes (handshake, frames, protocol,
 //!   chunked bodies) and the stable mutation engine that drives them (docs/security.md).

@@ -23,6 +23,8 @@
 //! - [`store`]: the [`LeaseStore`] trait and [`LeaseError`];
 //! - [`memory`]: [`MemoryLeaseStore`], for one process;
 //! - [`redis`]: [`RedisLeaseStore`], the broker's Redis, one Lua script per compare-and-set;
+//! - `dynamodb` (cargo feature `dynamodb`): `DynamoLeaseStore`, a DynamoDB table, one
+//!   conditional `UpdateItem` per compare-and-set;
 //! - [`stores`]: [`stores::AnyStore`], the backend `[feeds] store` names;
 //! - [`runtime`]: the feeds thread: reconcile, renew, give up in time, release on drain;
 //! - [`owner`]: one owned feed's upstream connection and its fenced publishes;
@@ -30,6 +32,8 @@
 //! - [`metrics`]: `tether_feed*` counters and per-feed progress.
 
 pub mod admin;
+#[cfg(feature = "dynamodb")]
+pub mod dynamodb;
 pub mod memory;
 pub mod metrics;
 pub mod owner;
@@ -39,6 +43,8 @@ pub mod runtime;
 pub mod store;
 pub mod stores;
 
+#[cfg(feature = "dynamodb")]
+pub use dynamodb::{DynamoConfig, DynamoCredentials, DynamoLeaseStore};
 pub use memory::MemoryLeaseStore;
 pub use record::{DesiredState, Feed, FeedDef, FeedError, Lease};
 pub use redis::RedisLeaseStore;

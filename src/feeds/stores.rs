@@ -16,8 +16,9 @@ pub enum AnyStore {
     /// `store = "redis"`: the broker's Redis (boxed: its connection and scripts are large,
     /// and the enum is held once per process).
     Redis(Box<RedisLeaseStore>),
-    // `store = "dynamodb"` adds its variant here, behind `#[cfg(feature = "dynamodb")]`, with
-    // its arm in `open` and in `each!`.
+    /// `store = "dynamodb"`: the table `dynamodb_table` (cargo feature `dynamodb`).
+    #[cfg(feature = "dynamodb")]
+    Dynamodb(Box<super::DynamoLeaseStore>),
 }
 
 /// Calls `$call` on whichever backend `$s` holds.
@@ -26,19 +27,30 @@ macro_rules! each {
         match $s {
             AnyStore::Memory($b) => $call,
             AnyStore::Redis($b) => $call,
+            #[cfg(feature = "dynamodb")]
+            AnyStore::Dynamodb($b) => $call,
         }
     };
 }
 
 impl AnyStore {
     /// Opens the store `config.feeds.store` names (Redis: connects with `[broker]`'s URL and
-    /// prefix). Errors: the store cannot be reached ([`LeaseError::Store`]), or the binary
+    /// prefix; DynamoDB: the table `dynamodb_table` at `dynamodb_endpoint` or AWS, credentials
+    /// and region from the AWS SDK's chain, the table must exist). Errors: the store cannot be reached ([`LeaseError::Store`]), or the binary
     /// lacks the backend (`dynamodb` without the cargo feature; config validation refuses it
     /// first).
     pub async fn open(config: &Config) -> Result<AnyStore, LeaseError> {
         match config.feeds.store {
             FeedStoreKind::Memory => Ok(AnyStore::Memory(MemoryLeaseStore::new())),
             FeedStoreKind::Redis => Ok(AnyStore::Redis(Box::new(RedisLeaseStore::connect(&config.broker).await?))),
+            #[cfg(feature = "dynamodb")]
+            FeedStoreKind::Dynamodb => {
+                let f = &config.feeds;
+                let endpoint = Some(f.dynamodb_endpoint.clone()).filter(|e| !e.is_empty());
+                let cfg = super::DynamoConfig { endpoint, ..super::DynamoConfig::new(f.dynamodb_table.clone()) };
+                Ok(AnyStore::Dynamodb(Box::new(super::DynamoLeaseStore::connect(&cfg).await?)))
+            }
+            #[cfg(not(feature = "dynamodb"))]
             FeedStoreKind::Dynamodb => Err(LeaseError::Store(
                 "feeds.store = \"dynamodb\": this binary has no DynamoDB store (build with --features dynamodb)".into(),
             )),

@@ -1,6 +1,6 @@
 //! Shared helpers for the integration tests: a real `tether serve` process on 127.0.0.1:0,
 //! Prometheus scraping, raw-socket RFC 6455 clients, and small HTTP/1.1 clients; [`redis`]
-//! runs a real `redis-server` for the Redis broker tests.
+//! runs a real `redis-server` for the Redis broker tests, [`moto`] a DynamoDB-compatible server.
 //!
 //! Every wait here is bounded; a helper that runs out of time panics with what it saw.
 
@@ -8,6 +8,7 @@
 
 pub mod auth;
 pub mod feeds;
+pub mod moto;
 pub mod raw_http;
 pub mod redis;
 pub mod redis_cluster;

@@ -1,0 +1,211 @@
+//! The DynamoDB lease store (docs/feeds.md, "The DynamoDB store"; cargo feature `dynamodb`)
+//! against a real DynamoDB-compatible server: moto's server mode, one per test, on a free port
+//! of 127.0.0.1, killed by PID on drop (`tests/common/moto.rs`). First the shared contract of
+//! `tests/lease_contract` (as for memory and Redis in `tests/feed_leases.rs`; racers are 32
+//! separate SDK clients), then what only DynamoDB has:
+//! - `ensure_table` creates the table once, and refuses a table whose key is not `id`;
+//! - the item layout, read back with a plain `GetItem` (numbers N, `last_seq` S);
+//! - the reconcile read: `get_many` of 1,000 feeds is 10 `BatchGetItem` requests (timed);
+//! - `list` follows `Scan` pages past DynamoDB's 1 MB page;
+//! - failures are short `Store` errors within the call bound: a dead endpoint, an endpoint
+//!   that never answers, a missing table.
+
+mod common;
+#[macro_use]
+mod lease_contract;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+};
+use common::moto::MotoProc;
+use lease_contract::{def, RACERS, T0};
+use tether::feeds::dynamodb::DynamoCalls;
+use tether::feeds::{DynamoConfig, DynamoCredentials, DynamoLeaseStore, LeaseError, LeaseStore};
+
+const TABLE: &str = "tether_feeds";
+
+/// A config for `endpoint`: moto accepts any keys; no AWS chain, so nothing leaves the box.
+/// Calls are bounded by 10 s, not the default 2 s: moto is one Python process answering one
+/// request at a time (about 200 ms for a `BatchGetItem` of 100 keys here), on a 2-core box
+/// shared with the other tests, so the 8th request of a `get_many` in flight can wait 2 s.
+fn config(endpoint: String) -> DynamoConfig {
+    DynamoConfig {
+        endpoint: Some(endpoint),
+        credentials: DynamoCredentials::Static { access_key_id: "test".into(), secret_access_key: "test".into() },
+        call_timeout_ms: 10_000,
+        ..DynamoConfig::new(TABLE)
+    }
+}
+
+async fn connect(m: &MotoProc) -> DynamoLeaseStore {
+    DynamoLeaseStore::connect(&config(m.endpoint())).await.expect("connect the lease store to moto")
+}
+
+async fn dynamo_start() -> (MotoProc, Arc<DynamoLeaseStore>) {
+    let m = MotoProc::start();
+    let s = connect(&m).await;
+    assert!(s.ensure_table().await.expect("create the table"), "a fresh moto has no table");
+    (m, Arc::new(s))
+}
+
+/// One SDK client (its own connection pool) per racer, as separate nodes would have.
+async fn dynamo_racers(m: &MotoProc, _: &Arc<DynamoLeaseStore>) -> Vec<Arc<DynamoLeaseStore>> {
+    let mut nodes = Vec::with_capacity(RACERS);
+    for _ in 0..RACERS {
+        nodes.push(Arc::new(connect(m).await));
+    }
+    nodes
+}
+
+lease_contract_tests!(dynamodb, dynamo_start, dynamo_racers);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ensure_table_creates_once_and_checks_the_key() {
+    let (m, s) = dynamo_start().await;
+    assert!(!s.ensure_table().await.unwrap(), "the second call finds the table");
+    assert!(!connect(&m).await.ensure_table().await.unwrap(), "so does another node");
+
+    // A table of the same name with another key is not taken for a feeds table.
+    let other =
+        DynamoLeaseStore::connect(&DynamoConfig { table: "not_feeds".into(), ..config(m.endpoint()) }).await.unwrap();
+    other
+        .sdk_client()
+        .create_table()
+        .table_name("not_feeds")
+        .billing_mode(BillingMode::PayPerRequest)
+        .key_schema(KeySchemaElement::builder().attribute_name("pk").key_type(KeyType::Hash).build().unwrap())
+        .attribute_definitions(
+            AttributeDefinition::builder().attribute_name("pk").attribute_type(ScalarAttributeType::S).build().unwrap(),
+        )
+        .send()
+        .await
+        .expect("create a table with another key");
+    match other.ensure_table().await {
+        Err(LeaseError::Store(m)) => assert!(m.contains("not_feeds") && m.contains("`id` (S)"), "{m}"),
+        r => panic!("a table keyed on pk must be refused: {r:?}"),
+    }
+    let calls = other.calls();
+    assert_eq!((calls.describe_table, calls.create_table), (1, 0), "{calls:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn item_layout_is_one_item_per_feed() {
+    let (_m, s) = dynamo_start().await;
+    s.put(&def("btc")).await.unwrap();
+    let t = s.acquire("btc", "node-a", T0, 20_000).await.unwrap();
+    s.renew("btc", "node-a", t, T0 + 1, 20_000, Some("77")).await.unwrap();
+    // An independent reader (a plain GetItem) sees the documented attributes and types.
+    let out = s
+        .sdk_client()
+        .get_item()
+        .table_name(TABLE)
+        .key("id", AttributeValue::S("btc".into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap();
+    let item = out.item().expect("the item exists");
+    let attr = |k: &str| item.get(k).unwrap_or_else(|| panic!("no {k} in {item:?}")).clone();
+    assert_eq!(attr("lease_owner"), AttributeValue::S("node-a".into()));
+    assert_eq!(attr("fencing_token"), AttributeValue::N("1".into()));
+    assert_eq!(attr("lease_expires_at_ms"), AttributeValue::N((T0 + 20_001).to_string()));
+    assert_eq!(attr("last_seq"), AttributeValue::S("77".into()));
+    assert_eq!(attr("url"), AttributeValue::S("wss://upstream.example/btc".into()));
+    assert_eq!(attr("desired_state"), AttributeValue::S("STARTED".into()));
+    assert_eq!(item.len(), 11, "id, 6 definition and 4 lease attributes: {item:?}");
+    // A new feed has no owner and no last_seq attribute, and token 0.
+    s.put(&def("eth")).await.unwrap();
+    let f = s.get("eth").await.unwrap().unwrap();
+    assert_eq!((f.lease.lease_owner, f.lease.fencing_token, f.lease.last_seq), (None, 0, None));
+}
+
+/// The reconcile's read at 1,000 feeds: how many requests and how long, on moto (one Python
+/// process answering one request at a time, so the time is moto's more than DynamoDB's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_many_of_1000_feeds_is_10_batch_requests() {
+    let (_m, s) = dynamo_start().await;
+    let ids: Vec<String> = (0..1_000).map(|i| format!("g{i:04}")).collect();
+    for id in &ids {
+        s.put(&def(id)).await.unwrap();
+    }
+    let mut times = Vec::new();
+    for _ in 0..3 {
+        let before = s.calls();
+        let t = Instant::now();
+        let got = s.get_many(&ids).await.unwrap();
+        times.push(t.elapsed());
+        assert_eq!(got.iter().flatten().count(), 1_000);
+        let after = s.calls();
+        let ten_batches = DynamoCalls { batch_get_item: before.batch_get_item + 10, ..before };
+        assert_eq!(after, ten_batches, "1,000 ids are 10 BatchGetItem requests of 100 keys, and nothing else");
+    }
+    eprintln!("get_many(1000) on moto: 10 BatchGetItem requests each, times {times:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_follows_scan_pages() {
+    let (_m, s) = dynamo_start().await;
+    // 200 feeds of about 16 KB (url and subscribe near their 8 KiB limit) are about 3.2 MB:
+    // more than three of DynamoDB's 1 MB Scan pages.
+    const N: usize = 200;
+    for i in 0..N {
+        let mut d = def(&format!("big{i:03}"));
+        d.url = format!("wss://upstream.example/{}", "u".repeat(8_000));
+        d.subscribe = "s".repeat(8_000);
+        s.put(&d).await.unwrap();
+    }
+    let before = s.calls().scan;
+    let feeds = s.list().await.unwrap();
+    let pages = s.calls().scan - before;
+    assert_eq!(feeds.len(), N);
+    assert!(pages >= 4, "3.2 MB must take at least 4 Scan pages, took {pages}");
+    let mut ids: Vec<String> = feeds.into_iter().map(|f| f.def.id).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), N, "no feed twice across pages");
+}
+
+fn store_err<T: std::fmt::Debug>(r: Result<T, LeaseError>) -> String {
+    match r {
+        Err(LeaseError::Store(m)) => m,
+        other => panic!("expected a Store error, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_short_store_errors_within_the_bound() {
+    // Nothing listens: connection refused, said in one short line.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dead = DynamoLeaseStore::connect(&config(format!("http://127.0.0.1:{port}"))).await.unwrap();
+    let m = store_err(dead.get("a").await);
+    assert!(m.starts_with("DynamoDB GetItem: cannot reach DynamoDB: ") && m.contains("refused"), "{m}");
+    assert!(m.len() < 250, "{m}");
+
+    // Accepts connections and never answers: the call ends at its bound, 300 ms.
+    let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let cfg = DynamoConfig { call_timeout_ms: 300, ..config(format!("http://{}", mute.local_addr().unwrap())) };
+    let slow = DynamoLeaseStore::connect(&cfg).await.unwrap();
+    let t = Instant::now();
+    let m = store_err(slow.acquire("a", "n", T0, 1_000).await);
+    let took = t.elapsed();
+    assert_eq!(m, "DynamoDB UpdateItem: no answer within 300 ms");
+    assert!(took >= Duration::from_millis(250) && took < Duration::from_secs(2), "took {took:?}");
+    drop(mute);
+
+    // A missing table: the service's code and message.
+    let m = MotoProc::start();
+    let s = connect(&m).await;
+    let msg = store_err(s.put(&def("a")).await);
+    assert!(msg.starts_with("DynamoDB UpdateItem: ResourceNotFoundException"), "{msg}");
+
+    // A bad field is refused before anything is sent, naming it.
+    let bad = DynamoConfig { table: "x".into(), ..config(m.endpoint()) };
+    match DynamoLeaseStore::connect(&bad).await {
+        Err(LeaseError::Invalid(e)) => assert_eq!(e.field, "dynamodb_table"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a 1-byte table name must be refused"),
+    }
+}

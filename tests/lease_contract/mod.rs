@@ -1,0 +1,304 @@
+//! The lease store contract (docs/feeds.md, "The lease rules"): behaviour bodies that every
+//! `LeaseStore` backend must pass, and [`lease_contract_tests!`], which runs each of them as one
+//! `#[tokio::test]` against a backend. Included with `mod lease_contract;` by
+//! `tests/feed_leases.rs` (memory, Redis) and `tests/feed_leases_dynamodb.rs` (DynamoDB on
+//! moto). Times are a simulated clock passed into every call.
+//! - concurrent acquirers of one feed (one store handle each: separate connections where the
+//!   backend has them): exactly one wins, with fencing token 1, and every other is told who
+//!   holds it; over several takeovers, each round has one winner and the token grows by one;
+//! - after expiry another node acquires with token + 1, and the old owner's renew and release
+//!   are refused and change nothing;
+//! - a release frees the lease at once (acquirable long before the old expiry), keeps
+//!   `last_seq`, and notifies `released()` subscribers; a refused release notifies nobody;
+//! - `put` replacing a definition keeps the lease fields;
+//! - 1,000 feeds: `get_many` returns them in order with `None` for a missing id, `list` and
+//!   `delete` agree;
+//! - malformed arguments are refused naming the field, before the store is asked.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tether::feeds::{DesiredState, FeedDef, LeaseError, LeaseStore};
+
+/// The simulated clock's start, Unix epoch ms.
+pub const T0: u64 = 1_700_000_000_000;
+/// Bound on every wait for a notification.
+pub const WAIT: Duration = Duration::from_secs(5);
+/// Acquirers racing for one feed: the length of the `nodes` vector the racing bodies take.
+pub const RACERS: usize = 32;
+/// Takeover rounds of [`racing_takeovers_increase_tokens`].
+const ROUNDS: u64 = 5;
+
+/// A valid definition of feed `id`, channel `feed.ID`.
+pub fn def(id: &str) -> FeedDef {
+    FeedDef {
+        id: id.into(),
+        url: format!("wss://upstream.example/{id}"),
+        channel: format!("feed.{id}"),
+        desired_state: DesiredState::Started,
+        subscribe: r#"{"op":"sub","from":{last_seq}}"#.into(),
+        resume_query: "from".into(),
+        seq_pointer: "/seq".into(),
+    }
+}
+
+/// Every node in `nodes` tries to acquire `id` at `now_ms` for `lease_ms` at the same moment
+/// (a barrier); returns the winner's index and token, and the `Held` answers of the others.
+async fn race<S: LeaseStore + 'static>(
+    nodes: &[Arc<S>],
+    id: &'static str,
+    now_ms: u64,
+    lease_ms: u64,
+) -> (Vec<(usize, u64)>, Vec<(String, u64)>) {
+    let start = Arc::new(tokio::sync::Barrier::new(nodes.len()));
+    let mut tasks = Vec::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let (s, start) = (node.clone(), start.clone());
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            (i, s.acquire(id, &format!("node-{i}"), now_ms, lease_ms).await)
+        }));
+    }
+    let (mut winners, mut held_by) = (Vec::new(), Vec::new());
+    for t in tasks {
+        match t.await.expect("an acquirer task") {
+            (i, Ok(token)) => winners.push((i, token)),
+            (_, Err(LeaseError::Held { owner, expires_at_ms })) => held_by.push((owner, expires_at_ms)),
+            (i, Err(e)) => panic!("acquirer {i}: {e}"),
+        }
+    }
+    (winners, held_by)
+}
+
+pub async fn one_of_many_concurrent_acquirers_wins<S: LeaseStore + 'static>(nodes: Vec<Arc<S>>) {
+    assert_eq!(nodes.len(), RACERS);
+    let s = nodes[0].clone();
+    assert!(s.put(&def("race")).await.unwrap());
+    let (winners, held_by) = race(&nodes, "race", T0, 20_000).await;
+    assert_eq!(winners.len(), 1, "exactly one acquirer wins: {winners:?}");
+    let (w, token) = winners[0];
+    assert_eq!(token, 1, "the first acquire gets fencing token 1");
+    let owner = format!("node-{w}");
+    assert_eq!(held_by.len(), RACERS - 1);
+    assert!(held_by.iter().all(|(o, e)| *o == owner && *e == T0 + 20_000), "losers see the winner: {held_by:?}");
+    let f = s.get("race").await.unwrap().expect("the feed exists");
+    assert_eq!(f.lease.lease_owner.as_deref(), Some(owner.as_str()));
+    assert_eq!((f.lease.fencing_token, f.lease.lease_expires_at_ms), (1, T0 + 20_000));
+}
+
+/// Round k: every node races for the lease the round before left to expire; exactly one wins,
+/// with token k (one more than the last holder's), and the last holder is fenced out.
+pub async fn racing_takeovers_increase_tokens<S: LeaseStore + 'static>(nodes: Vec<Arc<S>>) {
+    const LEASE: u64 = 1_000;
+    let s = nodes[0].clone();
+    s.put(&def("takeovers")).await.unwrap();
+    let mut last: Option<(usize, u64)> = None;
+    for round in 1..=ROUNDS {
+        let now = T0 + round * LEASE; // the previous round's lease ends exactly now: free
+        let (winners, held_by) = race(&nodes, "takeovers", now, LEASE).await;
+        assert_eq!(winners.len(), 1, "round {round}: exactly one acquirer wins: {winners:?}");
+        let (w, token) = winners[0];
+        assert_eq!(token, round, "round {round}: the token grows by one per takeover");
+        assert!(held_by.iter().all(|(o, e)| *o == format!("node-{w}") && *e == now + LEASE), "{held_by:?}");
+        if let Some((prev, prev_token)) = last {
+            let r = nodes[prev].renew("takeovers", &format!("node-{prev}"), prev_token, now, LEASE, None).await;
+            assert!(matches!(r, Err(LeaseError::Lost { fencing_token, .. }) if fencing_token == token), "{r:?}");
+        }
+        last = Some((w, token));
+    }
+    assert_eq!(s.get("takeovers").await.unwrap().unwrap().lease.fencing_token, ROUNDS);
+}
+
+pub async fn takeover_after_expiry_fences_the_old_owner<S: LeaseStore>(s: Arc<S>) {
+    s.put(&def("tk")).await.unwrap();
+    let t1 = s.acquire("tk", "n1", T0, 1_000).await.unwrap();
+    s.renew("tk", "n1", t1, T0 + 500, 1_000, Some("41")).await.unwrap();
+    // Renewed to T0 + 1,500: still held 1 ms before, free at it.
+    assert!(matches!(s.acquire("tk", "n2", T0 + 1_499, 1_000).await, Err(LeaseError::Held { .. })));
+    let t2 = s.acquire("tk", "n2", T0 + 1_500, 1_000).await.unwrap();
+    assert_eq!(t2, t1 + 1, "every acquire increments the fencing token by one");
+
+    let lost = |r: Result<(), LeaseError>| match r {
+        Err(LeaseError::Lost { owner, fencing_token, expires_at_ms }) => (owner, fencing_token, expires_at_ms),
+        other => panic!("the old owner must be refused, got {other:?}"),
+    };
+    let now = (Some("n2".to_owned()), t2, T0 + 2_500);
+    assert_eq!(lost(s.renew("tk", "n1", t1, T0 + 1_600, 1_000, Some("50")).await), now);
+    assert_eq!(lost(s.release("tk", "n1", t1, Some("50")).await), now);
+    // The right owner with a stale token is refused too.
+    assert_eq!(lost(s.renew("tk", "n2", t1, T0 + 1_600, 1_000, None).await), now);
+    assert!(matches!(s.acquire("tk", "n1", T0 + 1_600, 1_000).await, Err(LeaseError::Held { .. })));
+
+    let f = s.get("tk").await.unwrap().unwrap();
+    assert_eq!(f.lease.last_seq.as_deref(), Some("41"), "refused calls wrote nothing");
+    assert_eq!((f.lease.fencing_token, f.lease.lease_expires_at_ms), (t2, T0 + 2_500));
+    s.renew("tk", "n2", t2, T0 + 2_000, 1_000, Some("60")).await.unwrap();
+    // A holder whose lease ran out cannot renew, even with nobody else in.
+    assert_eq!(lost(s.renew("tk", "n2", t2, T0 + 3_000, 1_000, None).await), (Some("n2".into()), t2, T0 + 3_000));
+    assert_eq!(s.get("tk").await.unwrap().unwrap().lease.last_seq.as_deref(), Some("60"));
+}
+
+pub async fn release_frees_at_once_and_notifies<S: LeaseStore>(s: Arc<S>) {
+    let mut rx = s.released().await.unwrap();
+    s.put(&def("rel")).await.unwrap();
+    s.put(&def("other")).await.unwrap();
+    let t1 = s.acquire("rel", "n1", T0, 20_000).await.unwrap();
+    s.release("rel", "n1", t1, Some("99")).await.unwrap();
+    let got = tokio::time::timeout(WAIT, rx.recv()).await.expect("a release notification within 5 s");
+    assert_eq!(got.as_deref(), Some("rel"));
+
+    let f = s.get("rel").await.unwrap().unwrap();
+    assert_eq!(f.lease.lease_expires_at_ms, 0, "a release expires the lease at once");
+    assert_eq!(f.lease.last_seq.as_deref(), Some("99"));
+    // 1 ms later, 19,999 ms before the old expiry, another node takes it.
+    let t2 = s.acquire("rel", "n2", T0 + 1, 20_000).await.unwrap();
+    assert_eq!(t2, t1 + 1);
+    assert_eq!(s.get("rel").await.unwrap().unwrap().lease.last_seq.as_deref(), Some("99"), "last_seq survives");
+
+    // A refused release (stale token) must not notify: the next notification is the valid
+    // release of another feed, not "rel" (notifications arrive in the order they were sent).
+    assert!(matches!(s.release("rel", "n1", t1, None).await, Err(LeaseError::Lost { .. })));
+    let t = s.acquire("other", "n1", T0, 20_000).await.unwrap();
+    s.release("other", "n1", t, None).await.unwrap();
+    let got = tokio::time::timeout(WAIT, rx.recv()).await.expect("a release notification within 5 s");
+    assert_eq!(got.as_deref(), Some("other"));
+    assert_eq!(s.get("other").await.unwrap().unwrap().lease.last_seq, None, "no last_seq given, none stored");
+}
+
+pub async fn put_replacing_keeps_the_lease<S: LeaseStore>(s: Arc<S>) {
+    assert!(s.put(&def("rp")).await.unwrap(), "the first put creates");
+    let t = s.acquire("rp", "n1", T0, 20_000).await.unwrap();
+    s.renew("rp", "n1", t, T0 + 5_000, 20_000, Some("1234")).await.unwrap();
+    let mut d = def("rp");
+    d.url = "ws://127.0.0.1:9/other".into();
+    d.channel = "moved".into();
+    d.desired_state = DesiredState::Stopped;
+    d.subscribe.clear();
+    d.resume_query.clear();
+    d.seq_pointer = "/meta/id".into();
+    assert!(!s.put(&d).await.unwrap(), "a second put replaces");
+    let f = s.get("rp").await.unwrap().unwrap();
+    assert_eq!(f.def, d, "the definition is replaced, optional fields cleared");
+    assert_eq!(f.lease.lease_owner.as_deref(), Some("n1"));
+    assert_eq!((f.lease.fencing_token, f.lease.lease_expires_at_ms), (t, T0 + 25_000));
+    assert_eq!(f.lease.last_seq.as_deref(), Some("1234"));
+    s.renew("rp", "n1", t, T0 + 6_000, 20_000, None).await.expect("the holder keeps its lease across a replace");
+
+    let mut bad = def("rp");
+    bad.url = "http://x/".into();
+    match s.put(&bad).await {
+        Err(LeaseError::Invalid(e)) => assert_eq!(e.field, "url"),
+        other => panic!("a bad url must be refused naming the field: {other:?}"),
+    }
+    assert_eq!(s.get("rp").await.unwrap().unwrap().def, d, "a refused put writes nothing");
+}
+
+pub async fn many_feeds<S: LeaseStore>(s: Arc<S>) {
+    const N: usize = 1_000;
+    let ids: Vec<String> = (0..N).map(|i| format!("f{i:04}")).collect();
+    for id in &ids {
+        s.put(&def(id)).await.unwrap();
+    }
+    let t = s.acquire("f0007", "n1", T0, 20_000).await.unwrap();
+    let mut ask = ids.clone();
+    ask.insert(500, "missing".into());
+    ask.push("f0003".into()); // asked twice: answered twice
+    let got = s.get_many(&ask).await.unwrap();
+    assert_eq!(got.len(), N + 2);
+    for (id, f) in ask.iter().zip(&got) {
+        match f {
+            None => assert_eq!(id, "missing"),
+            Some(f) => assert_eq!((&f.def.id, &f.def.channel), (id, &format!("feed.{id}"))),
+        }
+    }
+    assert_eq!(got[7].as_ref().unwrap().lease.fencing_token, t);
+    assert_eq!(s.list().await.unwrap().len(), N);
+    assert!(s.delete("f0007").await.unwrap());
+    assert!(!s.delete("f0007").await.unwrap(), "a second delete finds nothing");
+    assert_eq!(s.get("f0007").await.unwrap(), None);
+    assert_eq!(s.renew("f0007", "n1", t, T0 + 1, 20_000, None).await, Err(LeaseError::NotFound));
+    assert_eq!(s.acquire("f0007", "n1", T0 + 1, 20_000).await, Err(LeaseError::NotFound));
+    assert_eq!(s.release("f0007", "n1", t, None).await, Err(LeaseError::NotFound));
+    let mut listed: Vec<String> = s.list().await.unwrap().into_iter().map(|f| f.def.id).collect();
+    listed.sort();
+    assert_eq!(listed.len(), N - 1);
+    assert!(!listed.contains(&"f0007".to_owned()));
+    assert!(s.get_many(&[]).await.unwrap().is_empty());
+}
+
+pub async fn bad_arguments_name_the_field<S: LeaseStore>(s: Arc<S>) {
+    s.put(&def("a")).await.unwrap();
+    let field = |e: LeaseError| match e {
+        LeaseError::Invalid(f) => f.field,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(field(s.acquire("a", "", T0, 1_000).await.unwrap_err()), "lease_owner");
+    assert_eq!(field(s.acquire("a", "n", T0, 0).await.unwrap_err()), "lease_ms");
+    assert_eq!(field(s.acquire("a:b", "n", T0, 10).await.unwrap_err()), "id");
+    assert_eq!(field(s.renew("a", "n", 1, T0, 10, Some("")).await.unwrap_err()), "last_seq");
+    assert_eq!(field(s.release("a", "n b", 1, None).await.unwrap_err()), "lease_owner");
+    assert_eq!(field(s.get("").await.unwrap_err()), "id");
+    assert_eq!(field(s.get_many(&["ok".into(), "no way".into()]).await.unwrap_err()), "id");
+    assert_eq!(field(s.delete("x/y").await.unwrap_err()), "id");
+    assert_eq!(s.acquire("zz", "n", T0, 10).await, Err(LeaseError::NotFound));
+    let f = s.get("a").await.unwrap().unwrap();
+    assert_eq!(f.lease.fencing_token, 0, "refused calls wrote nothing");
+}
+
+/// Runs every contract body as one `#[tokio::test]` in a module named `$backend`.
+///
+/// `$start` names an async fn `() -> (G, Arc<S>)`: a fresh, empty store and a guard `G` that
+/// keeps its server alive until the test ends. `$racers` names an async fn
+/// `(&G, &Arc<S>) -> Vec<Arc<S>>` giving [`RACERS`] handles on the same store, each with its
+/// own connection where the backend has connections, as separate nodes would have.
+macro_rules! lease_contract_tests {
+    ($backend:ident, $start:ident, $racers:ident) => {
+        mod $backend {
+            use crate::lease_contract as contract;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn one_of_many_concurrent_acquirers_wins() {
+                let (guard, s) = super::$start().await;
+                contract::one_of_many_concurrent_acquirers_wins(super::$racers(&guard, &s).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn racing_takeovers_increase_tokens() {
+                let (guard, s) = super::$start().await;
+                contract::racing_takeovers_increase_tokens(super::$racers(&guard, &s).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn takeover_after_expiry_fences_the_old_owner() {
+                let (_guard, s) = super::$start().await;
+                contract::takeover_after_expiry_fences_the_old_owner(s).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn release_frees_at_once_and_notifies() {
+                let (_guard, s) = super::$start().await;
+                contract::release_frees_at_once_and_notifies(s).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn put_replacing_keeps_the_lease() {
+                let (_guard, s) = super::$start().await;
+                contract::put_replacing_keeps_the_lease(s).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn many_feeds() {
+                let (_guard, s) = super::$start().await;
+                contract::many_feeds(s).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn bad_arguments_name_the_field() {
+                let (_guard, s) = super::$start().await;
+                contract::bad_arguments_name_the_field(s).await;
+            }
+        }
+    };
+}
