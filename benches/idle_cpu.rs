@@ -60,7 +60,8 @@ fn main() {
     pin_binary("idle_cpu");
     // A short drain window only keeps the end of the bench short.
     let cfg = "[drain]\nwindow_ms = 1000\n";
-    let mut sides = vec![Side { label: "this build".into(), server: Serve::start("idle_cpu", cores, 0, cfg), load: None }];
+    let mut sides =
+        vec![Side { label: "this build".into(), server: Serve::start("idle_cpu", cores, 0, cfg), load: None }];
     if let Some(b) = &baseline {
         let server = Serve::start_bin(b, "idle_cpu_baseline", cores, 0, cfg);
         sides.push(Side { label: format!("baseline {}", b.display()), server, load: None });

@@ -25,7 +25,7 @@ use super::metrics::{CoreMetrics, HandshakeFailure};
 use super::session::queue::MAX_IOV;
 use super::session::replay::Fetch;
 use super::session::{ConnId, Ctx, Flags, ReapReason, Session, SessionConfig, State, Tick};
-use super::timer::{TimerWheel, TICK_MS};
+use super::timer::{ping_slot, TimerWheel, TICK_MS};
 use super::{io as sock, Shared};
 use crate::auth::grants::Grants;
 use crate::config::Overflow;
@@ -60,9 +60,11 @@ fn session(slab: &mut Slab<Session>, id: ConnId) -> Option<&mut Session> {
 }
 
 /// Files the deadline of session `id` in the timer wheel when it moved since it was last filed
-/// (an entry whose tick no longer matches `armed` is ignored when it fires).
+/// (an entry whose tick no longer matches `armed` is ignored when it fires). A ping time is
+/// filed on the ping grid ([`ping_slot`]) so that one clock wake-up sends a batch of pings.
 fn arm(wheel: &mut TimerWheel, id: ConnId, s: &mut Session) {
     let due = s.poll_timeout();
+    let due = if s.deadline_is_ping() { ping_slot(due) } else { due };
     if due != s.armed {
         s.armed = due;
         super::tick::due_at(wheel.schedule(id, due));

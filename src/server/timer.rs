@@ -17,6 +17,18 @@ use super::ConnId;
 /// Ticks are this many milliseconds. Pings are spread at this granularity.
 pub const TICK_MS: u64 = 10;
 
+/// Pings may leave this many ticks minus one late (30 ms): the core files a ping time at the
+/// next multiple of it ([`ping_slot`]), so one clock wake-up sends the pings of a whole
+/// window instead of one wake-up per tick. A power of two; the default ping interval and pong
+/// timeout are multiples of it, so pong deadlines fall on the same ticks.
+pub const PING_SLACK_TICKS: u32 = 4;
+
+/// The tick a ping due at `due` is filed for: the first multiple of [`PING_SLACK_TICKS`] at or
+/// after it (wrap-aware: 2^32 is a multiple).
+pub fn ping_slot(due: u32) -> u32 {
+    due.wrapping_add(PING_SLACK_TICKS - 1) & !(PING_SLACK_TICKS - 1)
+}
+
 /// Whether tick `a` comes before tick `b` (wrap-aware over half of `u32`).
 fn before(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) < 0
@@ -277,6 +289,14 @@ mod tests {
         assert_eq!(w.next_due(), Some(3));
         w.advance(3, &mut f);
         assert_eq!(w.next_due(), Some(2 + 64 * 5));
+    }
+
+    #[test]
+    fn ping_slots_are_the_next_multiple() {
+        assert_eq!(ping_slot(8), 8);
+        assert_eq!(ping_slot(9), 12);
+        assert_eq!(ping_slot(11), 12);
+        assert_eq!(ping_slot(u32::MAX - 1), 0, "wraps onto the grid");
     }
 
     #[test]
