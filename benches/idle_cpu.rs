@@ -3,7 +3,9 @@
 //! heartbeat, 25 s), median of R windows.
 //!
 //! `cargo bench --bench idle_cpu`. Env: IDLE_CONNS (15000), IDLE_ROUNDS (3), IDLE_WINDOW
-//! (seconds per window, 10), IDLE_CORES (2), IDLE_BASELINE (path of another `tether` binary,
+//! (seconds per window, 10), IDLE_SETTLE (seconds from the last connection to the first
+//! window, 40: first pings fall 12.5–37.5 s after a connection opens, so the windows see the
+//! steady rate), IDLE_CORES (2), IDLE_BASELINE (path of another `tether` binary,
 //! e.g. a build of `main`: it runs beside this one, each with its own `tether load idle`
 //! process, and every window measures both over the same seconds, so the noise of the shared
 //! box hits both alike).
@@ -55,6 +57,7 @@ fn main() {
     let rounds: usize = env_or("IDLE_ROUNDS", 3).max(1);
     let window: f64 = env_or("IDLE_WINDOW", 10.0);
     let cores: usize = env_or("IDLE_CORES", 2);
+    let settle: f64 = env_or("IDLE_SETTLE", 40.0);
     let baseline = std::env::var("IDLE_BASELINE").ok().map(PathBuf::from);
 
     pin_binary("idle_cpu");
@@ -84,18 +87,14 @@ fn main() {
         let got = side.server.wait_connections(conns as u64, Duration::from_secs(180));
         eprintln!("idle_cpu: {} holds {got} connections", side.label);
     }
-    std::thread::sleep(Duration::from_secs(5));
+    std::thread::sleep(Duration::from_secs_f64(settle));
     let held: Vec<u64> = sides.iter().map(|s| s.server.connections().unwrap_or(0)).collect();
     let busy = measure(&sides, rounds, window);
 
     let mut load_reports = Vec::new();
     for side in &mut sides {
         if let Some(child) = side.load.take() {
-            // SAFETY: kill(2) on a child this bench started; it ends its hold and reports.
-            unsafe {
-                libc::kill(child.id() as i32, libc::SIGTERM);
-            }
-            load_reports.push(finish_load(child));
+            load_reports.push(stop_load(child));
         }
         side.server.stop();
     }

@@ -218,6 +218,16 @@ pub fn finish_load(mut child: Child) -> Value {
     out.lines().rev().find_map(|l| serde_json::from_str(l).ok()).unwrap_or(Value::Null)
 }
 
+/// Ends a `tether load` child that holds connections (SIGTERM: it ends its hold and
+/// reports) and returns its final JSON line.
+pub fn stop_load(child: Child) -> Value {
+    // SAFETY: kill(2) on a child this bench started.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    finish_load(child)
+}
+
 /// Runs `tether load ARGS` to completion; returns its report.
 pub fn load(args: &[String]) -> Value {
     eprintln!("$ tether load {}", args.join(" "));
