@@ -155,12 +155,7 @@ fn main() {
     let mut load_reports = Vec::new();
     for side in &mut sides {
         if let Some(child) = side.load.take() {
-            // The load process ends its hold on SIGTERM and reports.
-            // SAFETY: kill(2) on a child this bench started.
-            unsafe {
-                libc::kill(child.id() as i32, libc::SIGTERM);
-            }
-            load_reports.push(finish_load(child));
+            load_reports.push(stop_load(child));
         }
         side.server.stop();
     }

@@ -78,6 +78,16 @@ impl LogLimiter {
         }
     }
 
+    /// When [`flush`](Self::flush) will report the lines suppressed so far, in the caller's
+    /// milliseconds: the end of the window they were suppressed in; `None` when none are
+    /// pending.
+    pub fn summary_due(&self) -> Option<u64> {
+        if self.suppressed == 0 {
+            return None;
+        }
+        Some(self.window_start.map_or(0, |start| start.saturating_add(self.window_ms)))
+    }
+
     /// Lines suppressed and not yet reported.
     pub fn pending(&self) -> u64 {
         self.suppressed
@@ -110,9 +120,11 @@ mod tests {
         assert_eq!(l.admit(5), LOG);
         assert_eq!(l.admit(6), Admit::Suppress);
         assert_eq!(l.admit(7), Admit::Suppress);
+        assert_eq!(l.summary_due(), Some(1005));
         assert_eq!(l.flush(999), None, "the window is still open");
         assert_eq!(l.flush(1005), Some(2));
         assert_eq!(l.flush(2000), None, "reported once");
+        assert_eq!(l.summary_due(), None);
         // After a flush the next line starts clean.
         assert_eq!(l.admit(3000), LOG);
     }

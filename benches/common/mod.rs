@@ -86,11 +86,16 @@ impl Serve {
     /// Starts `tether serve --listen 127.0.0.1:PORT --cores CORES --config F` (port 0 = free
     /// one) with `config_toml` written to `target/bench/NAME.toml`.
     pub fn start(name: &str, cores: usize, port: u16, config_toml: &str) -> Serve {
+        Serve::start_bin(&bin(), name, cores, port, config_toml)
+    }
+
+    /// [`Serve::start`] with another `tether` binary (e.g. a build of `main` to compare with).
+    pub fn start_bin(bin: &Path, name: &str, cores: usize, port: u16, config_toml: &str) -> Serve {
         let dir = target_dir().join("bench");
         std::fs::create_dir_all(&dir).expect("create target/bench");
         let config = dir.join(format!("{name}.toml"));
         std::fs::write(&config, config_toml).expect("write bench config");
-        let mut child = Command::new(bin())
+        let mut child = Command::new(bin)
             .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--cores", &cores.to_string()])
             .arg("--config")
             .arg(&config)
@@ -98,7 +103,7 @@ impl Serve {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin().display()));
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("piped stdout")).read_line(&mut line).expect("read listen line");
         let port = line
@@ -213,6 +218,16 @@ pub fn finish_load(mut child: Child) -> Value {
     out.lines().rev().find_map(|l| serde_json::from_str(l).ok()).unwrap_or(Value::Null)
 }
 
+/// Ends a `tether load` child that holds connections (SIGTERM: it ends its hold and
+/// reports) and returns its final JSON line.
+pub fn stop_load(child: Child) -> Value {
+    // SAFETY: kill(2) on a child this bench started.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    finish_load(child)
+}
+
 /// Runs `tether load ARGS` to completion; returns its report.
 pub fn load(args: &[String]) -> Value {
     eprintln!("$ tether load {}", args.join(" "));
@@ -255,6 +270,19 @@ pub fn stat_cpu_seconds(path: &Path) -> Option<f64> {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     Some(ticks as f64 / if hz > 0 { hz as f64 } else { 100.0 })
+}
+
+/// CPU time of every thread of `pid` in seconds, to the nanosecond: the sum of the first field
+/// of `/proc/PID/task/TID/schedstat` (time on a CPU); finer than [`cpu_seconds`], whose 10 ms
+/// clock ticks are too coarse for an idle process. `None` when the process is gone.
+pub fn cpu_seconds_fine(pid: i32) -> Option<f64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let ns: u64 = tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    Some(ns as f64 / 1e9)
 }
 
 /// Time a task spent runnable but waiting for a CPU, in seconds, from a `schedstat` file

@@ -55,6 +55,8 @@ pub async fn run(core: Rc<RefCell<CoreState>>, stream: TcpStream, id: ConnId) {
                 if !s.flags.has(Flags::HELD) {
                     s.flags.set(Flags::HELD);
                     st.conns.held.push(id);
+                    // The clock checks every tick whether the overload cleared.
+                    super::tick::nudge();
                 }
             }
             if !hold {

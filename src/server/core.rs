@@ -25,7 +25,7 @@ use super::metrics::{CoreMetrics, HandshakeFailure};
 use super::session::queue::MAX_IOV;
 use super::session::replay::Fetch;
 use super::session::{ConnId, Ctx, Flags, ReapReason, Session, SessionConfig, State, Tick};
-use super::timer::{TimerWheel, TICK_MS};
+use super::timer::{ping_slot, TimerWheel, TICK_MS};
 use super::{io as sock, Shared};
 use crate::auth::grants::Grants;
 use crate::config::Overflow;
@@ -60,12 +60,14 @@ fn session(slab: &mut Slab<Session>, id: ConnId) -> Option<&mut Session> {
 }
 
 /// Files the deadline of session `id` in the timer wheel when it moved since it was last filed
-/// (an entry whose tick no longer matches `armed` is ignored when it fires).
+/// (an entry whose tick no longer matches `armed` is ignored when it fires). A ping time is
+/// filed on the ping grid ([`ping_slot`]) so that one clock wake-up sends a batch of pings.
 fn arm(wheel: &mut TimerWheel, id: ConnId, s: &mut Session) {
     let due = s.poll_timeout();
+    let due = if s.deadline_is_ping() { ping_slot(due) } else { due };
     if due != s.armed {
         s.armed = due;
-        wheel.schedule(id, due);
+        super::tick::due_at(wheel.schedule(id, due));
     }
 }
 
@@ -100,6 +102,15 @@ impl Clock {
     pub fn now(&self) -> Tick {
         (self.now_ms() / TICK_MS) as Tick
     }
+
+    /// The instant tick `tick` begins (at or after which [`Clock::now`] returns it), taking
+    /// the tick to be the first at or after the current one with these low 32 bits.
+    pub fn instant_of(&self, tick: Tick) -> Instant {
+        let now_ticks = self.now_ms() / TICK_MS;
+        let ahead = tick.wrapping_sub(now_ticks as Tick) as i32;
+        let at = now_ticks.saturating_add_signed(i64::from(ahead.max(0)));
+        self.start + std::time::Duration::from_millis(at * TICK_MS)
+    }
 }
 
 /// Where this core is in the drain.
@@ -113,8 +124,6 @@ pub struct Drain {
     pub deadline: Option<Tick>,
     /// Waker of the accept loop, woken when the drain starts.
     pub accept_waker: Option<Waker>,
-    /// Waker of the clock task, woken when the drain is over.
-    pub tick_waker: Option<Waker>,
 }
 
 /// One `GET /connections` or `GET /status.json` request gathering rows from every core.
@@ -239,7 +248,7 @@ impl CoreState {
         let s = Session::new(gen, fd, self.clock.now(), &self.clock.cfg);
         let due = s.poll_timeout();
         let id = ConnId { key: self.conns.slab.insert(s) as u32, gen };
-        self.clock.wheel.schedule(id, due);
+        super::tick::due_at(self.clock.wheel.schedule(id, due));
         id
     }
 

@@ -82,8 +82,16 @@ fn admit(kind: Kind, level: Level, core: usize) -> bool {
     STATE.with(|s| {
         let mut s = s.borrow_mut();
         let now = now_ms(&s);
-        match s.limiters[kind as usize].admit(now) {
-            Admit::Suppress => false,
+        let limiter = &mut s.limiters[kind as usize];
+        let pending = limiter.pending();
+        match limiter.admit(now) {
+            Admit::Suppress => {
+                if pending == 0 {
+                    // A summary is now due at the end of the window: the clock must wake then.
+                    super::tick::nudge();
+                }
+                false
+            }
             Admit::Log { suppressed_before } => {
                 if suppressed_before > 0 {
                     summary(level, core, kind, suppressed_before);
@@ -204,7 +212,7 @@ pub fn accept_failed(core: usize, error: &std::io::Error) {
     }
 }
 
-/// Called every clock tick: reports floods that ended (their summary line).
+/// Called when the clock advances: reports floods that ended (their summary line).
 pub fn flush_suppressed(core: usize) {
     STATE.with(|s| {
         let mut s = s.borrow_mut();
@@ -221,6 +229,16 @@ pub fn flush_suppressed(core: usize) {
                 summary(level, core, kind, n);
             }
         }
+    })
+}
+
+/// Milliseconds until the earliest pending "suppressed K similar lines" summary of this
+/// core is due ([`flush_suppressed`] writes it), `None` when none is pending.
+pub fn next_summary_in_ms() -> Option<u64> {
+    STATE.with(|s| {
+        let s = s.borrow();
+        let now = now_ms(&s);
+        s.limiters.iter().filter_map(|l| l.summary_due()).min().map(|due| due.saturating_sub(now))
     })
 }
 

@@ -32,8 +32,9 @@
 //! - [`bus`]: the queues between cores and the messages they carry.
 //! - [`local`]: channels at a subscriber's core: the subscriber lists.
 //! - [`processor`]: the task that applies messages and fans frames out in chunks.
-//! - [`tick`]: the per-core clock task: deadlines, sweeps and the staggered drain.
-//! - [`timer`]: the timer wheel.
+//! - [`tick`]: the per-core clock task, tickless (it sleeps until the next thing due):
+//!   deadlines, sweeps and the staggered drain.
+//! - [`timer`]: the timer wheel and its next due tick.
 //! - [`metrics`]: per-core counters and the Prometheus rendering.
 //!
 //! The path of one publish: `conn` (readable) → [`core::CoreState::on_bytes`] →

@@ -5,25 +5,58 @@
 //! entry if they differ (the deadline moved, or the slot was reused by another connection: ids
 //! carry a generation). Moving a deadline is therefore one push, never a search, and a
 //! connection has at most a couple of live entries.
+//!
+//! The clock sleeps until the wheel's next due tick ([`TimerWheel::next_due`]) instead of
+//! waking every tick, so that question must be cheap with 15,000 entries or more: an
+//! occupancy bitmap (one bit per slot) finds the next non-empty slot 64 slots per word, and
+//! each slot keeps the earliest due tick of its entries, so a slot holding only entries of a
+//! later turn is recognised without walking it.
 
 use super::ConnId;
 
 /// Ticks are this many milliseconds. Pings are spread at this granularity.
 pub const TICK_MS: u64 = 10;
 
+/// Pings may leave this many ticks minus one late (30 ms): the core files a ping time at the
+/// next multiple of it ([`ping_slot`]), so one clock wake-up sends the pings of a whole
+/// window instead of one wake-up per tick. A power of two; the default ping interval and pong
+/// timeout are multiples of it, so pong deadlines fall on the same ticks.
+pub const PING_SLACK_TICKS: u32 = 4;
+
+/// The tick a ping due at `due` is filed for: the first multiple of [`PING_SLACK_TICKS`] at or
+/// after it (wrap-aware: 2^32 is a multiple).
+pub fn ping_slot(due: u32) -> u32 {
+    due.wrapping_add(PING_SLACK_TICKS - 1) & !(PING_SLACK_TICKS - 1)
+}
+
+/// Whether tick `a` comes before tick `b` (wrap-aware over half of `u32`).
+fn before(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) < 0
+}
+
+/// One slot: its entries and the earliest due tick among them (meaningless while empty).
+#[derive(Default)]
+struct Slot {
+    entries: Vec<(ConnId, u32)>,
+    min_due: u32,
+}
+
 /// A timer wheel of `2^k` slots of [`TICK_MS`] each; deadlines beyond one turn wait in their
 /// slot for the right turn.
 pub struct TimerWheel {
-    slots: Vec<Vec<(ConnId, u32)>>,
+    slots: Vec<Slot>,
+    /// Bit `i % 64` of word `i / 64` is set when slot `i` holds an entry.
+    occupied: Vec<u64>,
     /// The last tick whose slot has been processed.
     now: u32,
 }
 
 impl TimerWheel {
-    /// A wheel with `slots` slots (rounded up to a power of two) whose clock starts at `now`.
+    /// A wheel with `slots` slots (rounded up to a power of two, at least 64) whose clock
+    /// starts at `now`.
     pub fn new(slots: usize, now: u32) -> Self {
-        let n = slots.next_power_of_two().max(2);
-        TimerWheel { slots: (0..n).map(|_| Vec::new()).collect(), now }
+        let n = slots.next_power_of_two().max(64);
+        TimerWheel { slots: (0..n).map(|_| Slot::default()).collect(), occupied: vec![0; n / 64], now }
     }
 
     /// The last processed tick.
@@ -32,13 +65,19 @@ impl TimerWheel {
     }
 
     /// Files `id` to fire at tick `due` (a due tick not after [`now`](Self::now) fires on the
-    /// next advance).
-    pub fn schedule(&mut self, id: ConnId, due: u32) {
+    /// next advance, as if due at `now + 1`). Returns the tick the entry was filed for.
+    pub fn schedule(&mut self, id: ConnId, due: u32) -> u32 {
         let next = self.now.wrapping_add(1);
         // Wrap-aware max: ticks are u32 (10 ms each, a wrap every ~497 days).
-        let due = if (due.wrapping_sub(next) as i32) < 0 { next } else { due };
-        let mask = self.slots.len() - 1;
-        self.slots[due as usize & mask].push((id, due));
+        let due = if before(due, next) { next } else { due };
+        let i = due as usize & (self.slots.len() - 1);
+        let slot = &mut self.slots[i];
+        if slot.entries.is_empty() || before(due, slot.min_due) {
+            slot.min_due = due;
+        }
+        slot.entries.push((id, due));
+        self.occupied[i / 64] |= 1 << (i % 64);
+        due
     }
 
     /// Advances the clock to `to`, appending every `(id, due)` whose tick has come to `fired`.
@@ -48,34 +87,86 @@ impl TimerWheel {
         let steps = to.wrapping_sub(self.now).min(self.slots.len() as u32);
         let start = to.wrapping_sub(steps);
         for t in 1..=steps {
-            let tick = start.wrapping_add(t);
-            let slot = &mut self.slots[tick as usize & mask];
-            let mut i = 0;
-            while i < slot.len() {
-                if slot[i].1.wrapping_sub(to) as i32 <= 0 {
-                    fired.push(slot.swap_remove(i));
-                } else {
-                    i += 1;
+            let i = start.wrapping_add(t) as usize & mask;
+            if self.occupied[i / 64] & (1 << (i % 64)) == 0 {
+                continue;
+            }
+            let slot = &mut self.slots[i];
+            if !before(to, slot.min_due) {
+                let mut min = None::<u32>;
+                let mut k = 0;
+                while k < slot.entries.len() {
+                    let due = slot.entries[k].1;
+                    if !before(to, due) {
+                        fired.push(slot.entries.swap_remove(k));
+                    } else {
+                        min = Some(min.map_or(due, |m| if before(due, m) { due } else { m }));
+                        k += 1;
+                    }
+                }
+                if let Some(m) = min {
+                    slot.min_due = m;
+                }
+                if slot.entries.capacity() > 64 && slot.entries.len() < slot.entries.capacity() / 4 {
+                    slot.entries.shrink_to(slot.entries.len() * 2);
                 }
             }
-            if slot.capacity() > 64 && slot.len() < slot.capacity() / 4 {
-                slot.shrink_to(slot.len() * 2);
+            if slot.entries.is_empty() {
+                self.occupied[i / 64] &= !(1 << (i % 64));
             }
         }
         self.now = to;
     }
 
+    /// The earliest due tick of any entry filed (live or stale), `None` when the wheel is
+    /// empty; always after [`now`](Self::now). Costs one bitmap word per 64 slots up to the
+    /// first slot holding an entry of the current turn: at worst one pass over the bitmap
+    /// (64 words for 4096 slots) plus one comparison per occupied slot.
+    pub fn next_due(&self) -> Option<u32> {
+        let n = self.slots.len();
+        let mask = n - 1;
+        let mut best: Option<u32> = None;
+        // Slots in tick order from now + 1: offset k (1..=n) is tick now + k.
+        let first = self.now.wrapping_add(1) as usize & mask;
+        let mut k = 0usize;
+        while k < n {
+            let i = (first + k) & mask;
+            let word = self.occupied[i / 64] >> (i % 64);
+            if word == 0 {
+                // Nothing more in this word: jump to the next word's first slot.
+                k += 64 - i % 64;
+                continue;
+            }
+            let skip = word.trailing_zeros() as usize;
+            k += skip;
+            if k >= n {
+                break;
+            }
+            let i = (first + k) & mask;
+            let min = self.slots[i].min_due;
+            if best.is_none_or(|b| before(min, b)) {
+                best = Some(min);
+            }
+            // An entry of this turn at offset k + 1 is due at now + k + 1; any slot further on
+            // only holds ticks after that, so nothing can beat it.
+            if min == self.now.wrapping_add(k as u32 + 1) {
+                break;
+            }
+            k += 1;
+        }
+        best
+    }
+
     /// Number of entries filed (live or stale), for tests and metrics.
     pub fn len(&self) -> usize {
-        self.slots.iter().map(Vec::len).sum()
+        self.slots.iter().map(|s| s.entries.len()).sum()
     }
 
     /// Whether no entry is filed.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.occupied.iter().all(|w| *w == 0)
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,15 +193,15 @@ mod tests {
 
     #[test]
     fn deadlines_beyond_one_turn_wait_for_their_turn() {
-        let mut w = TimerWheel::new(8, 0);
-        w.schedule(id(1), 20);
+        let mut w = TimerWheel::new(64, 0);
+        w.schedule(id(1), 200);
         let mut f = Vec::new();
-        for t in 1..20 {
+        for t in 1..200 {
             w.advance(t, &mut f);
             assert!(f.is_empty(), "fired early at {t}");
         }
-        w.advance(20, &mut f);
-        assert_eq!(f, vec![(id(1), 20)]);
+        w.advance(200, &mut f);
+        assert_eq!(f, vec![(id(1), 200)]);
     }
 
     #[test]
@@ -134,5 +225,126 @@ mod tests {
         assert!(f.is_empty());
         w.advance(2, &mut f);
         assert_eq!(f, vec![(id(1), 2)]);
+    }
+
+    #[test]
+    fn next_due_is_the_earliest_entry() {
+        let mut w = TimerWheel::new(64, 0);
+        assert_eq!(w.next_due(), None);
+        w.schedule(id(1), 40);
+        w.schedule(id(2), 7);
+        w.schedule(id(3), 7);
+        assert_eq!(w.next_due(), Some(7));
+        let mut f = Vec::new();
+        w.advance(7, &mut f);
+        assert_eq!(f.len(), 2);
+        assert_eq!(w.next_due(), Some(40));
+        w.advance(40, &mut f);
+        assert_eq!(w.next_due(), None);
+        assert!(w.is_empty());
+    }
+
+    #[test]
+    fn next_due_sees_past_a_slot_holding_only_a_later_turn() {
+        let mut w = TimerWheel::new(64, 0);
+        // Slot 5 holds tick 5 + 3 turns; slot 30 holds tick 30 of this turn.
+        w.schedule(id(1), 5 + 3 * 64);
+        w.schedule(id(2), 30);
+        assert_eq!(w.next_due(), Some(30));
+        let mut f = Vec::new();
+        w.advance(30, &mut f);
+        // Only the entry of a later turn is left, and its slot has been passed once.
+        assert_eq!(w.next_due(), Some(5 + 3 * 64));
+        w.advance(5 + 3 * 64 - 1, &mut f);
+        assert_eq!(f, vec![(id(2), 30)], "the later turn's entry fired early");
+        w.advance(5 + 3 * 64, &mut f);
+        assert_eq!(f.last(), Some(&(id(1), 5 + 3 * 64)));
+    }
+
+    #[test]
+    fn next_due_of_a_slot_mixing_turns_is_its_earliest() {
+        let mut w = TimerWheel::new(64, 0);
+        w.schedule(id(1), 10 + 64);
+        w.schedule(id(2), 10);
+        w.schedule(id(3), 10 + 128);
+        assert_eq!(w.next_due(), Some(10));
+        let mut f = Vec::new();
+        w.advance(10, &mut f);
+        assert_eq!(f, vec![(id(2), 10)]);
+        assert_eq!(w.next_due(), Some(10 + 64));
+    }
+
+    #[test]
+    fn next_due_across_the_u32_wrap() {
+        let mut w = TimerWheel::new(64, u32::MAX - 5);
+        w.schedule(id(1), 3); // 9 ticks ahead, after the wrap
+        w.schedule(id(2), u32::MAX - 1); // 4 ticks ahead, before it
+        assert_eq!(w.next_due(), Some(u32::MAX - 1));
+        let mut f = Vec::new();
+        w.advance(u32::MAX, &mut f);
+        assert_eq!(f, vec![(id(2), u32::MAX - 1)]);
+        assert_eq!(w.next_due(), Some(3));
+        // A later turn across the wrap.
+        w.schedule(id(3), 2 + 64 * 5);
+        assert_eq!(w.next_due(), Some(3));
+        w.advance(3, &mut f);
+        assert_eq!(w.next_due(), Some(2 + 64 * 5));
+    }
+
+    #[test]
+    fn ping_slots_are_the_next_multiple() {
+        assert_eq!(ping_slot(8), 8);
+        assert_eq!(ping_slot(9), 12);
+        assert_eq!(ping_slot(11), 12);
+        assert_eq!(ping_slot(u32::MAX - 1), 0, "wraps onto the grid");
+    }
+
+    #[test]
+    fn past_due_is_next_tick() {
+        let mut w = TimerWheel::new(64, 100);
+        assert_eq!(w.schedule(id(1), 90), 101);
+        assert_eq!(w.next_due(), Some(101));
+    }
+
+    /// Against a plain list: random schedules and advances (with big jumps and entries many
+    /// turns ahead) near the u32 wrap; `next_due` is always the list's minimum and entries
+    /// fire exactly at their due tick when the clock passes it tick by tick.
+    #[test]
+    fn next_due_matches_a_model() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rnd = |n: u32| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % u64::from(n)) as u32
+        };
+        let start = u32::MAX - 3000;
+        let mut w = TimerWheel::new(256, start);
+        let mut model: Vec<(ConnId, u32)> = Vec::new();
+        let mut now = start;
+        let mut f = Vec::new();
+        for step in 0..20_000u32 {
+            if rnd(3) == 0 {
+                let ahead = match rnd(4) {
+                    0 => rnd(3) + 1,
+                    1 => rnd(256) + 1,
+                    _ => rnd(5000) + 1,
+                };
+                let due = w.schedule(id(step), now.wrapping_add(ahead));
+                model.push((id(step), due));
+            } else {
+                let to = now.wrapping_add(if rnd(50) == 0 { rnd(600) } else { rnd(3) });
+                w.advance(to, &mut f);
+                let mut expect: Vec<_> = model.iter().copied().filter(|e| !before(to, e.1)).collect();
+                model.retain(|e| before(to, e.1));
+                f.sort_by_key(|e| (e.0.key, e.1));
+                expect.sort_by_key(|e| (e.0.key, e.1));
+                assert_eq!(f, expect, "fired at {to}");
+                f.clear();
+                now = to;
+            }
+            let want = model.iter().map(|e| e.1).min_by_key(|d| d.wrapping_sub(now));
+            assert_eq!(w.next_due(), want, "step {step} at {now}");
+        }
     }
 }

@@ -358,6 +358,11 @@ impl Homes {
         before - self.chans.len()
     }
 
+    /// Whether any channel is homed here (something for [`Homes::sweep`] to look at).
+    pub fn has_channels(&self) -> bool {
+        !self.chans.is_empty()
+    }
+
     /// The epoch and tombstones of this core.
     pub fn numbering(&self) -> &Numbering {
         &self.numbering

@@ -122,6 +122,10 @@ impl Broker for MemoryBroker {
         }
     }
 
+    fn wants_sweep(&self) -> bool {
+        self.homes.has_channels()
+    }
+
     fn sweep(&mut self, now_ms: u64) {
         // Channels idle past the dedup window are forgotten: ids remembered for dedup must
         // not outlive their channel's numbering.

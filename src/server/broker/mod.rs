@@ -58,8 +58,15 @@ pub trait Broker {
     /// keeps homes on cores (memory) routes requests here; others never receive one.
     fn serve(&mut self, router: &mut Router, now_ms: u64, req: Request);
 
-    /// Periodic upkeep at `now_ms` (forgetting idle channels, …).
+    /// Periodic upkeep at `now_ms` (forgetting idle channels, …), every `tick::SWEEP_MS`
+    /// while [`Broker::wants_sweep`] says so.
     fn sweep(&mut self, now_ms: u64);
+
+    /// Whether [`Broker::sweep`] has anything to do: when not, an idle core's clock does not
+    /// wake for it (the clock is tickless).
+    fn wants_sweep(&self) -> bool {
+        true
+    }
 
     /// The next answer or delivery from a broker that runs outside the cores (Redis: its
     /// thread), in order; the memory broker's travel on the bus instead.

@@ -17,6 +17,17 @@ impl Session {
         self.deadline
     }
 
+    /// Whether the deadline may come a little late ([`PING_SLACK_TICKS`](crate::server::timer::PING_SLACK_TICKS)):
+    /// it is the next ping time of an open connection (no pong awaited, no drain close, not
+    /// the token's expiry). Pong deadlines, handshake and close timeouts, drain closes and
+    /// token expiry stay exact to the tick.
+    pub fn deadline_is_ping(&self) -> bool {
+        self.state == State::Open
+            && !self.flags.has(Flags::AWAIT_PONG)
+            && !self.flags.has(Flags::DRAIN)
+            && (self.grant().is_none() || self.deadline != self.token_due)
+    }
+
     /// Schedules the drain close of this connection at `at` (an open connection only).
     pub fn start_drain(&mut self, at: Tick) {
         if self.state == State::Open {

@@ -86,6 +86,12 @@ impl Broker for RedisBroker {
         self.push(req);
     }
 
+    fn wants_sweep(&self) -> bool {
+        // Its sweep only retries the spill, which the processor already retries every 1 ms
+        // while there is one (`has_backlog`).
+        !self.spill.is_empty()
+    }
+
     fn sweep(&mut self, _now_ms: u64) {
         self.retry_spill();
     }
