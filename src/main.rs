@@ -80,6 +80,9 @@ enum Cmd {
     CheckLimits(tether::limits::CheckLimitsArgs),
     /// Mint a JWT for a server with [auth] (docs/security.md) and print it.
     Token(tether::auth::mint::TokenArgs),
+    /// Upstream feeds through a node's admin API: list, get, put, start, stop, delete
+    /// (docs/feeds.md).
+    Feeds(tether::feeds::cli::FeedsArgs),
 }
 
 /// The token of `sub` and `pub` for a server with `[auth]` (docs/security.md).
@@ -130,6 +133,7 @@ fn main() -> ExitCode {
         Cmd::Load { cmd } => ExitCode::from(tether::load::run(cmd) as u8),
         Cmd::CheckLimits(args) => ExitCode::from(args.run() as u8),
         Cmd::Token(args) => ExitCode::from(args.run() as u8),
+        Cmd::Feeds(args) => ExitCode::from(args.run() as u8),
     }
 }
 

@@ -73,8 +73,12 @@ async fn gauge_returns_to_zero_after_close_eof_and_rst() {
 async fn thousand_rsts_reaped_within_a_second() {
     let _serial = serial().await;
     let srv = Server::start("", &["--cores", "2"]);
-    // Let the cores settle, then take the descriptor baseline.
+    // Let the process settle, then take the descriptor baseline: the cores are up once the
+    // gauge answers, and the feeds thread (its own runtime's descriptors) once `/feeds`
+    // answers from loopback (no admin token set), which only it does.
     srv.wait_gauge(0.0, STEP).await;
+    let (status, _, body) = http_request(srv.addr, "GET", "/feeds", &[], b"").await;
+    assert_eq!(status, 200, "GET /feeds: {}", String::from_utf8_lossy(&body));
     let baseline = srv.fd_count();
 
     let conns = open_raw(&srv, 1000, 100, "rst.storm").await;

@@ -29,9 +29,11 @@
 //! - [`runtime`]: the feeds thread: reconcile, renew, give up in time, release on drain;
 //! - [`owner`]: one owned feed's upstream connection and its fenced publishes;
 //! - [`admin`]: the `/feeds` admin requests, served by the feeds thread;
+//! - [`cli`]: `tether feeds`, the admin API from the command line;
 //! - [`metrics`]: `tether_feed*` counters and per-feed progress.
 
 pub mod admin;
+pub mod cli;
 #[cfg(feature = "dynamodb")]
 pub mod dynamodb;
 pub mod memory;

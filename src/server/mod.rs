@@ -347,6 +347,37 @@ fn pin_to_cpu(i: usize) -> std::io::Result<usize> {
     }
 }
 
+/// io_uring submission queue sizes tried in turn for a core's ring: a ring needs its SQ and CQ
+/// arrays in kernel memory (about 1.5 MiB at 16,384 entries), which a fragmented or
+/// memory-short kernel may refuse with ENOMEM; a smaller ring only submits in smaller batches.
+const RING_ENTRIES: [u32; 3] = [16_384, 4_096, 1_024];
+
+/// A core's monoio runtime, io_uring or epoll (each with its timer).
+type CoreRuntime = monoio::FusionRuntime<
+    monoio::time::TimeDriver<monoio::IoUringDriver>,
+    monoio::time::TimeDriver<monoio::LegacyDriver>,
+>;
+
+/// The core's monoio runtime: io_uring when the kernel has it (epoll with
+/// `MONOIO_FORCE_LEGACY_DRIVER=1`), retrying with a smaller ring when the kernel refuses one
+/// ([`RING_ENTRIES`]), then falling back to epoll, each step logged as a warning. Errors: even
+/// the epoll driver cannot be built (no descriptors left, say).
+fn build_runtime(core: usize) -> std::io::Result<CoreRuntime> {
+    let mut last = None;
+    for entries in RING_ENTRIES {
+        match monoio::RuntimeBuilder::<monoio::FusionDriver>::new().with_entries(entries).enable_timer().build() {
+            Ok(rt) => return Ok(rt),
+            Err(e) => {
+                tracing::warn!(core, entries, error = %e, "cannot build the io_uring ring; trying a smaller one");
+                last = Some(e);
+            }
+        }
+    }
+    let e = last.map_or_else(String::new, |e| e.to_string());
+    tracing::warn!(core, error = %e, "no io_uring ring could be built; this core runs on epoll");
+    monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build().map(Into::into)
+}
+
 fn core_thread(
     i: usize,
     shared: Arc<Shared>,
@@ -362,8 +393,7 @@ fn core_thread(
             tracing::warn!(core = i, error = %e, "cannot pin the core thread to a CPU; the scheduler may move it")
         }
     }
-    let rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new().with_entries(16_384).enable_timer().build();
-    let mut rt = match rt {
+    let mut rt = match build_runtime(i) {
         Ok(rt) => rt,
         Err(e) => {
             let _ = ready.send(Err(e));
