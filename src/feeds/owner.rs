@@ -22,7 +22,7 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message;
 
 use super::metrics::FeedProgress;
-use super::record::FeedDef;
+use super::record::{validate_seq, FeedDef};
 use crate::client::backoff::{Backoff, BackoffConfig};
 use crate::client::close::{classify_close, retry_hint, CloseAction};
 use crate::protocol::codes;
@@ -122,6 +122,21 @@ pub fn upstream_seq(msg: &serde_json::Value, pointer: &str) -> Option<String> {
         serde_json::Value::Number(n) => Some(n.to_string()),
         _ => None,
     }
+}
+
+/// The publish id of upstream message `seq` of feed `feed`: `feed:<feed>:<seq>`, or, when that
+/// would pass the 128-byte limit of publish ids (`protocol::MAX_ID_BYTES`; a feed id has up to
+/// 64 bytes and a seq up to 256), `feed:<feed>:sha1:<40 hex digits of SHA-1(seq)>` (at most 115
+/// bytes). Either way the same message always gets the same id, which is all dedup needs.
+pub fn publish_id(feed: &str, seq: &str) -> Box<str> {
+    use sha1::{Digest, Sha1};
+    let plain = format!("feed:{feed}:{seq}");
+    if plain.len() <= crate::protocol::MAX_ID_BYTES {
+        return plain.into();
+    }
+    let digest = Sha1::digest(seq.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("feed:{feed}:sha1:{hex}").into()
 }
 
 /// Whether `seq` was already stored: both parse as integers and `seq <= last`. Non-numeric
@@ -261,6 +276,12 @@ impl Owner {
             tracing::warn!(feed = %id, seq_pointer = %self.def.seq_pointer, "upstream message has no seq at seq_pointer; skipped");
             return None;
         };
+        // The seq is stored as last_seq with the next renew and sent upstream on resume: one
+        // the lease store would refuse (a space, over 256 bytes) would fail every renew.
+        if let Err(e) = validate_seq(&seq) {
+            tracing::warn!(feed = %id, reason = %e.reason, "upstream seq unusable as last_seq; message skipped");
+            return None;
+        }
         if already_stored(&seq, self.progress.last_seq().as_deref()) {
             return None;
         }
@@ -270,7 +291,7 @@ impl Owner {
             return None;
         }
         let data = Bytes::from(crate::protocol::compact_json(text).into_owned());
-        let publish_id: Box<str> = format!("feed:{id}:{seq}").into();
+        let publish_id = publish_id(id, &seq);
         let fence = Fence { feed: id.as_str().into(), token: self.token };
         let mut backoff = Backoff::new(BackoffConfig {
             base: Duration::from_millis(50),
@@ -352,5 +373,20 @@ mod tests {
         assert_eq!(upstream_seq(&v, "/m/id").as_deref(), Some("x"));
         assert_eq!(upstream_seq(&v, "/m"), None);
         assert!(already_stored("3", Some("3")) && !already_stored("4", Some("3")) && !already_stored("a", Some("3")));
+    }
+
+    #[test]
+    fn publish_ids_fit_the_limit_and_stay_stable() {
+        assert_eq!(&*publish_id("btc", "17"), "feed:btc:17");
+        let long_feed = "f".repeat(64);
+        let long_seq = "s".repeat(256);
+        let id = publish_id(&long_feed, &long_seq);
+        assert!(id.len() <= crate::protocol::MAX_ID_BYTES, "{} bytes", id.len());
+        assert!(id.starts_with(&format!("feed:{long_feed}:sha1:")), "{id}");
+        assert_eq!(id, publish_id(&long_feed, &long_seq));
+        assert_ne!(id, publish_id(&long_feed, &"t".repeat(256)));
+        // The longest plain id is kept as is.
+        let seq = "9".repeat(crate::protocol::MAX_ID_BYTES - "feed::".len() - 3);
+        assert_eq!(&*publish_id("abc", &seq), format!("feed:abc:{seq}"));
     }
 }
