@@ -108,14 +108,14 @@ impl Supervisor {
         }
         let id = id.unwrap_or_default();
         match req {
-            AdminRequest::List => match self.store.list().await {
+            AdminRequest::List => match self.bounded(self.store.list()).await {
                 Ok(mut feeds) => {
                     feeds.sort_by(|a, b| a.def.id.cmp(&b.def.id));
                     AdminReply::json(200, &Value::Array(feeds.iter().map(|f| self.view(f)).collect()))
                 }
                 Err(e) => AdminReply::from_store(e),
             },
-            AdminRequest::Get(_) => match self.store.get(&id).await {
+            AdminRequest::Get(_) => match self.bounded(self.store.get(&id)).await {
                 Ok(Some(f)) => AdminReply::json(200, &self.view(&f)),
                 Ok(None) => AdminReply::not_found(&id),
                 Err(e) => AdminReply::from_store(e),
@@ -125,7 +125,7 @@ impl Supervisor {
                     Ok(d) => d,
                     Err(r) => return r,
                 };
-                let created = match self.store.put(&def).await {
+                let created = match self.bounded(self.store.put(&def)).await {
                     Ok(c) => c,
                     Err(e) => return AdminReply::from_store(e),
                 };
@@ -135,19 +135,19 @@ impl Supervisor {
             AdminRequest::Start(_) | AdminRequest::Stop(_) => {
                 let want =
                     if matches!(req, AdminRequest::Start(_)) { DesiredState::Started } else { DesiredState::Stopped };
-                let mut def = match self.store.get(&id).await {
+                let mut def = match self.bounded(self.store.get(&id)).await {
                     Ok(Some(f)) => f.def,
                     Ok(None) => return AdminReply::not_found(&id),
                     Err(e) => return AdminReply::from_store(e),
                 };
                 def.desired_state = want;
-                if let Err(e) = self.store.put(&def).await {
+                if let Err(e) = self.bounded(self.store.put(&def)).await {
                     return AdminReply::from_store(e);
                 }
                 self.settle(&id).await;
                 self.get_reply(&id, 200).await
             }
-            AdminRequest::Delete(_) => match self.store.delete(&id).await {
+            AdminRequest::Delete(_) => match self.bounded(self.store.delete(&id)).await {
                 Ok(true) => {
                     self.hard_stop(&id).await;
                     AdminReply::json(200, &json!({"deleted": id}))
@@ -162,13 +162,13 @@ impl Supervisor {
     /// held here, acquire a free STARTED one, reconnect a changed one). Other nodes apply it
     /// at their next renew or reconcile.
     async fn settle(&mut self, id: &str) {
-        if let Ok(Some(f)) = self.store.get(id).await {
+        if let Ok(Some(f)) = self.bounded(self.store.get(id)).await {
             self.check_one(f).await;
         }
     }
 
     async fn get_reply(&self, id: &str, status: u16) -> AdminReply {
-        match self.store.get(id).await {
+        match self.bounded(self.store.get(id)).await {
             Ok(Some(f)) => AdminReply::json(status, &self.view(&f)),
             Ok(None) => AdminReply::not_found(id),
             Err(e) => AdminReply::from_store(e),
