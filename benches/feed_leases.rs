@@ -82,7 +82,7 @@ fn read(node: &Serve) -> Reading {
 /// lines), the seed timings, and one `[[feeds.static]]` per feed of `up`.
 fn node_config(sock: &str, store_toml: &str, up: &upstream::Upstream, feeds: usize) -> String {
     let mut t = format!(
-        "cores = 1\n[drain]\nwindow_ms = 1000\n[heartbeat]\nping_interval_ms = 600000\n\
+        "cores = 1\n[drain]\nwindow_ms = 1000\n\
          [broker]\nkind = \"redis\"\nurl = \"unix://{sock}\"\n[feeds]\n{store_toml}{TIMINGS}"
     );
     for i in 0..feeds {

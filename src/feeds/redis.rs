@@ -23,7 +23,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::metrics::{StoreOp, StoreRequests};
 use super::record::{validate_id, DesiredState, Feed, FeedDef, FeedError, Lease};
-use super::store::{check_lease_args, check_renewals, LeaseError, LeaseStore, Renewal};
+use super::store::{check_lease_args, check_renewals, merge_chunks, LeaseError, LeaseStore, Renewal};
 use crate::config::Broker as BrokerConfig;
 use crate::server::broker::redis::link::Link;
 
@@ -361,21 +361,7 @@ impl LeaseStore for RedisLeaseStore {
         check_time(now_ms, lease_ms)?;
         // The chunks go out together on the multiplexed connection: pipelined, one round trip.
         let chunks = leases.chunks(RENEW_CHUNK).map(|c| self.renew_chunk(owner, now_ms, lease_ms, c));
-        let replies = futures::future::join_all(chunks).await;
-        if replies.iter().all(Result::is_err) {
-            if let Some(Err(e)) = replies.into_iter().next() {
-                return Err(e);
-            }
-            return Ok(Vec::new());
-        }
-        let mut out = Vec::with_capacity(leases.len());
-        for (chunk, r) in leases.chunks(RENEW_CHUNK).zip(replies) {
-            match r {
-                Ok(v) => out.extend(v),
-                Err(e) => out.extend(chunk.iter().map(|_| Err(e.clone()))),
-            }
-        }
-        Ok(out)
+        merge_chunks(leases, RENEW_CHUNK, futures::future::join_all(chunks).await)
     }
 
     async fn release(&self, id: &str, owner: &str, token: u64, last_seq: Option<&str>) -> Result<(), LeaseError> {

@@ -109,6 +109,30 @@ pub(super) fn check_renewals(owner: &str, lease_ms: u64, leases: &[Renewal<'_>])
     Ok(())
 }
 
+/// The results of a `renew_many` sent as requests of `chunk` leases each, `replies` one per
+/// request in order: the whole call's error when every request failed (nothing was renewed),
+/// else one result per lease, the request's error for each lease of a failed one.
+pub(super) fn merge_chunks(
+    leases: &[Renewal<'_>],
+    chunk: usize,
+    replies: Vec<Result<Vec<Result<(), LeaseError>>, LeaseError>>,
+) -> Result<Vec<Result<(), LeaseError>>, LeaseError> {
+    if replies.iter().all(Result::is_err) {
+        if let Some(Err(e)) = replies.into_iter().next() {
+            return Err(e);
+        }
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::with_capacity(leases.len());
+    for (part, r) in leases.chunks(chunk).zip(replies) {
+        match r {
+            Ok(v) => out.extend(v),
+            Err(e) => out.extend(part.iter().map(|_| Err(e.clone()))),
+        }
+    }
+    Ok(out)
+}
+
 /// Where feeds and their leases live. Every method is one atomic step of the store (one Lua
 /// script or one command on Redis, one critical section in memory); the lease rules are those
 /// of the module doc ([`crate::feeds`]). Times are milliseconds given by the caller, so the

@@ -30,7 +30,7 @@ use futures::StreamExt;
 use super::item::{key, lease_of, n, s, sdk_err, EXPIRES, ID, LAST_SEQ, OWNER, TOKEN};
 use super::{names, DynamoLeaseStore, Op, Refused, RENEW_CONDITION};
 use crate::feeds::metrics::StoreOp;
-use crate::feeds::store::{LeaseError, Renewal};
+use crate::feeds::store::{merge_chunks, LeaseError, Renewal};
 
 /// Most actions in one `TransactWriteItems` (DynamoDB's limit).
 pub const TRANSACT_ITEMS: usize = 100;
@@ -57,22 +57,8 @@ impl DynamoLeaseStore {
         // Collected first: a lazy `map` in the stream trips the `Send` check of the trait's future.
         let chunks: Vec<_> =
             leases.chunks(TRANSACT_ITEMS).map(|c| self.renew_chunk(owner, now_ms, lease_ms, c)).collect();
-        let replies: Vec<Result<Vec<Result<(), LeaseError>>, LeaseError>> =
-            futures::stream::iter(chunks).buffered(TRANSACTIONS_IN_FLIGHT).collect().await;
-        if replies.iter().all(Result::is_err) {
-            if let Some(Err(e)) = replies.into_iter().next() {
-                return Err(e);
-            }
-            return Ok(Vec::new());
-        }
-        let mut out = Vec::with_capacity(leases.len());
-        for (chunk, r) in leases.chunks(TRANSACT_ITEMS).zip(replies) {
-            match r {
-                Ok(v) => out.extend(v),
-                Err(e) => out.extend(chunk.iter().map(|_| Err(e.clone()))),
-            }
-        }
-        Ok(out)
+        let replies = futures::stream::iter(chunks).buffered(TRANSACTIONS_IN_FLIGHT).collect().await;
+        merge_chunks(leases, TRANSACT_ITEMS, replies)
     }
 
     /// Renews at most [`TRANSACT_ITEMS`] leases in one transaction, retried as the module doc
