@@ -5,6 +5,7 @@
 //! 1,000 feeds, argument checks) once per store, then what only Redis has:
 //! - `get_many` of 1,000 feeds is one command from the client (one round trip), counted with
 //!   `INFO commandstats` and `INFO stats` `total_commands_processed`;
+//! - `renew_many` of 1,000 leases is two script calls (chunks of 500), counted as two requests;
 //! - the layout is readable with `redis-cli` and survives a script cache flush.
 //!
 //! The DynamoDB store runs the same contract in `tests/feed_leases_dynamodb.rs`.
@@ -18,7 +19,8 @@ use std::sync::Arc;
 use common::redis::RedisProc;
 use lease_contract::{def, RACERS, T0};
 use tether::config::{Broker as BrokerConfig, BrokerKind};
-use tether::feeds::{LeaseError, LeaseStore, MemoryLeaseStore, RedisLeaseStore};
+use tether::feeds::metrics::StoreOp;
+use tether::feeds::{LeaseError, LeaseStore, MemoryLeaseStore, RedisLeaseStore, Renewal};
 
 async fn redis_store(r: &RedisProc) -> RedisLeaseStore {
     let cfg = BrokerConfig { kind: BrokerKind::Redis, url: r.url(), ..BrokerConfig::default() };
@@ -98,6 +100,29 @@ async fn redis_get_many_of_1000_feeds_is_one_command() {
     // Redis 7 counts a script's own calls in total_commands_processed: whatever is left is
     // what the client sent.
     assert_eq!(total - hmget, 1, "get_many of 1,000 feeds is one command, one round trip");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_renew_many_of_1000_leases_is_two_script_calls() {
+    let r = RedisProc::start();
+    let s = redis_store(&r).await;
+    let ids: Vec<String> = (0..1_000).map(|i| format!("r{i}")).collect();
+    let mut tokens = Vec::new();
+    for id in &ids {
+        s.put(&def(id)).await.unwrap();
+        tokens.push(s.acquire(id, "n1", T0, 20_000).await.unwrap());
+    }
+    let leases: Vec<Renewal<'_>> =
+        ids.iter().zip(&tokens).map(|(id, t)| Renewal { id, token: *t, last_seq: Some("5") }).collect();
+    s.renew_many("n1", T0 + 1, 20_000, &leases[..1]).await.unwrap(); // loads the script
+    let evalsha = || info_field(&r.cli(&["INFO", "commandstats"]), "cmdstat_evalsha", Some("calls"));
+    let (before, counted) = (evalsha(), s.requests().get(StoreOp::RenewMany));
+    let got = s.renew_many("n1", T0 + 2, 20_000, &leases).await.unwrap();
+    assert!(got.iter().all(Result::is_ok));
+    assert_eq!(evalsha() - before, 2, "1,000 leases are 2 script calls of 500");
+    assert_eq!(s.requests().get(StoreOp::RenewMany) - counted, 2, "and counted as 2 requests");
+    assert_eq!(r.cli(&["HGET", &s.feed_key("r999"), "lease_expires_at_ms"]).trim(), (T0 + 20_002).to_string());
+    assert_eq!(r.cli(&["HGET", &s.feed_key("r0"), "last_seq"]).trim(), "5");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,6 +6,8 @@
 //! - `ensure_table` creates the table once, and refuses a table whose key is not `id`;
 //! - the item layout, read back with a plain `GetItem` (numbers N, `last_seq` S);
 //! - the reconcile read: `get_many` of 1,000 feeds is 10 `BatchGetItem` requests (timed);
+//! - the batched renew: `renew_many` of 1,000 leases is 10 `TransactWriteItems` (timed), and a
+//!   taken-over lease costs one more;
 //! - `list` follows `Scan` pages past DynamoDB's 1 MB page;
 //! - failures are short `Store` errors within the call bound: a dead endpoint, an endpoint
 //!   that never answers, a missing table.
@@ -23,7 +25,8 @@ use aws_sdk_dynamodb::types::{
 use common::moto::MotoProc;
 use lease_contract::{def, RACERS, T0};
 use tether::feeds::dynamodb::DynamoCalls;
-use tether::feeds::{DynamoConfig, DynamoCredentials, DynamoLeaseStore, LeaseError, LeaseStore};
+use tether::feeds::metrics::StoreOp;
+use tether::feeds::{DynamoConfig, DynamoCredentials, DynamoLeaseStore, LeaseError, LeaseStore, Renewal};
 
 const TABLE: &str = "tether_feeds";
 
@@ -143,6 +146,43 @@ async fn get_many_of_1000_feeds_is_10_batch_requests() {
         assert_eq!(after, ten_batches, "1,000 ids are 10 BatchGetItem requests of 100 keys, and nothing else");
     }
     eprintln!("get_many(1000) on moto: 10 BatchGetItem requests each, times {times:?}");
+}
+
+/// The batched renew: 1,000 leases are 10 `TransactWriteItems` of 100 `Update`s (and nothing
+/// else); one feed taken over cancels its transaction, which costs one more request for the
+/// other 99 (its refusal comes with the item, so no `GetItem`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_many_of_1000_leases_is_10_transactions() {
+    let (_m, s) = dynamo_start().await;
+    let ids: Vec<String> = (0..1_000).map(|i| format!("r{i:04}")).collect();
+    let mut tokens = Vec::new();
+    for id in &ids {
+        s.put(&def(id)).await.unwrap();
+        tokens.push(s.acquire(id, "n1", T0, 20_000).await.unwrap());
+    }
+    let leases: Vec<Renewal<'_>> =
+        ids.iter().zip(&tokens).map(|(id, t)| Renewal { id, token: *t, last_seq: Some("9") }).collect();
+    let (before, t) = (s.calls(), Instant::now());
+    let got = s.renew_many("n1", T0 + 5_000, 20_000, &leases).await.unwrap();
+    let took = t.elapsed();
+    assert!(got.iter().all(Result::is_ok), "every lease renewed: {:?}", got.iter().find(|r| r.is_err()));
+    let ten = DynamoCalls { transact_write_items: before.transact_write_items + 10, ..before };
+    assert_eq!(s.calls(), ten, "1,000 leases are 10 TransactWriteItems requests, and nothing else");
+    assert_eq!(s.requests().get(StoreOp::RenewMany), 10);
+
+    // r0150 is taken over: its transaction is cancelled, and its 99 others go again.
+    s.release("r0150", "n1", tokens[150], None).await.unwrap();
+    let t2 = s.acquire("r0150", "n2", T0 + 5_001, 20_000).await.unwrap();
+    let before = s.calls();
+    let got = s.renew_many("n1", T0 + 6_000, 20_000, &leases).await.unwrap();
+    let lost = LeaseError::Lost { owner: Some("n2".into()), fencing_token: t2, expires_at_ms: T0 + 25_001 };
+    assert_eq!(got[150], Err(lost));
+    assert_eq!(got.iter().filter(|r| r.is_ok()).count(), 999);
+    let eleven = DynamoCalls { transact_write_items: before.transact_write_items + 11, ..before };
+    assert_eq!(s.calls(), eleven, "one cancelled transaction costs one retry");
+    let f = s.get("r0151").await.unwrap().unwrap();
+    assert_eq!(f.lease.lease_expires_at_ms, T0 + 26_000, "a neighbour in the cancelled transaction is renewed");
+    eprintln!("renew_many(1000) on moto: 10 TransactWriteItems requests in {took:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

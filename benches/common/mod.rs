@@ -140,17 +140,24 @@ impl Serve {
     /// Sum of the samples of metric `name` (all label sets) from `GET /metrics`; `None` when
     /// the server did not answer. A metric with no sample sums to 0.
     pub fn metric(&self, name: &str) -> Option<f64> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n").ok()?;
-        let mut body = String::new();
-        s.read_to_string(&mut body).ok()?;
+        let body = self.metrics_text()?;
         let sum = body
             .lines()
             .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{')))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum::<f64>();
         Some(sum)
+    }
+
+    /// The whole `GET /metrics` response (status line and headers included); `None` when the
+    /// server did not answer within 5 s.
+    pub fn metrics_text(&self) -> Option<String> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n").ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).ok()?;
+        Some(body)
     }
 
     /// Waits until the gauge reads `n` (or `limit` passes); returns the last reading.

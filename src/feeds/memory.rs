@@ -3,17 +3,20 @@
 //! field reads and writes with no `.await` inside, so a tokio mutex would add nothing.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
+use super::metrics::{StoreOp, StoreRequests};
 use super::record::{validate_id, Feed, FeedDef, Lease};
-use super::store::{check_lease_args, LeaseError, LeaseStore};
+use super::store::{check_lease_args, check_renewals, LeaseError, LeaseStore, Renewal};
 
 /// A lease store in this process's memory. Cheap to share behind an `Arc`.
 #[derive(Default)]
 pub struct MemoryLeaseStore {
     inner: Mutex<Inner>,
+    /// One request per call: the store has no server, a call is its round trip.
+    requests: Arc<StoreRequests>,
 }
 
 #[derive(Default)]
@@ -27,6 +30,12 @@ impl MemoryLeaseStore {
     /// An empty store.
     pub fn new() -> MemoryLeaseStore {
         MemoryLeaseStore::default()
+    }
+
+    /// Counts the call, then locks the map.
+    fn lock_for(&self, op: StoreOp) -> std::sync::MutexGuard<'_, Inner> {
+        self.requests.add(op, 1);
+        self.lock()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -48,10 +57,30 @@ fn holder_matches(lease: &Lease, owner: &str, token: u64) -> bool {
     lease.lease_owner.as_deref() == Some(owner) && lease.fencing_token == token
 }
 
+/// `renew`'s rule on one feed of the map (`None`: no such feed).
+fn renew_in(
+    feed: Option<&mut Feed>,
+    owner: &str,
+    token: u64,
+    now_ms: u64,
+    lease_ms: u64,
+    last_seq: Option<&str>,
+) -> Result<(), LeaseError> {
+    let lease = &mut feed.ok_or(LeaseError::NotFound)?.lease;
+    if !holder_matches(lease, owner, token) || !lease.is_held(now_ms) {
+        return Err(lost(lease));
+    }
+    lease.lease_expires_at_ms = now_ms.saturating_add(lease_ms);
+    if let Some(s) = last_seq {
+        lease.last_seq = Some(s.to_owned());
+    }
+    Ok(())
+}
+
 impl LeaseStore for MemoryLeaseStore {
     async fn put(&self, def: &FeedDef) -> Result<bool, LeaseError> {
         def.validate()?;
-        let mut g = self.lock();
+        let mut g = self.lock_for(StoreOp::Put);
         match g.feeds.get_mut(&def.id) {
             Some(f) => {
                 f.def = def.clone();
@@ -66,17 +95,17 @@ impl LeaseStore for MemoryLeaseStore {
 
     async fn get(&self, id: &str) -> Result<Option<Feed>, LeaseError> {
         validate_id(id)?;
-        Ok(self.lock().feeds.get(id).cloned())
+        Ok(self.lock_for(StoreOp::Get).feeds.get(id).cloned())
     }
 
     async fn delete(&self, id: &str) -> Result<bool, LeaseError> {
         validate_id(id)?;
-        Ok(self.lock().feeds.remove(id).is_some())
+        Ok(self.lock_for(StoreOp::Delete).feeds.remove(id).is_some())
     }
 
     async fn acquire(&self, id: &str, owner: &str, now_ms: u64, lease_ms: u64) -> Result<u64, LeaseError> {
         check_lease_args(id, owner, Some(lease_ms), None)?;
-        let mut g = self.lock();
+        let mut g = self.lock_for(StoreOp::Acquire);
         let lease = &mut g.feeds.get_mut(id).ok_or(LeaseError::NotFound)?.lease;
         if lease.is_held(now_ms) {
             return Err(LeaseError::Held {
@@ -100,21 +129,28 @@ impl LeaseStore for MemoryLeaseStore {
         last_seq: Option<&str>,
     ) -> Result<(), LeaseError> {
         check_lease_args(id, owner, Some(lease_ms), last_seq)?;
-        let mut g = self.lock();
-        let lease = &mut g.feeds.get_mut(id).ok_or(LeaseError::NotFound)?.lease;
-        if !holder_matches(lease, owner, token) || !lease.is_held(now_ms) {
-            return Err(lost(lease));
-        }
-        lease.lease_expires_at_ms = now_ms.saturating_add(lease_ms);
-        if let Some(s) = last_seq {
-            lease.last_seq = Some(s.to_owned());
-        }
-        Ok(())
+        let mut g = self.lock_for(StoreOp::Renew);
+        renew_in(g.feeds.get_mut(id), owner, token, now_ms, lease_ms, last_seq)
+    }
+
+    async fn renew_many(
+        &self,
+        owner: &str,
+        now_ms: u64,
+        lease_ms: u64,
+        leases: &[Renewal<'_>],
+    ) -> Result<Vec<Result<(), LeaseError>>, LeaseError> {
+        check_renewals(owner, lease_ms, leases)?;
+        let mut g = self.lock_for(StoreOp::RenewMany);
+        Ok(leases
+            .iter()
+            .map(|r| renew_in(g.feeds.get_mut(r.id), owner, r.token, now_ms, lease_ms, r.last_seq))
+            .collect())
     }
 
     async fn release(&self, id: &str, owner: &str, token: u64, last_seq: Option<&str>) -> Result<(), LeaseError> {
         check_lease_args(id, owner, None, last_seq)?;
-        let mut g = self.lock();
+        let mut g = self.lock_for(StoreOp::Release);
         let lease = &mut g.feeds.get_mut(id).ok_or(LeaseError::NotFound)?.lease;
         if !holder_matches(lease, owner, token) {
             return Err(lost(lease));
@@ -131,18 +167,22 @@ impl LeaseStore for MemoryLeaseStore {
         for id in ids {
             validate_id(id)?;
         }
-        let g = self.lock();
+        let g = self.lock_for(StoreOp::GetMany);
         Ok(ids.iter().map(|id| g.feeds.get(id).cloned()).collect())
     }
 
     async fn list(&self) -> Result<Vec<Feed>, LeaseError> {
-        Ok(self.lock().feeds.values().cloned().collect())
+        Ok(self.lock_for(StoreOp::List).feeds.values().cloned().collect())
     }
 
     async fn released(&self) -> Result<UnboundedReceiver<String>, LeaseError> {
         let (tx, rx) = unbounded_channel();
-        self.lock().released.push(tx);
+        self.lock_for(StoreOp::Released).released.push(tx);
         Ok(rx)
+    }
+
+    fn requests(&self) -> &Arc<StoreRequests> {
+        &self.requests
     }
 }
 

@@ -7,7 +7,7 @@
 //! The lease rules, enforced by every [`LeaseStore`]:
 //! - `acquire` succeeds only when the lease is free (never held, released, or expired:
 //!   `lease_expires_at_ms <= now_ms`) and increments the **fencing token** by one;
-//! - `renew` and `release` succeed only for the current holder: same `lease_owner` and same
+//! - `renew` (and each lease of a `renew_many`) and `release` succeed only for the current holder: same `lease_owner` and same
 //!   fencing token; `renew` also needs the lease unexpired;
 //! - `release` sets `lease_expires_at_ms` to 0 (free at once), keeps `last_seq`, and
 //!   announces the feed id to [`LeaseStore::released`] subscribers.
@@ -22,15 +22,18 @@
 //!   definition;
 //! - [`store`]: the [`LeaseStore`] trait and [`LeaseError`];
 //! - [`memory`]: [`MemoryLeaseStore`], for one process;
-//! - [`redis`]: [`RedisLeaseStore`], the broker's Redis, one Lua script per compare-and-set;
+//! - [`redis`]: [`RedisLeaseStore`], the broker's Redis, one Lua script per compare-and-set
+//!   (per 500 leases for the batched renew);
 //! - `dynamodb` (cargo feature `dynamodb`): `DynamoLeaseStore`, a DynamoDB table, one
-//!   conditional `UpdateItem` per compare-and-set;
+//!   conditional `UpdateItem` per compare-and-set (one `TransactWriteItems` per 100 leases for
+//!   the batched renew);
 //! - [`stores`]: [`stores::AnyStore`], the backend `[feeds] store` names;
 //! - [`runtime`]: the feeds thread: reconcile, renew, give up in time, release on drain;
 //! - [`owner`]: one owned feed's upstream connection and its fenced publishes;
 //! - [`admin`]: the `/feeds` admin requests, served by the feeds thread;
 //! - [`cli`]: `tether feeds`, the admin API from the command line;
-//! - [`metrics`]: `tether_feed*` counters and per-feed progress.
+//! - [`metrics`]: `tether_feed*` counters, the lease store's request counters, and per-feed
+//!   progress.
 
 pub mod admin;
 pub mod cli;
@@ -50,4 +53,4 @@ pub use dynamodb::{DynamoConfig, DynamoCredentials, DynamoLeaseStore};
 pub use memory::MemoryLeaseStore;
 pub use record::{DesiredState, Feed, FeedDef, FeedError, Lease};
 pub use redis::RedisLeaseStore;
-pub use store::{LeaseError, LeaseStore};
+pub use store::{LeaseError, LeaseStore, Renewal};

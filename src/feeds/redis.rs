@@ -16,11 +16,14 @@
 //! Redis stores follow one rule and tests can step a simulated clock. The price is the clock
 //! assumption of [`crate::feeds`]: nodes' clocks agree within the skew margin.
 
+use std::sync::Arc;
+
 use redis::Script;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
+use super::metrics::{StoreOp, StoreRequests};
 use super::record::{validate_id, DesiredState, Feed, FeedDef, FeedError, Lease};
-use super::store::{check_lease_args, LeaseError, LeaseStore};
+use super::store::{check_lease_args, check_renewals, merge_chunks, LeaseError, LeaseStore, Renewal};
 use crate::config::Broker as BrokerConfig;
 use crate::server::broker::redis::link::Link;
 
@@ -67,6 +70,38 @@ redis.call('HSET', KEYS[1], 'lease_expires_at_ms', string.format('%d', now + ton
 if ARGV[5] == '1' then redis.call('HSET', KEYS[1], 'last_seq', ARGV[6]) end
 return {'ok'}
 "#;
+
+/// `renew_many`: KEYS the feeds; ARGV owner, now_ms, lease_ms, then per feed token, has_seq
+/// (0/1), last_seq. Returns one `renew` reply per key, in order; each feed follows `renew`'s
+/// rule, all in one atomic step.
+const RENEW_MANY_LUA: &str = r#"
+local owner, now = ARGV[1], tonumber(ARGV[2])
+local exp = string.format('%d', now + tonumber(ARGV[3]))
+local out = {}
+for i = 1, #KEYS do
+  local a = 3 + (i - 1) * 3
+  if redis.call('EXISTS', KEYS[i]) == 0 then
+    out[i] = {'missing'}
+  else
+    local m = redis.call('HMGET', KEYS[i], 'lease_owner', 'fencing_token', 'lease_expires_at_ms')
+    if m[1] ~= owner or m[2] ~= ARGV[a + 1] or tonumber(m[3] or '0') <= now then
+      out[i] = {'lost', m[1] or '', m[2] or '0', m[3] or '0'}
+    else
+      if ARGV[a + 2] == '1' then
+        redis.call('HSET', KEYS[i], 'lease_expires_at_ms', exp, 'last_seq', ARGV[a + 3])
+      else
+        redis.call('HSET', KEYS[i], 'lease_expires_at_ms', exp)
+      end
+      out[i] = {'ok'}
+    end
+  end
+end
+return out
+"#;
+
+/// Most leases in one `renew_many` script call: bounds the script's run (Redis serves nothing
+/// else meanwhile) and its argument list (3 + 3 × 500 values).
+pub const RENEW_CHUNK: usize = 500;
 
 /// `release`: KEYS feed; ARGV owner, token, has_seq (0/1), last_seq, topic, id. Returns
 /// `{'ok'}`, `{'lost', owner, token, expires}` or `{'missing'}`; publishes the id on `ok`.
@@ -122,8 +157,10 @@ pub struct RedisLeaseStore {
     delete: Script,
     acquire: Script,
     renew: Script,
+    renew_many: Script,
     release: Script,
     get_many: Script,
+    requests: Arc<StoreRequests>,
 }
 
 fn store_err(e: impl std::fmt::Display) -> LeaseError {
@@ -186,9 +223,51 @@ impl RedisLeaseStore {
             delete: Script::new(DELETE_LUA),
             acquire: Script::new(ACQUIRE_LUA),
             renew: Script::new(RENEW_LUA),
+            renew_many: Script::new(RENEW_MANY_LUA),
             release: Script::new(RELEASE_LUA),
             get_many: Script::new(GET_MANY_LUA),
+            requests: Arc::default(),
         })
+    }
+
+    /// `get_many`'s script for `ids` (already checked), counted as a request of `op`.
+    async fn read_many(&self, ids: &[String], op: StoreOp) -> Result<Vec<Option<Feed>>, LeaseError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut inv = self.get_many.prepare_invoke();
+        for id in ids {
+            inv.key(self.feed_key(id));
+        }
+        self.requests.add(op, 1);
+        let rows: Vec<Option<Vec<Option<String>>>> =
+            inv.invoke_async(&mut self.link.clone()).await.map_err(store_err)?;
+        if rows.len() != ids.len() {
+            return Err(store_err(format!("get_many: {} rows for {} ids", rows.len(), ids.len())));
+        }
+        ids.iter().zip(rows).map(|(id, row)| row.map(|v| feed_of(id, v)).transpose()).collect()
+    }
+
+    /// One `renew_many` script call for at most [`RENEW_CHUNK`] checked leases.
+    async fn renew_chunk(
+        &self,
+        owner: &str,
+        now_ms: u64,
+        lease_ms: u64,
+        leases: &[Renewal<'_>],
+    ) -> Result<Vec<Result<(), LeaseError>>, LeaseError> {
+        let mut inv = self.renew_many.prepare_invoke();
+        inv.arg(owner).arg(now_ms).arg(lease_ms);
+        for r in leases {
+            inv.key(self.feed_key(r.id));
+            inv.arg(r.token).arg(if r.last_seq.is_some() { "1" } else { "0" }).arg(r.last_seq.unwrap_or(""));
+        }
+        self.requests.add(StoreOp::RenewMany, 1);
+        let replies: Vec<Vec<String>> = inv.invoke_async(&mut self.link.clone()).await.map_err(store_err)?;
+        if replies.len() != leases.len() {
+            return Err(store_err(format!("renew_many: {} replies for {} leases", replies.len(), leases.len())));
+        }
+        Ok(replies.into_iter().map(outcome).collect())
     }
 
     /// The hash of feed `id`: `PREFIX{feeds}:feed:ID`.
@@ -213,12 +292,14 @@ impl LeaseStore for RedisLeaseStore {
         let mut inv = self.put.key(self.feed_key(&def.id));
         inv.key(self.index_key()).arg(&def.id).arg(&def.url).arg(&def.channel);
         inv.arg(def.desired_state.as_str()).arg(&def.subscribe).arg(&def.resume_query).arg(&def.seq_pointer);
+        self.requests.add(StoreOp::Put, 1);
         let created: i64 = inv.invoke_async(&mut self.link.clone()).await.map_err(store_err)?;
         Ok(created == 1)
     }
 
     async fn get(&self, id: &str) -> Result<Option<Feed>, LeaseError> {
-        let mut v = self.get_many(&[id.to_owned()]).await?;
+        validate_id(id)?;
+        let mut v = self.read_many(&[id.to_owned()], StoreOp::Get).await?;
         Ok(v.pop().flatten())
     }
 
@@ -226,6 +307,7 @@ impl LeaseStore for RedisLeaseStore {
         validate_id(id)?;
         let mut inv = self.delete.key(self.feed_key(id));
         inv.key(self.index_key()).arg(id);
+        self.requests.add(StoreOp::Delete, 1);
         let n: i64 = inv.invoke_async(&mut self.link.clone()).await.map_err(store_err)?;
         Ok(n == 1)
     }
@@ -235,6 +317,7 @@ impl LeaseStore for RedisLeaseStore {
         check_time(now_ms, lease_ms)?;
         let mut inv = self.acquire.key(self.feed_key(id));
         inv.arg(owner).arg(now_ms).arg(lease_ms);
+        self.requests.add(StoreOp::Acquire, 1);
         let reply: Vec<String> = inv.invoke_async(&mut self.link.clone()).await.map_err(store_err)?;
         match reply.first().map(String::as_str) {
             Some("ok") => {
@@ -263,7 +346,22 @@ impl LeaseStore for RedisLeaseStore {
         let mut inv = self.renew.key(self.feed_key(id));
         inv.arg(owner).arg(token).arg(now_ms).arg(lease_ms);
         inv.arg(if last_seq.is_some() { "1" } else { "0" }).arg(last_seq.unwrap_or(""));
+        self.requests.add(StoreOp::Renew, 1);
         outcome(inv.invoke_async(&mut self.link.clone()).await.map_err(store_err)?)
+    }
+
+    async fn renew_many(
+        &self,
+        owner: &str,
+        now_ms: u64,
+        lease_ms: u64,
+        leases: &[Renewal<'_>],
+    ) -> Result<Vec<Result<(), LeaseError>>, LeaseError> {
+        check_renewals(owner, lease_ms, leases)?;
+        check_time(now_ms, lease_ms)?;
+        // The chunks go out together on the multiplexed connection: pipelined, one round trip.
+        let chunks = leases.chunks(RENEW_CHUNK).map(|c| self.renew_chunk(owner, now_ms, lease_ms, c));
+        merge_chunks(leases, RENEW_CHUNK, futures::future::join_all(chunks).await)
     }
 
     async fn release(&self, id: &str, owner: &str, token: u64, last_seq: Option<&str>) -> Result<(), LeaseError> {
@@ -272,6 +370,7 @@ impl LeaseStore for RedisLeaseStore {
         inv.arg(owner).arg(token);
         inv.arg(if last_seq.is_some() { "1" } else { "0" }).arg(last_seq.unwrap_or(""));
         inv.arg(self.released_topic()).arg(id);
+        self.requests.add(StoreOp::Release, 1);
         outcome(inv.invoke_async(&mut self.link.clone()).await.map_err(store_err)?)
     }
 
@@ -279,22 +378,11 @@ impl LeaseStore for RedisLeaseStore {
         for id in ids {
             validate_id(id)?;
         }
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut inv = self.get_many.prepare_invoke();
-        for id in ids {
-            inv.key(self.feed_key(id));
-        }
-        let rows: Vec<Option<Vec<Option<String>>>> =
-            inv.invoke_async(&mut self.link.clone()).await.map_err(store_err)?;
-        if rows.len() != ids.len() {
-            return Err(store_err(format!("get_many: {} rows for {} ids", rows.len(), ids.len())));
-        }
-        ids.iter().zip(rows).map(|(id, row)| row.map(|v| feed_of(id, v)).transpose()).collect()
+        self.read_many(ids, StoreOp::GetMany).await
     }
 
     async fn list(&self) -> Result<Vec<Feed>, LeaseError> {
+        self.requests.add(StoreOp::List, 1);
         let ids: Vec<String> = redis::cmd("SMEMBERS")
             .arg(self.index_key())
             .query_async(&mut self.link.clone())
@@ -303,10 +391,11 @@ impl LeaseStore for RedisLeaseStore {
         // An id in the index is valid (put checked it); a malformed one was written by
         // something else and is skipped rather than failing the whole list.
         let ids: Vec<String> = ids.into_iter().filter(|id| validate_id(id).is_ok()).collect();
-        Ok(self.get_many(&ids).await?.into_iter().flatten().collect())
+        Ok(self.read_many(&ids, StoreOp::List).await?.into_iter().flatten().collect())
     }
 
     async fn released(&self) -> Result<UnboundedReceiver<String>, LeaseError> {
+        self.requests.add(StoreOp::Released, 1);
         let client = redis::Client::open(self.pubsub_url.as_str()).map_err(store_err)?;
         let mut pubsub = client.get_async_pubsub().await.map_err(store_err)?;
         pubsub.subscribe(self.released_topic()).await.map_err(store_err)?;
@@ -322,5 +411,9 @@ impl LeaseStore for RedisLeaseStore {
             }
         });
         Ok(rx)
+    }
+
+    fn requests(&self) -> &Arc<StoreRequests> {
+        &self.requests
     }
 }

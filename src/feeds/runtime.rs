@@ -5,9 +5,11 @@
 //!   store's release notification: acquire each STARTED feed whose lease is free, start its
 //!   owner task ([`super::owner`]); stop owned feeds that are STOPPED, deleted, or whose lease
 //!   the store no longer shows as ours.
-//! - **Renew** every `renew_ms` each owned lease, storing the last published upstream seq
-//!   with it (not per message), then read the owned feeds back (one `get_many`) so a STOPPED or
-//!   deleted feed is stopped within one renew interval (and a STOPPED one released).
+//! - **Renew** every `renew_ms` all owned leases in one batched call (`renew_many`: one Redis
+//!   script per 500 leases, one DynamoDB transaction per 100), storing the last published
+//!   upstream seq with each (not per message), then read the owned feeds back (one
+//!   `get_many`) so a STOPPED or deleted feed is stopped within one renew interval (and a
+//!   STOPPED one released).
 //! - **Give up in time**: a feed whose lease was not renewed by `lease_expires_at_ms -
 //!   skew_margin_ms` (this node's clock) has its upstream connection closed at once, before
 //!   any other node can acquire it, provided the nodes' clocks agree within the margin.
@@ -28,6 +30,7 @@ use tokio::task::JoinHandle;
 use super::metrics::FeedProgress;
 use super::owner::{Owner, OwnerEvent};
 use super::record::{DesiredState, Feed, FeedDef};
+use super::store::Renewal;
 use super::stores::AnyStore;
 use super::LeaseError;
 use crate::config::Feeds as FeedsConfig;
@@ -159,6 +162,7 @@ impl Supervisor {
                 },
             }
         };
+        shared.feeds.set_store_requests(store.requests().clone());
         let (events, mut owner_events) = mpsc::unbounded_channel();
         let cfg = shared.config.feeds.clone();
         let mut sup = Supervisor { shared, cfg, node, store, held: HashMap::new(), events };
@@ -348,8 +352,8 @@ impl Supervisor {
         }
     }
 
-    /// Renews every owned lease (concurrently), storing each feed's last published upstream
-    /// seq, then reads the owned feeds back to stop the STOPPED and deleted ones.
+    /// Renews every owned lease in one `renew_many`, storing each feed's last published
+    /// upstream seq, then reads the owned feeds back to stop the STOPPED and deleted ones.
     pub(super) async fn renew_all(&mut self) {
         if self.held.is_empty() {
             return;
@@ -357,14 +361,18 @@ impl Supervisor {
         let now = now_ms();
         let args: Vec<(String, u64, Option<String>)> =
             self.held.iter().map(|(id, h)| (id.clone(), h.token, h.progress.last_seq())).collect();
-        let results = {
-            let this = &*self;
-            let renews = args.iter().map(|(id, token, seq)| async move {
-                let renew = this.store.renew(id, &this.node, *token, now, this.cfg.lease_ms, seq.as_deref());
-                (id.clone(), this.bounded(renew).await)
-            });
-            futures::future::join_all(renews).await
+        let leases: Vec<Renewal<'_>> =
+            args.iter().map(|(id, token, seq)| Renewal { id, token: *token, last_seq: seq.as_deref() }).collect();
+        let results = match self.bounded(self.store.renew_many(&self.node, now, self.cfg.lease_ms, &leases)).await {
+            Ok(results) => results,
+            Err(e) => {
+                self.shared.feeds.renew_failures.fetch_add(leases.len() as u64, Relaxed);
+                tracing::warn!(feeds = leases.len(), error = %e, "feeds: renew failed; each upstream closes at its lease end - skew_margin_ms unless a renew succeeds");
+                Vec::new()
+            }
         };
+        let results: Vec<(String, Result<(), LeaseError>)> =
+            args.iter().map(|(id, ..)| id.clone()).zip(results).collect();
         for (id, r) in results {
             match r {
                 Ok(()) => {

@@ -1,10 +1,13 @@
-//! The lease store seam (STYLE 5): one small async trait, two backends ([`super::memory`],
-//! [`super::redis`]).
+//! The lease store seam (STYLE 5): one small async trait, three backends ([`super::memory`],
+//! [`super::redis`], `super::dynamodb`).
 
+use std::collections::HashSet;
 use std::future::Future;
+use std::sync::Arc;
 
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use super::metrics::StoreRequests;
 use super::record::{validate_id, validate_owner, validate_seq, Feed, FeedDef, FeedError};
 
 /// Why a lease store call did not do what was asked.
@@ -82,6 +85,54 @@ pub(super) fn check_lease_args(
     Ok(())
 }
 
+/// One lease of a [`LeaseStore::renew_many`] call: what [`LeaseStore::renew`] takes per feed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Renewal<'a> {
+    /// The feed id.
+    pub id: &'a str,
+    /// The fencing token the caller holds for it.
+    pub token: u64,
+    /// The last upstream seq to store with the renew, if any.
+    pub last_seq: Option<&'a str>,
+}
+
+/// Checks the arguments of `renew_many` as [`check_lease_args`] does for each lease, and that
+/// no id appears twice (errors name `id`).
+pub(super) fn check_renewals(owner: &str, lease_ms: u64, leases: &[Renewal<'_>]) -> Result<(), FeedError> {
+    let mut seen = HashSet::with_capacity(leases.len());
+    for r in leases {
+        check_lease_args(r.id, owner, Some(lease_ms), r.last_seq)?;
+        if !seen.insert(r.id) {
+            return Err(FeedError { field: "id", reason: format!("{:?} given twice in one renew_many", r.id) });
+        }
+    }
+    Ok(())
+}
+
+/// The results of a `renew_many` sent as requests of `chunk` leases each, `replies` one per
+/// request in order: the whole call's error when every request failed (nothing was renewed),
+/// else one result per lease, the request's error for each lease of a failed one.
+pub(super) fn merge_chunks(
+    leases: &[Renewal<'_>],
+    chunk: usize,
+    replies: Vec<Result<Vec<Result<(), LeaseError>>, LeaseError>>,
+) -> Result<Vec<Result<(), LeaseError>>, LeaseError> {
+    if replies.iter().all(Result::is_err) {
+        if let Some(Err(e)) = replies.into_iter().next() {
+            return Err(e);
+        }
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::with_capacity(leases.len());
+    for (part, r) in leases.chunks(chunk).zip(replies) {
+        match r {
+            Ok(v) => out.extend(v),
+            Err(e) => out.extend(part.iter().map(|_| Err(e.clone()))),
+        }
+    }
+    Ok(out)
+}
+
 /// Where feeds and their leases live. Every method is one atomic step of the store (one Lua
 /// script or one command on Redis, one critical section in memory); the lease rules are those
 /// of the module doc ([`crate::feeds`]). Times are milliseconds given by the caller, so the
@@ -124,6 +175,23 @@ pub trait LeaseStore: Send + Sync {
         last_seq: Option<&str>,
     ) -> impl Future<Output = Result<(), LeaseError>> + Send;
 
+    /// Renews many leases of `owner` at one `now_ms`/`lease_ms`: for each of `leases`, what
+    /// [`LeaseStore::renew`] does, by the same rules, in as few requests as the backend
+    /// allows (memory: one critical section; Redis: one script call per 500 leases; DynamoDB:
+    /// one `TransactWriteItems` per 100). Returns one result per lease, in order: `Ok(())`,
+    /// [`LeaseError::Lost`] (with what the store now holds), [`LeaseError::NotFound`], or
+    /// [`LeaseError::Store`] for the leases of a request that failed while others went
+    /// through. The whole call fails with [`LeaseError::Invalid`] (nothing sent) when an
+    /// argument is malformed or an id appears twice, and with [`LeaseError::Store`] when the
+    /// store failed before any lease was renewed.
+    fn renew_many(
+        &self,
+        owner: &str,
+        now_ms: u64,
+        lease_ms: u64,
+        leases: &[Renewal<'_>],
+    ) -> impl Future<Output = Result<Vec<Result<(), LeaseError>>, LeaseError>> + Send;
+
     /// Gives the lease up: `lease_expires_at_ms = 0`, `last_seq` stored when given (kept
     /// otherwise), and the id sent to every [`LeaseStore::released`] subscriber. Allowed past
     /// expiry as long as nobody acquired since (same token). Errors: [`LeaseError::Lost`],
@@ -148,4 +216,8 @@ pub trait LeaseStore: Send + Sync {
     /// periodic reconcile covers a missed one. The stream ends (`recv` gives `None`) if the
     /// store's notification connection is lost; call again to resubscribe.
     fn released(&self) -> impl Future<Output = Result<UnboundedReceiver<String>, LeaseError>> + Send;
+
+    /// This store's request counters: every round trip it made, per method
+    /// ([`StoreRequests`]); shown as `tether_feed_store_requests_total` by the feed runtime.
+    fn requests(&self) -> &Arc<StoreRequests>;
 }

@@ -1,15 +1,21 @@
 //! The lease store a node uses, chosen by `[feeds] store` (docs/feeds.md). [`LeaseStore`] uses
 //! `impl Future` and is not object safe, so the runtime holds this enum over the backends.
+//! It also counts the feed items each call wrote (`tether_feed_store_items_written_total`):
+//! one per successful write, none for a refused one.
+
+use std::sync::Arc;
 
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use super::metrics::StoreRequests;
 use super::record::{Feed, FeedDef};
-use super::store::{LeaseError, LeaseStore};
+use super::store::{LeaseError, LeaseStore, Renewal};
 use super::{MemoryLeaseStore, RedisLeaseStore};
 use crate::config::{Config, FeedStoreKind};
 
 /// One of the lease store backends. Each method forwards to the backend's [`LeaseStore`]
-/// method of the same name (same arguments, same errors).
+/// method of the same name (same arguments, same errors), counting the items it wrote in
+/// [`AnyStore::requests`].
 pub enum AnyStore {
     /// `store = "memory"`: this process only.
     Memory(MemoryLeaseStore),
@@ -57,9 +63,22 @@ impl AnyStore {
         }
     }
 
+    /// The backend's request counters ([`LeaseStore::requests`]).
+    pub fn requests(&self) -> &Arc<StoreRequests> {
+        each!(self, s => s.requests())
+    }
+
+    /// Counts one item written when `r` is a success.
+    fn wrote_if<T>(&self, r: Result<T, LeaseError>) -> Result<T, LeaseError> {
+        if r.is_ok() {
+            self.requests().wrote(1);
+        }
+        r
+    }
+
     /// See [`LeaseStore::put`].
     pub async fn put(&self, def: &FeedDef) -> Result<bool, LeaseError> {
-        each!(self, s => s.put(def).await)
+        self.wrote_if(each!(self, s => s.put(def).await))
     }
 
     /// See [`LeaseStore::get`].
@@ -69,12 +88,16 @@ impl AnyStore {
 
     /// See [`LeaseStore::delete`].
     pub async fn delete(&self, id: &str) -> Result<bool, LeaseError> {
-        each!(self, s => s.delete(id).await)
+        let r = each!(self, s => s.delete(id).await);
+        if r == Ok(true) {
+            self.requests().wrote(1);
+        }
+        r
     }
 
     /// See [`LeaseStore::acquire`].
     pub async fn acquire(&self, id: &str, owner: &str, now_ms: u64, lease_ms: u64) -> Result<u64, LeaseError> {
-        each!(self, s => s.acquire(id, owner, now_ms, lease_ms).await)
+        self.wrote_if(each!(self, s => s.acquire(id, owner, now_ms, lease_ms).await))
     }
 
     /// See [`LeaseStore::renew`].
@@ -87,12 +110,27 @@ impl AnyStore {
         lease_ms: u64,
         last_seq: Option<&str>,
     ) -> Result<(), LeaseError> {
-        each!(self, s => s.renew(id, owner, token, now_ms, lease_ms, last_seq).await)
+        self.wrote_if(each!(self, s => s.renew(id, owner, token, now_ms, lease_ms, last_seq).await))
+    }
+
+    /// See [`LeaseStore::renew_many`].
+    pub async fn renew_many(
+        &self,
+        owner: &str,
+        now_ms: u64,
+        lease_ms: u64,
+        leases: &[Renewal<'_>],
+    ) -> Result<Vec<Result<(), LeaseError>>, LeaseError> {
+        let r = each!(self, s => s.renew_many(owner, now_ms, lease_ms, leases).await);
+        if let Ok(results) = &r {
+            self.requests().wrote(results.iter().filter(|x| x.is_ok()).count() as u64);
+        }
+        r
     }
 
     /// See [`LeaseStore::release`].
     pub async fn release(&self, id: &str, owner: &str, token: u64, last_seq: Option<&str>) -> Result<(), LeaseError> {
-        each!(self, s => s.release(id, owner, token, last_seq).await)
+        self.wrote_if(each!(self, s => s.release(id, owner, token, last_seq).await))
     }
 
     /// See [`LeaseStore::get_many`].

@@ -11,6 +11,11 @@
 //! - a release frees the lease at once (acquirable long before the old expiry), keeps
 //!   `last_seq`, and notifies `released()` subscribers; a refused release notifies nobody;
 //! - `put` replacing a definition keeps the lease fields;
+//! - `renew_many` of 600 leases (across the Redis and DynamoDB request chunks) follows
+//!   `renew`'s rules for each: in one batch, ours are renewed with their `last_seq`, one taken
+//!   over and one expired answer `Lost` with what the store holds, one deleted `NotFound`, and
+//!   the refused ones change nothing; it takes far fewer requests than leases; duplicate ids
+//!   and malformed arguments refuse the whole call before anything is written;
 //! - 1,000 feeds: `get_many` returns them in order with `None` for a missing id, `list` and
 //!   `delete` agree;
 //! - malformed arguments are refused naming the field, before the store is asked.
@@ -20,7 +25,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tether::feeds::{DesiredState, FeedDef, LeaseError, LeaseStore};
+use tether::feeds::metrics::StoreOp;
+use tether::feeds::{DesiredState, FeedDef, LeaseError, LeaseStore, Renewal};
 
 /// The simulated clock's start, Unix epoch ms.
 pub const T0: u64 = 1_700_000_000_000;
@@ -195,6 +201,82 @@ pub async fn put_replacing_keeps_the_lease<S: LeaseStore>(s: Arc<S>) {
     assert_eq!(s.get("rp").await.unwrap().unwrap().def, d, "a refused put writes nothing");
 }
 
+pub async fn renew_many_follows_the_renew_rules<S: LeaseStore>(s: Arc<S>) {
+    const N: usize = 600;
+    const LEASE: u64 = 20_000;
+    let (taken, deleted, expired) = (150, 420, 555);
+    let ids: Vec<String> = (0..N).map(|i| format!("m{i:03}")).collect();
+    let mut tokens = Vec::with_capacity(N);
+    for (i, id) in ids.iter().enumerate() {
+        s.put(&def(id)).await.unwrap();
+        tokens.push(s.acquire(id, "n1", T0, if i == expired { 1_000 } else { LEASE }).await.unwrap());
+    }
+    // `taken` is released and acquired by n2; `deleted` is gone; `expired` ran out at T0 + 1,000.
+    s.release(&ids[taken], "n1", tokens[taken], None).await.unwrap();
+    let t2 = s.acquire(&ids[taken], "n2", T0 + 1, LEASE).await.unwrap();
+    assert!(s.delete(&ids[deleted]).await.unwrap());
+
+    let seqs: Vec<Option<String>> = (0..N).map(|i| (i % 2 == 0).then(|| format!("s{i}"))).collect();
+    let leases: Vec<Renewal<'_>> =
+        (0..N).map(|i| Renewal { id: &ids[i], token: tokens[i], last_seq: seqs[i].as_deref() }).collect();
+    let now = T0 + 5_000;
+    let before = s.requests().get(StoreOp::RenewMany);
+    let got = s.renew_many("n1", now, LEASE, &leases).await.expect("renew_many");
+    let requests = s.requests().get(StoreOp::RenewMany) - before;
+    assert_eq!(got.len(), N, "one result per lease");
+    for (i, r) in got.iter().enumerate() {
+        let want = match i {
+            _ if i == taken => {
+                Err(LeaseError::Lost { owner: Some("n2".into()), fencing_token: t2, expires_at_ms: T0 + 1 + LEASE })
+            }
+            _ if i == deleted => Err(LeaseError::NotFound),
+            _ if i == expired => {
+                Err(LeaseError::Lost { owner: Some("n1".into()), fencing_token: tokens[i], expires_at_ms: T0 + 1_000 })
+            }
+            _ => Ok(()),
+        };
+        assert_eq!(*r, want, "lease {i} ({})", ids[i]);
+    }
+    assert!(requests <= 12, "600 leases in {requests} requests: renew_many must batch (at most one per 50)");
+
+    let feeds = s.get_many(&ids).await.unwrap();
+    for (i, f) in feeds.iter().enumerate() {
+        if i == deleted {
+            assert_eq!(*f, None, "a renew does not recreate a deleted feed");
+            continue;
+        }
+        let l = &f.as_ref().expect("the feed exists").lease;
+        let want = match i {
+            _ if i == taken => (Some("n2"), t2, T0 + 1 + LEASE, None),
+            _ if i == expired => (Some("n1"), tokens[i], T0 + 1_000, None),
+            _ => (Some("n1"), tokens[i], now + LEASE, seqs[i].as_deref()),
+        };
+        assert_eq!(
+            (l.lease_owner.as_deref(), l.fencing_token, l.lease_expires_at_ms, l.last_seq.as_deref()),
+            want,
+            "lease {i} ({}) after renew_many",
+            ids[i]
+        );
+    }
+
+    // Refused as a whole, naming the field, before anything is written.
+    let field = |r: Result<Vec<Result<(), LeaseError>>, LeaseError>| match r {
+        Err(LeaseError::Invalid(e)) => e.field,
+        other => panic!("must be refused as a whole: {other:?}"),
+    };
+    let one = |i: usize, seq: Option<&'static str>| Renewal { id: &ids[i], token: tokens[i], last_seq: seq };
+    let later = now + 1_000;
+    assert_eq!(field(s.renew_many("n1", later, LEASE, &[one(1, Some("x")), one(1, None)]).await), "id");
+    assert_eq!(field(s.renew_many("n1", later, LEASE, &[one(1, Some("x")), one(3, Some(""))]).await), "last_seq");
+    assert_eq!(field(s.renew_many("n1", later, 0, &[one(1, None)]).await), "lease_ms");
+    assert_eq!(field(s.renew_many("", later, LEASE, &[one(1, None)]).await), "lease_owner");
+    let bad_id = Renewal { id: "no way", token: 1, last_seq: None };
+    assert_eq!(field(s.renew_many("n1", later, LEASE, &[one(1, None), bad_id]).await), "id");
+    let f1 = s.get(&ids[1]).await.unwrap().unwrap();
+    assert_eq!((f1.lease.lease_expires_at_ms, f1.lease.last_seq), (now + LEASE, None), "refused calls wrote nothing");
+    assert_eq!(s.renew_many("n1", later, LEASE, &[]).await, Ok(Vec::new()), "an empty batch is no error");
+}
+
 pub async fn many_feeds<S: LeaseStore>(s: Arc<S>) {
     const N: usize = 1_000;
     let ids: Vec<String> = (0..N).map(|i| format!("f{i:04}")).collect();
@@ -286,6 +368,12 @@ macro_rules! lease_contract_tests {
             async fn put_replacing_keeps_the_lease() {
                 let (_guard, s) = super::$start().await;
                 contract::put_replacing_keeps_the_lease(s).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn renew_many_follows_the_renew_rules() {
+                let (_guard, s) = super::$start().await;
+                contract::renew_many_follows_the_renew_rules(s).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

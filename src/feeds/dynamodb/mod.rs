@@ -9,6 +9,7 @@
 //! | `renew` | `UpdateItem` `SET lease_expires_at_ms[, last_seq]` | `attribute_exists(id) AND lease_owner = :owner AND fencing_token = :token AND lease_expires_at_ms > :now` |
 //! | `release` | `UpdateItem` `SET lease_expires_at_ms = 0[, last_seq]` | `attribute_exists(id) AND lease_owner = :owner AND fencing_token = :token` |
 //! | `get` | `GetItem`, strongly consistent | |
+//! | `renew_many` | `TransactWriteItems` of up to 100 `renew` `Update`s ([`renew_many`]) | `renew`'s, per item |
 //! | `get_many` | `BatchGetItem`, 100 keys a request, strongly consistent, `UnprocessedKeys` retried | |
 //! | `list` | `Scan`, strongly consistent, every page | |
 //! | `delete` | `DeleteItem` | |
@@ -25,14 +26,16 @@
 //!
 //! # Layout
 //! - [`config`]: [`DynamoConfig`], [`DynamoCredentials`] and the SDK client they build;
-//! - `item`: the item of a feed and short error messages for failed calls.
+//! - `item`: the item of a feed and short error messages for failed calls;
+//! - [`renew_many`]: the batched renew, one transaction per 100 leases.
 
 pub mod config;
 mod item;
+pub mod renew_many;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
@@ -49,8 +52,9 @@ use item::{
     def_values, feed_of, item_id, key, lease_of, n, s, sdk_err, Item, DEF_FIELDS, EXPIRES, ID, LAST_SEQ, OWNER, TOKEN,
 };
 
+use super::metrics::{StoreOp, StoreRequests};
 use super::record::{validate_id, Feed, FeedDef, Lease};
-use super::store::{check_lease_args, LeaseError, LeaseStore};
+use super::store::{check_lease_args, check_renewals, LeaseError, LeaseStore, Renewal};
 
 /// Most keys in one `BatchGetItem` (DynamoDB's limit).
 pub const BATCH_KEYS: usize = 100;
@@ -60,6 +64,9 @@ const BATCHES_IN_FLIGHT: usize = 8;
 const UNPROCESSED_RETRIES: u32 = 6;
 /// How long `ensure_table` waits for a created table to become `ACTIVE`.
 const ACTIVE_LIMIT: Duration = Duration::from_secs(60);
+
+/// `renew`'s condition (also each item's of `renew_many`): the caller still holds the lease.
+const RENEW_CONDITION: &str = "attribute_exists(#id) AND #o = :owner AND #t = :token AND #e > :now";
 
 /// The DynamoDB operations the store sends, counted by [`DynamoLeaseStore::calls`].
 #[derive(Clone, Copy)]
@@ -71,6 +78,7 @@ enum Op {
     Scan,
     DescribeTable,
     CreateTable,
+    TransactWriteItems,
 }
 
 /// Requests sent since the store was connected, per DynamoDB operation (each attempt counts,
@@ -91,6 +99,8 @@ pub struct DynamoCalls {
     pub describe_table: u64,
     /// `CreateTable` (`ensure_table`).
     pub create_table: u64,
+    /// `TransactWriteItems` (`renew_many`, retries of a cancelled transaction included).
+    pub transact_write_items: u64,
 }
 
 /// A lease store in a DynamoDB table. Cheap to share behind an `Arc`; the SDK client pools
@@ -99,7 +109,9 @@ pub struct DynamoLeaseStore {
     client: Client,
     table: String,
     timeout_ms: u64,
-    calls: [AtomicU64; 7],
+    calls: [AtomicU64; 8],
+    /// Requests per lease store method (`tether_feed_store_requests_total`).
+    requests: Arc<StoreRequests>,
     /// Subscribers of [`LeaseStore::released`]; closed ones are dropped on the next release.
     released: Mutex<Vec<UnboundedSender<String>>>,
 }
@@ -134,6 +146,7 @@ impl DynamoLeaseStore {
             table: cfg.table.clone(),
             timeout_ms: cfg.call_timeout_ms,
             calls: Default::default(),
+            requests: Arc::default(),
             released: Mutex::new(Vec::new()),
         })
     }
@@ -160,11 +173,18 @@ impl DynamoLeaseStore {
             scan: c(Op::Scan),
             describe_table: c(Op::DescribeTable),
             create_table: c(Op::CreateTable),
+            transact_write_items: c(Op::TransactWriteItems),
         }
     }
 
     fn count(&self, op: Op) {
         self.calls[op as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one `op` request sent for the lease store method `by`.
+    fn sent(&self, op: Op, by: StoreOp) {
+        self.count(op);
+        self.requests.add(by, 1);
     }
 
     /// Creates the table if it does not exist (on-demand capacity, `PAY_PER_REQUEST`; hash
@@ -235,9 +255,9 @@ impl DynamoLeaseStore {
         Ok(Some(desc.table_status().cloned().unwrap_or(TableStatus::Active)))
     }
 
-    /// The item `id`, strongly consistent.
-    async fn get_item(&self, id: &str) -> Result<Option<Item>, LeaseError> {
-        self.count(Op::GetItem);
+    /// The item `id`, strongly consistent, read for the method `by`.
+    async fn get_item(&self, id: &str, by: StoreOp) -> Result<Option<Item>, LeaseError> {
+        self.sent(Op::GetItem, by);
         let out = self
             .client
             .get_item()
@@ -252,10 +272,10 @@ impl DynamoLeaseStore {
 
     /// The item a failed condition check was about: the one returned with the failure
     /// (`ALL_OLD`), else a strongly consistent read; `None` when the feed does not exist.
-    async fn refused_item(&self, id: &str, returned: Option<&Item>) -> Result<Option<Item>, LeaseError> {
+    async fn refused_item(&self, id: &str, returned: Option<&Item>, by: StoreOp) -> Result<Option<Item>, LeaseError> {
         match returned {
             Some(item) if !item.is_empty() => Ok(Some(item.clone())),
-            _ => self.get_item(id).await,
+            _ => self.get_item(id, by).await,
         }
     }
 
@@ -266,6 +286,7 @@ impl DynamoLeaseStore {
     /// atomic step); [`LeaseError::NotFound`] when there is no such feed.
     async fn conditional_update(
         &self,
+        by: StoreOp,
         id: &str,
         update: &str,
         condition: &str,
@@ -279,7 +300,7 @@ impl DynamoLeaseStore {
             names.insert("#s".into(), LAST_SEQ.into());
             values.insert(":seq".into(), s(seq));
         }
-        self.count(Op::UpdateItem);
+        self.sent(Op::UpdateItem, by);
         let sent = self
             .client
             .update_item()
@@ -300,7 +321,7 @@ impl DynamoLeaseStore {
         let Some(UpdateItemError::ConditionalCheckFailedException(failed)) = err.as_service_error() else {
             return Err(sdk_err("UpdateItem", self.timeout_ms, err));
         };
-        let item = self.refused_item(id, failed.item()).await?.ok_or(LeaseError::NotFound)?;
+        let item = self.refused_item(id, failed.item(), by).await?.ok_or(LeaseError::NotFound)?;
         Ok(Err(Refused(lease_of(&item, id)?)))
     }
 
@@ -319,7 +340,7 @@ impl DynamoLeaseStore {
                 .consistent_read(true)
                 .build()
                 .map_err(|e| LeaseError::Store(format!("BatchGetItem request: {e}")))?;
-            self.count(Op::BatchGetItem);
+            self.sent(Op::BatchGetItem, StoreOp::GetMany);
             let mut out = self
                 .client
                 .batch_get_item()
@@ -363,7 +384,7 @@ impl LeaseStore for DynamoLeaseStore {
         // A new feed starts with token 0 and a free lease; an existing one keeps its lease.
         sets.push("#t = if_not_exists(#t, :zero)".into());
         sets.push("#e = if_not_exists(#e, :zero)".into());
-        self.count(Op::UpdateItem);
+        self.sent(Op::UpdateItem, StoreOp::Put);
         let out = self
             .client
             .update_item()
@@ -381,12 +402,12 @@ impl LeaseStore for DynamoLeaseStore {
 
     async fn get(&self, id: &str) -> Result<Option<Feed>, LeaseError> {
         validate_id(id)?;
-        self.get_item(id).await?.as_ref().map(feed_of).transpose()
+        self.get_item(id, StoreOp::Get).await?.as_ref().map(feed_of).transpose()
     }
 
     async fn delete(&self, id: &str) -> Result<bool, LeaseError> {
         validate_id(id)?;
-        self.count(Op::DeleteItem);
+        self.sent(Op::DeleteItem, StoreOp::Delete);
         let out = self
             .client
             .delete_item()
@@ -409,7 +430,7 @@ impl LeaseStore for DynamoLeaseStore {
         ]);
         let update = "SET #o = :owner, #e = :exp ADD #t :one";
         let condition = "attribute_exists(#id) AND (attribute_not_exists(#o) OR #e <= :now)";
-        match self.conditional_update(id, update, condition, values, None).await? {
+        match self.conditional_update(StoreOp::Acquire, id, update, condition, values, None).await? {
             Ok(new) => match lease_of(&new, id)?.fencing_token {
                 0 => {
                     Err(LeaseError::Store(format!("DynamoDB UpdateItem {id}: the new fencing_token was not returned")))
@@ -439,9 +460,21 @@ impl LeaseStore for DynamoLeaseStore {
             (":now".to_owned(), n(now_ms)),
             (":exp".to_owned(), n(now_ms.saturating_add(lease_ms))),
         ]);
-        let condition = "attribute_exists(#id) AND #o = :owner AND #t = :token AND #e > :now";
-        self.conditional_update(id, "SET #e = :exp", condition, values, last_seq).await?.map_err(Refused::lost)?;
+        self.conditional_update(StoreOp::Renew, id, "SET #e = :exp", RENEW_CONDITION, values, last_seq)
+            .await?
+            .map_err(Refused::lost)?;
         Ok(())
+    }
+
+    async fn renew_many(
+        &self,
+        owner: &str,
+        now_ms: u64,
+        lease_ms: u64,
+        leases: &[Renewal<'_>],
+    ) -> Result<Vec<Result<(), LeaseError>>, LeaseError> {
+        check_renewals(owner, lease_ms, leases)?;
+        self.transact_renew(owner, now_ms, lease_ms, leases).await
     }
 
     async fn release(&self, id: &str, owner: &str, token: u64, last_seq: Option<&str>) -> Result<(), LeaseError> {
@@ -452,7 +485,9 @@ impl LeaseStore for DynamoLeaseStore {
             (":zero".to_owned(), n(0)),
         ]);
         let condition = "attribute_exists(#id) AND #o = :owner AND #t = :token";
-        self.conditional_update(id, "SET #e = :zero", condition, values, last_seq).await?.map_err(Refused::lost)?;
+        self.conditional_update(StoreOp::Release, id, "SET #e = :zero", condition, values, last_seq)
+            .await?
+            .map_err(Refused::lost)?;
         self.notify_released(id);
         Ok(())
     }
@@ -478,7 +513,7 @@ impl LeaseStore for DynamoLeaseStore {
         let mut feeds = Vec::new();
         let mut start: Option<Item> = None;
         loop {
-            self.count(Op::Scan);
+            self.sent(Op::Scan, StoreOp::List);
             let out = self
                 .client
                 .scan()
@@ -503,8 +538,13 @@ impl LeaseStore for DynamoLeaseStore {
     }
 
     async fn released(&self) -> Result<UnboundedReceiver<String>, LeaseError> {
+        self.requests.add(StoreOp::Released, 1);
         let (tx, rx) = unbounded_channel();
         self.released.lock().unwrap_or_else(|p| p.into_inner()).push(tx);
         Ok(rx)
+    }
+
+    fn requests(&self) -> &Arc<StoreRequests> {
+        &self.requests
     }
 }
