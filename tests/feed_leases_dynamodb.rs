@@ -10,7 +10,10 @@
 //!   taken-over lease costs one more;
 //! - `list` follows `Scan` pages past DynamoDB's 1 MB page;
 //! - failures are short `Store` errors within the call bound: a dead endpoint, an endpoint
-//!   that never answers, a missing table.
+//!   that never answers, a missing table;
+//! - with the Redis broker (`with_redis_releases`), a release is announced on the Redis store's
+//!   topic and reaches every node's `released()` (without it, only this process's), and a
+//!   release is still written when that Redis is down.
 
 mod common;
 #[macro_use]
@@ -23,10 +26,16 @@ use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
 };
 use common::moto::MotoProc;
-use lease_contract::{def, RACERS, T0};
+use common::redis::RedisProc;
+use lease_contract::{def, RACERS, T0, WAIT};
+use tether::config::{Broker, BrokerKind};
 use tether::feeds::dynamodb::DynamoCalls;
 use tether::feeds::metrics::StoreOp;
-use tether::feeds::{DynamoConfig, DynamoCredentials, DynamoLeaseStore, LeaseError, LeaseStore, Renewal};
+use tether::feeds::releases::RedisReleases;
+use tether::feeds::{
+    DynamoConfig, DynamoCredentials, DynamoLeaseStore, LeaseError, LeaseStore, RedisLeaseStore, Renewal,
+};
+use tokio::sync::mpsc::UnboundedReceiver;
 
 const TABLE: &str = "tether_feeds";
 
@@ -248,4 +257,75 @@ async fn failures_are_short_store_errors_within_the_bound() {
         Err(e) => panic!("{e}"),
         Ok(_) => panic!("a 1-byte table name must be refused"),
     }
+}
+
+/// The next release announced to `rx`, waited for at most [`WAIT`].
+async fn next_release(rx: &mut UnboundedReceiver<String>, who: &str) -> String {
+    let got = tokio::time::timeout(WAIT, rx.recv()).await;
+    got.unwrap_or_else(|_| panic!("{who}: no release notification within {WAIT:?}")).expect("subscription ended")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_reach_every_node_through_redis() {
+    let (m, _) = dynamo_start().await;
+    let redis = RedisProc::start();
+    let broker = Broker { kind: BrokerKind::Redis, url: redis.url(), key_prefix: "rel:".into(), ..Broker::default() };
+    // The Redis store's topic: both stores may share one broker.
+    let redis_store = RedisLeaseStore::connect(&broker).await.expect("connect the Redis store");
+    assert_eq!(RedisReleases::new(&broker).topic(), redis_store.released_topic());
+    assert_eq!(redis_store.released_topic(), "rel:feeds:released");
+
+    // Two nodes on the Redis broker, one without (the memory broker: one node).
+    let a = connect(&m).await.with_redis_releases(RedisReleases::new(&broker));
+    let b = connect(&m).await.with_redis_releases(RedisReleases::new(&broker));
+    let alone = connect(&m).await;
+    let (mut on_a, mut on_b) = (a.released().await.unwrap(), b.released().await.unwrap());
+    let mut on_redis_store = redis_store.released().await.unwrap();
+    let mut on_alone = alone.released().await.unwrap();
+    for id in ["x", "y", "z"] {
+        a.put(&def(id)).await.unwrap();
+    }
+
+    let t = a.acquire("x", "node-a", T0, 20_000).await.unwrap();
+    a.release("x", "node-a", t, Some("7")).await.unwrap();
+    assert_eq!(next_release(&mut on_b, "the other node").await, "x");
+    assert_eq!(next_release(&mut on_a, "the releasing node").await, "x");
+    assert_eq!(next_release(&mut on_redis_store, "a Redis store subscriber").await, "x");
+
+    // Without Redis the release stays in the process: `alone` hears its own, nobody else does.
+    let t = alone.acquire("z", "node-c", T0, 20_000).await.unwrap();
+    alone.release("z", "node-c", t, None).await.unwrap();
+    assert_eq!(next_release(&mut on_alone, "the node without Redis").await, "z");
+    // A refused release announces nothing either.
+    let t = b.acquire("y", "node-b", T0, 20_000).await.unwrap();
+    assert!(matches!(b.release("y", "node-z", t, None).await, Err(LeaseError::Lost { .. })));
+    b.release("y", "node-b", t, None).await.unwrap();
+    assert_eq!(next_release(&mut on_a, "the other node").await, "y", "z stayed local, the refused y went nowhere");
+    assert_eq!(next_release(&mut on_b, "the releasing node").await, "y");
+    assert!(on_alone.try_recv().is_err(), "the node without Redis heard another node's release");
+    let f = b.get("y").await.unwrap().unwrap();
+    assert_eq!(f.lease.lease_expires_at_ms, 0, "released in the table");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_is_written_when_redis_is_down() {
+    let (m, _) = dynamo_start().await;
+    let dead = Broker {
+        kind: BrokerKind::Redis,
+        url: "unix:///nonexistent/tether-feeds-test.sock".into(),
+        request_timeout_ms: 500,
+        ..Broker::default()
+    };
+    let err = RedisReleases::new(&dead).publish("x").await.expect_err("no Redis there");
+    assert!(matches!(err, LeaseError::Store(_)), "{err:?}");
+
+    let s = connect(&m).await.with_redis_releases(RedisReleases::new(&dead));
+    s.put(&def("x")).await.unwrap();
+    let t = s.acquire("x", "n1", T0, 20_000).await.unwrap();
+    let start = Instant::now();
+    s.release("x", "n1", t, Some("5")).await.expect("the release itself does not need Redis");
+    assert!(start.elapsed() < Duration::from_secs(3), "release took {:?}", start.elapsed());
+    let f = s.get("x").await.unwrap().unwrap();
+    assert_eq!((f.lease.lease_expires_at_ms, f.lease.last_seq.as_deref()), (0, Some("5")));
+    assert!(s.released().await.is_err(), "no subscription without Redis");
 }

@@ -27,6 +27,8 @@
 //! - `dynamodb` (cargo feature `dynamodb`): `DynamoLeaseStore`, a DynamoDB table, one
 //!   conditional `UpdateItem` per compare-and-set (one `TransactWriteItems` per 100 leases for
 //!   the batched renew);
+//! - [`releases`]: release notifications on the broker's Redis pub/sub, shared by the Redis
+//!   store and (with the Redis broker) the DynamoDB store;
 //! - [`stores`]: [`stores::AnyStore`], the backend `[feeds] store` names;
 //! - [`runtime`]: the feeds thread: reconcile, renew, give up in time, release on drain;
 //! - [`owner`]: one owned feed's upstream connection and its fenced publishes;
@@ -44,6 +46,7 @@ pub mod metrics;
 pub mod owner;
 pub mod record;
 pub mod redis;
+pub mod releases;
 pub mod runtime;
 pub mod store;
 pub mod stores;

@@ -57,8 +57,9 @@ pub(super) struct Owner {
     pub(super) token: u64,
     pub(super) progress: Arc<FeedProgress>,
     pub(super) shared: Arc<Shared>,
-    /// Becomes `true` when the runtime wants a graceful stop (STOPPED, deleted, SIGTERM): the
-    /// publish in flight is finished, the upstream is closed with 1000.
+    /// Becomes `true` when the runtime wants a graceful stop (STOPPED, deleted, SIGTERM): a
+    /// publish waiting for the broker's answer is abandoned (its message is published again
+    /// by the next owner, deduplicated), the upstream is closed with 1000.
     pub(super) stop: watch::Receiver<bool>,
     pub(super) events: mpsc::UnboundedSender<OwnerEvent>,
 }
@@ -312,7 +313,14 @@ impl Owner {
             };
             let wait = match self.shared.feed_ports.try_publish(p) {
                 Err(_) => Some(Duration::from_millis(5)),
-                Ok(()) => match tokio::time::timeout(PUBLISH_TIMEOUT, answer).await {
+                Ok(()) => match tokio::select! {
+                    r = tokio::time::timeout(PUBLISH_TIMEOUT, answer) => r,
+                    // Not waited for once stopping: a draining node's cores stop as soon as
+                    // their connections are closed, and the answer would never come. last_seq
+                    // stays before this message, so the next owner publishes it again under
+                    // the same id and the broker answers that as a duplicate.
+                    _ = self.stop.changed() => return Some(Outcome::Stop),
+                } {
                     Ok(Ok(PublishResult::Stored { .. })) => {
                         self.progress.set_last_seq(Some(seq));
                         self.progress.last_message_ms.store(now_ms(), Relaxed);

@@ -19,10 +19,11 @@
 use std::sync::Arc;
 
 use redis::Script;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::metrics::{StoreOp, StoreRequests};
 use super::record::{validate_id, DesiredState, Feed, FeedDef, FeedError, Lease};
+use super::releases::{pubsub_url, released_topic, subscribe};
 use super::store::{check_lease_args, check_renewals, merge_chunks, LeaseError, LeaseStore, Renewal};
 use crate::config::Broker as BrokerConfig;
 use crate::server::broker::redis::link::Link;
@@ -214,10 +215,9 @@ impl RedisLeaseStore {
     pub async fn connect(cfg: &BrokerConfig) -> Result<RedisLeaseStore, LeaseError> {
         let timeout = std::time::Duration::from_millis(cfg.request_timeout_ms);
         let link = Link::open(cfg, None, timeout).await.map_err(store_err)?;
-        let pubsub_url = cfg.cluster_urls().and_then(|u| u.into_iter().next()).unwrap_or_else(|| cfg.url.clone());
         Ok(RedisLeaseStore {
             link,
-            pubsub_url,
+            pubsub_url: pubsub_url(cfg),
             prefix: cfg.key_prefix.clone(),
             put: Script::new(PUT_LUA),
             delete: Script::new(DELETE_LUA),
@@ -282,7 +282,7 @@ impl RedisLeaseStore {
 
     /// The release notification topic: `PREFIXfeeds:released` (`tether:feeds:released`).
     pub fn released_topic(&self) -> String {
-        format!("{}feeds:released", self.prefix)
+        released_topic(&self.prefix)
     }
 }
 
@@ -396,21 +396,7 @@ impl LeaseStore for RedisLeaseStore {
 
     async fn released(&self) -> Result<UnboundedReceiver<String>, LeaseError> {
         self.requests.add(StoreOp::Released, 1);
-        let client = redis::Client::open(self.pubsub_url.as_str()).map_err(store_err)?;
-        let mut pubsub = client.get_async_pubsub().await.map_err(store_err)?;
-        pubsub.subscribe(self.released_topic()).await.map_err(store_err)?;
-        let (tx, rx) = unbounded_channel();
-        tokio::spawn(async move {
-            use futures::StreamExt;
-            let mut messages = pubsub.into_on_message();
-            while let Some(msg) = messages.next().await {
-                let Ok(id) = msg.get_payload::<String>() else { continue };
-                if tx.send(id).is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(rx)
+        subscribe(&self.pubsub_url, &self.released_topic()).await
     }
 
     fn requests(&self) -> &Arc<StoreRequests> {

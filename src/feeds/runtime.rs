@@ -38,8 +38,7 @@ use crate::server::Shared;
 
 pub use super::admin::{AdminReply, AdminRequest};
 
-/// How long a graceful stop (finish the publish in flight, close the upstream) may take before
-/// the owner task is aborted.
+/// How long a graceful stop (close the upstream) may take before the owner task is aborted.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 /// Wait between attempts to open the lease store at start.
 const OPEN_RETRY: Duration = Duration::from_secs(1);

@@ -11,6 +11,8 @@ use super::metrics::StoreRequests;
 use super::record::{Feed, FeedDef};
 use super::store::{LeaseError, LeaseStore, Renewal};
 use super::{MemoryLeaseStore, RedisLeaseStore};
+#[cfg(feature = "dynamodb")]
+use crate::config::BrokerKind;
 use crate::config::{Config, FeedStoreKind};
 
 /// One of the lease store backends. Each method forwards to the backend's [`LeaseStore`]
@@ -42,7 +44,9 @@ macro_rules! each {
 impl AnyStore {
     /// Opens the store `config.feeds.store` names (Redis: connects with `[broker]`'s URL and
     /// prefix; DynamoDB: the table `dynamodb_table` at `dynamodb_endpoint` or AWS, credentials
-    /// and region from the AWS SDK's chain, the table must exist). Errors: the store cannot be reached ([`LeaseError::Store`]), or the binary
+    /// and region from the AWS SDK's chain, the table must exist; with `[broker] kind =
+    /// "redis"` its releases are announced on the broker's Redis, see
+    /// [`super::releases::RedisReleases`], connected at the first release). Errors: the store cannot be reached ([`LeaseError::Store`]), or the binary
     /// lacks the backend (`dynamodb` without the cargo feature; config validation refuses it
     /// first).
     pub async fn open(config: &Config) -> Result<AnyStore, LeaseError> {
@@ -54,7 +58,12 @@ impl AnyStore {
                 let f = &config.feeds;
                 let endpoint = Some(f.dynamodb_endpoint.clone()).filter(|e| !e.is_empty());
                 let cfg = super::DynamoConfig { endpoint, ..super::DynamoConfig::new(f.dynamodb_table.clone()) };
-                Ok(AnyStore::Dynamodb(Box::new(super::DynamoLeaseStore::connect(&cfg).await?)))
+                let mut store = super::DynamoLeaseStore::connect(&cfg).await?;
+                // Several nodes always share a Redis broker: releases reach them on its pub/sub.
+                if config.broker.kind == BrokerKind::Redis {
+                    store = store.with_redis_releases(super::releases::RedisReleases::new(&config.broker));
+                }
+                Ok(AnyStore::Dynamodb(Box::new(store)))
             }
             #[cfg(not(feature = "dynamodb"))]
             FeedStoreKind::Dynamodb => Err(LeaseError::Store(

@@ -21,8 +21,11 @@
 //! `ExpressionAttributeNames`, so no DynamoDB reserved word can break an expression.
 //!
 //! Time is the caller's `now_ms`, as for the other stores (the clock assumption of
-//! [`crate::feeds`]). Releases: DynamoDB has no pub/sub, so [`LeaseStore::released`] delivers
-//! this process's own releases only; other nodes see a released lease on their next reconcile.
+//! [`crate::feeds`]). Releases: DynamoDB has no pub/sub. With the Redis broker
+//! ([`DynamoLeaseStore::with_redis_releases`], what `[broker] kind = "redis"` gives), each
+//! release is published on the broker's Redis topic `PREFIXfeeds:released`, as the Redis store
+//! does, and [`LeaseStore::released`] subscribes to it: every node's releases. Without it
+//! (the memory broker: one node), [`LeaseStore::released`] delivers this process's releases.
 //!
 //! # Layout
 //! - [`config`]: [`DynamoConfig`], [`DynamoCredentials`] and the SDK client they build;
@@ -54,6 +57,7 @@ use item::{
 
 use super::metrics::{StoreOp, StoreRequests};
 use super::record::{validate_id, Feed, FeedDef, Lease};
+use super::releases::RedisReleases;
 use super::store::{check_lease_args, check_renewals, LeaseError, LeaseStore, Renewal};
 
 /// Most keys in one `BatchGetItem` (DynamoDB's limit).
@@ -112,8 +116,11 @@ pub struct DynamoLeaseStore {
     calls: [AtomicU64; 8],
     /// Requests per lease store method (`tether_feed_store_requests_total`).
     requests: Arc<StoreRequests>,
-    /// Subscribers of [`LeaseStore::released`]; closed ones are dropped on the next release.
+    /// Subscribers of [`LeaseStore::released`] without `redis_releases`; closed ones are
+    /// dropped on the next release.
     released: Mutex<Vec<UnboundedSender<String>>>,
+    /// Where releases are announced to every node, when the broker is Redis.
+    redis_releases: Option<RedisReleases>,
 }
 
 /// `ExpressionAttributeNames` for the lease attributes, as `(placeholder, name)`.
@@ -148,7 +155,16 @@ impl DynamoLeaseStore {
             calls: Default::default(),
             requests: Arc::default(),
             released: Mutex::new(Vec::new()),
+            redis_releases: None,
         })
+    }
+
+    /// Announces releases to every node through `releases` (the broker's Redis): `release`
+    /// publishes the feed id there once its write succeeded, and [`LeaseStore::released`]
+    /// subscribes there, instead of the in-process list.
+    pub fn with_redis_releases(mut self, releases: RedisReleases) -> DynamoLeaseStore {
+        self.redis_releases = Some(releases);
+        self
     }
 
     /// The table's name.
@@ -363,7 +379,16 @@ impl DynamoLeaseStore {
         )))
     }
 
-    fn notify_released(&self, id: &str) {
+    /// Announces the release of `id`: on Redis when configured (a failure is logged: the
+    /// release is written, other nodes take the feed at their next reconcile), else to this
+    /// process's subscribers.
+    async fn notify_released(&self, id: &str) {
+        if let Some(r) = &self.redis_releases {
+            if let Err(e) = r.publish(id).await {
+                tracing::warn!(feed = %id, error = %e, "feeds: release written but not announced; other nodes take it at their next reconcile");
+            }
+            return;
+        }
         // Each section only pushes or filters the list, so a poisoned lock is still consistent.
         let mut subs = self.released.lock().unwrap_or_else(|p| p.into_inner());
         subs.retain(|tx| tx.send(id.to_owned()).is_ok());
@@ -488,7 +513,7 @@ impl LeaseStore for DynamoLeaseStore {
         self.conditional_update(StoreOp::Release, id, "SET #e = :zero", condition, values, last_seq)
             .await?
             .map_err(Refused::lost)?;
-        self.notify_released(id);
+        self.notify_released(id).await;
         Ok(())
     }
 
@@ -539,6 +564,9 @@ impl LeaseStore for DynamoLeaseStore {
 
     async fn released(&self) -> Result<UnboundedReceiver<String>, LeaseError> {
         self.requests.add(StoreOp::Released, 1);
+        if let Some(r) = &self.redis_releases {
+            return r.subscribe().await;
+        }
         let (tx, rx) = unbounded_channel();
         self.released.lock().unwrap_or_else(|p| p.into_inner()).push(tx);
         Ok(rx)
