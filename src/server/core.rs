@@ -488,8 +488,6 @@ impl CoreState {
             return;
         }
         let s = self.conns.slab.remove(id.key as usize);
-        self.reactor.deregister(s.fd);
-        sock::close(s.fd);
         let metrics = &self.shared.metrics[self.me];
         let why = s.reap_reason().unwrap_or(ReapReason::Eof);
         if s.flags.has(Flags::UPGRADED) {
@@ -512,6 +510,9 @@ impl CoreState {
         for e in s.subs {
             self.drop_sub(e);
         }
+        // Last: the log lines above name the peer, asked of the socket.
+        self.reactor.deregister(s.fd);
+        sock::close(s.fd);
     }
 
     /// Closes the socket of every connection left when the core stops (the drain's deadline
