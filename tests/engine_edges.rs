@@ -299,3 +299,66 @@ async fn readiness_after_partial_frame_on(driver: Driver) {
     assert_eq!(until_op(&mut slow, "ack", STEP).await["id"], "b");
     assert_eq!(until_op(&mut slow, "ack", STEP).await["id"], "c");
 }
+
+/// A burst far larger than what the server reads from one connection per readiness (its read
+/// budget: 4 × 64 KiB) is read to the end although readiness is reported once per arrival
+/// (edge-triggered): 4,000 `pub` frames (about 1.8 MB) written in one go, while the client
+/// reads the acks meanwhile, are all acked, in order, and the connection stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn burst_beyond_the_read_budget() {
+    for driver in DRIVERS {
+        burst_beyond_the_read_budget_on(driver).await;
+    }
+}
+
+async fn burst_beyond_the_read_budget_on(driver: Driver) {
+    use tokio::io::AsyncReadExt;
+    const N: usize = 4000;
+    let srv = start(driver, "", "1");
+    let mut ws = RawWs::connect(srv.addr, "/ws").await;
+    let filler = "y".repeat(400);
+    let mut burst = Vec::new();
+    for i in 0..N {
+        let op = json!({"op": "pub", "ch": "burst", "id": i.to_string(), "data": filler}).to_string();
+        burst.extend_from_slice(&encode_client_frame(OP_TEXT, true, op.as_bytes(), MASK));
+    }
+    assert!(burst.len() > 6 * 4 * 64 * 1024, "the burst ({} bytes) is six read budgets at least", burst.len());
+    let (mut rd, mut wr) = ws.s.split();
+    let write = async {
+        wr.write_all(&burst).await.expect("write the burst");
+        wr.flush().await.expect("flush the burst");
+    };
+    let read = async {
+        let end = Instant::now() + Duration::from_secs(30);
+        let mut buf = std::mem::take(&mut ws.buf);
+        let mut chunk = vec![0u8; 64 * 1024];
+        let mut next = 0usize;
+        while next < N {
+            while let Some((used, _, opcode, payload)) =
+                tether::ws::codec::decode_server_frame(&buf).expect("server sent an invalid frame")
+            {
+                buf.drain(..used);
+                assert_ne!(opcode, OP_CLOSE, "closed after {next} acks");
+                if opcode != OP_TEXT {
+                    continue;
+                }
+                let v: Value = serde_json::from_slice(&payload).expect("JSON");
+                assert_eq!(v["op"], "ack", "{v}");
+                assert_eq!(v["id"], next.to_string(), "acks in order");
+                next += 1;
+            }
+            if next == N {
+                break;
+            }
+            let left = end.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, rd.read(&mut chunk)).await {
+                Err(_) => panic!("{next} of {N} acks in 30 s"),
+                Ok(Ok(0)) => panic!("stream ended after {next} acks"),
+                Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+                Ok(Err(e)) => panic!("read after {next} acks: {e}"),
+            }
+        }
+    };
+    tokio::join!(write, read);
+    assert_eq!(srv.gauge().await, 1.0, "the connection is still open");
+}

@@ -6,9 +6,12 @@
 //! through [`CoreState::with_session`] (which files each session's next deadline in the timer
 //! wheel and notes who has bytes to send), acts on what they hand up (pub/sub requests, HTTP
 //! requests), and writes what they queued with [`CoreState::flush`] through `server::io`.
+//! Readiness comes from the core's [`Reactor`] (one epoll set, one task for every connection);
+//! the core owns each connection's socket and closes it at [`CoreState::teardown`].
 
 use std::cell::RefCell;
 use std::io::{self, IoSlice};
+use std::os::fd::RawFd;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::task::Waker;
@@ -22,6 +25,7 @@ use super::broker::{memory::MemoryBroker, Broker, Request};
 use super::bus::{ConnRef, ConnRow, CoreLoad, CoreMsg, Endpoint, PublishResult, Router};
 use super::local::LocalChannels;
 use super::metrics::{CoreMetrics, HandshakeFailure};
+use super::reactor::Reactor;
 use super::session::queue::MAX_IOV;
 use super::session::replay::Fetch;
 use super::session::{ConnId, Ctx, Flags, ReapReason, Session, SessionConfig, State, Tick};
@@ -68,6 +72,15 @@ fn arm(wheel: &mut TimerWheel, id: ConnId, s: &mut Session) {
     if due != s.armed {
         s.armed = due;
         super::tick::due_at(wheel.schedule(id, due));
+    }
+}
+
+/// Hands the session's wish to be looked at by its I/O owner ([`Flags::WAKE`]: it closed, or a
+/// hold on its reads cleared) to the reactor.
+fn notice(reactor: &mut Reactor, id: ConnId, s: &mut Session) {
+    if s.flags.has(Flags::WAKE) {
+        s.flags.clear(Flags::WAKE);
+        reactor.schedule(id, s);
     }
 }
 
@@ -158,6 +171,8 @@ pub struct CoreState {
     pub router: Router,
     /// The clock and the timer wheel.
     pub clock: Clock,
+    /// The readiness source of every connection of this core (one epoll set).
+    pub reactor: Reactor,
     /// The drain.
     pub drain: Drain,
     /// The local channel a delivery is walking right now (no compaction there meanwhile).
@@ -175,14 +190,15 @@ pub struct CoreState {
 }
 
 impl CoreState {
-    /// Fresh state for core `me` with `broker` (`None`: the memory broker); `start` is the
-    /// process's clock origin.
+    /// Fresh state for core `me` with `broker` (`None`: the memory broker) and its readiness
+    /// source `reactor`; `start` is the process's clock origin.
     pub fn new(
         me: usize,
         shared: Arc<Shared>,
         ep: Endpoint,
         start: Instant,
         broker: Option<Box<dyn Broker>>,
+        reactor: Reactor,
     ) -> CoreState {
         let cfg = &shared.config;
         CoreState {
@@ -198,6 +214,7 @@ impl CoreState {
                 last_sweep: 0,
                 cfg: SessionConfig::new(cfg),
             },
+            reactor,
             drain: Drain::default(),
             active_chan: None,
             inspects: Vec::new(),
@@ -234,6 +251,7 @@ impl CoreState {
         let s = session(&mut self.conns.slab, id)?;
         let r = f(s, &ctx);
         arm(&mut self.clock.wheel, id, s);
+        notice(&mut self.reactor, id, s);
         if !s.queue.is_empty() && !s.flags.has(Flags::DIRTY) {
             s.flags.set(Flags::DIRTY);
             self.conns.dirty.push(id);
@@ -241,20 +259,30 @@ impl CoreState {
         Some(r)
     }
 
-    /// Registers a freshly accepted socket; returns its id.
-    pub fn insert_conn(&mut self, fd: std::os::fd::RawFd) -> ConnId {
+    /// Takes a freshly accepted socket `fd` (owned from now on: closed at
+    /// [`CoreState::teardown`]) and registers it with the reactor; returns its id. Errors: the
+    /// registration failed (`ENOSPC` at `fs.epoll.max_user_watches`, `ENOMEM`); the socket is
+    /// closed then.
+    pub fn insert_conn(&mut self, fd: RawFd) -> io::Result<ConnId> {
         self.conns.next_gen = self.conns.next_gen.wrapping_add(1);
         let gen = self.conns.next_gen;
         let s = Session::new(gen, fd, self.clock.now(), &self.clock.cfg);
         let due = s.poll_timeout();
         let id = ConnId { key: self.conns.slab.insert(s) as u32, gen };
+        if let Err(e) = self.reactor.register(fd, id) {
+            self.conns.slab.remove(id.key as usize);
+            sock::close(fd);
+            return Err(e);
+        }
         super::tick::due_at(self.clock.wheel.schedule(id, due));
-        id
+        Ok(id)
     }
 
     /// The socket of `id` is readable: reads what it has into the core's scratch buffer and
-    /// feeds it to the session.
-    pub fn on_readable(&mut self, id: ConnId, fd: std::os::fd::RawFd) {
+    /// feeds it to the session, at most [`READS_PER_WAKE`] full buffers (the rest is marked
+    /// [`Flags::READ_PENDING`] and read on the reactor's next pass).
+    pub fn on_readable(&mut self, id: ConnId) {
+        let Some(fd) = self.conn(id).map(|s| s.fd) else { return };
         SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
             for _ in 0..READS_PER_WAKE {
@@ -265,17 +293,23 @@ impl CoreState {
                     Err(_) => return self.end(id, ReapReason::Reset),
                 };
                 self.on_bytes(id, &scratch[..n]);
+                // A short read took everything: a later arrival is a new edge.
                 if self.conn(id).is_none_or(|s| s.is_closed()) || n < scratch.len() {
                     return;
                 }
             }
+            if let Some(s) = session(&mut self.conns.slab, id) {
+                s.flags.set(Flags::READ_PENDING);
+                self.reactor.schedule(id, s);
+            }
         })
     }
 
-    /// Ends `id` at once (EOF, socket error).
+    /// Ends `id` at once (EOF, socket error); the reactor tears it down.
     pub fn end(&mut self, id: ConnId, why: ReapReason) {
-        if let Some(s) = self.conn(id) {
+        if let Some(s) = session(&mut self.conns.slab, id) {
             s.kill(why);
+            notice(&mut self.reactor, id, s);
         }
     }
 
@@ -340,8 +374,9 @@ impl CoreState {
     }
 
     /// Writes what `id` has queued, refilling from a resume replay as the socket takes it;
-    /// half-closes TCP when the session is finishing. On a full socket the connection's task
-    /// is asked to wait for writability; on an error the connection is reaped.
+    /// half-closes TCP when the session is finishing. On a full socket the connection waits for
+    /// writability ([`Flags::WANT_WRITE`], flushed again on the reactor's output edge); on an
+    /// error the connection is reaped.
     pub fn flush(&mut self, id: ConnId) {
         let now = self.clock.now();
         self.flush_at(id, now);
@@ -374,8 +409,8 @@ impl CoreState {
             match written {
                 Ok(n) => s.transmitted(n, now),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // The send that failed armed the socket's next output edge.
                     s.flags.set(Flags::WANT_WRITE);
-                    s.wake();
                     break;
                 }
                 Err(_) => {
@@ -388,6 +423,7 @@ impl CoreState {
             sock::shutdown_write(s.fd);
         }
         arm(&mut self.clock.wheel, id, s);
+        notice(&mut self.reactor, id, s);
         if let Some(f) = fetch {
             self.fetch(id, f);
         }
@@ -445,7 +481,8 @@ impl CoreState {
         queued
     }
 
-    /// Removes connection `id` and every trace of it: subscriptions, queue, gauge.
+    /// Removes connection `id` and every trace of it: subscriptions, queue, gauge, its
+    /// registration with the reactor and its socket (closed).
     pub fn teardown(&mut self, id: ConnId) {
         if self.conn(id).is_none() {
             return;
@@ -472,6 +509,18 @@ impl CoreState {
         }
         for e in s.subs {
             self.drop_sub(e);
+        }
+        // Last: the log lines above name the peer, asked of the socket.
+        self.reactor.deregister(s.fd);
+        sock::close(s.fd);
+    }
+
+    /// Closes the socket of every connection left when the core stops (the drain's deadline
+    /// passed with peers that never answered), without counting them as reaped.
+    pub fn close_all(&mut self) {
+        for s in self.conns.slab.drain() {
+            self.reactor.deregister(s.fd);
+            sock::close(s.fd);
         }
     }
 

@@ -1,5 +1,5 @@
 //! Every socket call of a connection, in one place: non-blocking `recv`, vectored `sendmsg`,
-//! the half-close (`shutdown(SHUT_WR)`) and the peer's address. The sessions decide; this
+//! the half-close (`shutdown(SHUT_WR)`), the close and the peer's address. The sessions decide; this
 //! module only does what they decided.
 
 use std::io::{self, IoSlice};
@@ -10,8 +10,8 @@ use std::os::fd::{BorrowedFd, RawFd};
 /// `EINTR`.
 pub fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     loop {
-        // SAFETY: buf is a valid writable slice; fd is open while its session exists (the
-        // connection's task closes it only after removing the session).
+        // SAFETY: buf is a valid writable slice; fd is open while its session exists (the core
+        // closes it only after removing the session, `CoreState::teardown`).
         let r = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
         if r >= 0 {
             return Ok(r as usize);
@@ -51,6 +51,15 @@ pub fn shutdown_write(fd: RawFd) {
     // SAFETY: fd as in `recv`.
     if unsafe { libc::shutdown(fd, libc::SHUT_WR) } != 0 {
         tracing::trace!(fd, error = %io::Error::last_os_error(), "shutdown(SHUT_WR) failed");
+    }
+}
+
+/// Closes the socket `fd` (owned by its session until the core tore the session down). An
+/// error (`EINTR`, `EIO`) leaves nothing to retry on Linux: the descriptor is released anyway.
+pub fn close(fd: RawFd) {
+    // SAFETY: the caller owns fd and never uses it again.
+    if unsafe { libc::close(fd) } != 0 {
+        tracing::trace!(fd, error = %io::Error::last_os_error(), "close failed");
     }
 }
 

@@ -10,8 +10,9 @@
 //! # Layout
 //! - [`session`]: one connection's decisions, sans-IO: frames, the close handshake,
 //!   heartbeats, the outbound queue and its overflow policies, resume replay pacing.
-//! - [`io`]: every socket call (`recv`, `sendmsg`, `shutdown`).
-//! - [`conn`]: the I/O task of one connection (readiness in, session out).
+//! - [`io`]: every socket call (`recv`, `sendmsg`, `shutdown`, `close`).
+//! - [`reactor`]: the core's readiness source (one epoll set for every connection, slab key +
+//!   generation as user data) and the one task that turns readiness into work.
 //! - [`core`]: one core's state: sessions, clock, drain; feeds the sessions and writes what
 //!   they queue.
 //! - [`http_api`]: the upgrade and the HTTP endpoints.
@@ -37,7 +38,7 @@
 //! - [`timer`]: the timer wheel and its next due tick.
 //! - [`metrics`]: per-core counters and the Prometheus rendering.
 //!
-//! The path of one publish: `conn` (readable) → [`core::CoreState::on_bytes`] →
+//! The path of one publish: `reactor` (readable) → [`core::CoreState::on_bytes`] →
 //! `session` (decode, request) → `core` (publish) → `broker` (home: seq, history, fan-out to
 //! cores) → `processor` (deliver in chunks) → `session` (enqueue under the overflow policy) →
 //! [`core::CoreState::flush`] → `io` (`sendmsg`).
@@ -45,7 +46,6 @@
 pub mod authorize;
 pub mod broker;
 pub mod bus;
-pub mod conn;
 pub mod core;
 pub mod events;
 pub mod feed_port;
@@ -57,6 +57,7 @@ pub mod io;
 pub mod local;
 pub mod metrics;
 pub mod processor;
+pub mod reactor;
 pub mod session;
 pub mod status;
 pub mod subscribe;
@@ -66,7 +67,7 @@ pub mod timer;
 use std::cell::RefCell;
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
+use std::os::fd::IntoRawFd;
 use std::pin::pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering::Relaxed};
@@ -414,16 +415,27 @@ fn core_thread(
                 return;
             }
         };
+        let reactor = match reactor::Reactor::new() {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
         let broker = broker.map(|b| b as Box<dyn broker::Broker>);
-        let core = Rc::new(RefCell::new(CoreState::new(i, shared, ep, start, broker)));
+        let core = Rc::new(RefCell::new(CoreState::new(i, shared, ep, start, broker, reactor)));
         monoio::spawn(processor::run(core.clone()));
+        monoio::spawn(reactor::run(core.clone()));
         monoio::spawn(accept_loop(core.clone(), listener));
         let _ = ready.send(Ok(()));
-        tick::run(core).await;
+        tick::run(core.clone()).await;
+        core.borrow_mut().close_all();
     });
 }
 
-/// Accepts until the drain starts, then drops the listener (closing it).
+/// Accepts until the drain starts, then drops the listener (closing it). Each accepted socket
+/// leaves monoio (`into_raw_fd` drops the driver's state of it) for the core's slab and
+/// reactor: no task per connection.
 async fn accept_loop(core: Rc<RefCell<CoreState>>, listener: TcpListener) {
     let mut acc = pin!(listener.accept().fuse());
     loop {
@@ -441,14 +453,11 @@ async fn accept_loop(core: Rc<RefCell<CoreState>>, listener: TcpListener) {
         match r {
             Ok((stream, _peer)) => {
                 let _ = stream.set_nodelay(true);
-                let id = {
-                    let mut st = core.borrow_mut();
-                    st.metrics().accepted.fetch_add(1, Relaxed);
-                    st.insert_conn(stream.as_raw_fd())
-                };
-                let task = conn::run(core.clone(), stream, id);
-                tracing::trace!(bytes = std::mem::size_of_val(&task), "connection task size");
-                monoio::spawn(task);
+                let mut st = core.borrow_mut();
+                st.metrics().accepted.fetch_add(1, Relaxed);
+                if let Err(e) = st.insert_conn(stream.into_raw_fd()) {
+                    events::accept_failed(st.me, &e);
+                }
             }
             Err(e) => {
                 // EMFILE/ENFILE: back off briefly instead of spinning on a full fd table.

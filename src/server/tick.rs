@@ -7,8 +7,8 @@
 //! the timer wheel's next due tick ([`TimerWheel::next_due`](super::timer::TimerWheel::next_due)),
 //! the next idle-channel sweep (only while the broker has something to sweep), the next
 //! suppressed-log summary, and the next tick while a drain runs or publishers are held. A
-//! deadline filed earlier than the sleep while the clock sleeps (by the processor or a
-//! connection task, on this thread) shortens it through the core's [`Alarm`]; the drain's
+//! deadline filed earlier than the sleep while the clock sleeps (by the processor or the
+//! reactor, on this thread) shortens it through the core's [`Alarm`]; the drain's
 //! start reaches every core through its doorbell (the processor starts the drain and nudges
 //! the clock).
 
@@ -205,9 +205,10 @@ pub fn catch_up(st: &mut CoreState) {
 pub fn release_held(st: &mut CoreState) {
     if !st.conns.held.is_empty() && !st.router.overloaded() {
         for id in std::mem::take(&mut st.conns.held) {
-            if let Some(s) = st.conn(id) {
+            if let Some(s) = st.conns.get(id) {
                 s.flags.clear(Flags::HELD);
-                s.wake();
+                // Input may have come while held: the reactor reads it now.
+                st.reactor.schedule(id, s);
             }
         }
     }

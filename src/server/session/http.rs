@@ -17,12 +17,9 @@ impl Session {
     pub fn next_request(&mut self, cfg: &SessionConfig) -> Option<Result<(Request, Vec<u8>), HttpError>> {
         let State::Http(phase) = self.state else { return None };
         if phase.awaiting || self.flags.has(Flags::WANT_WRITE) || self.pending_in.is_empty() {
-            if self.pending_in.is_empty() && self.pending_in.capacity() > 0 {
-                self.pending_in = Vec::new();
-            }
             return None;
         }
-        let req = match handshake::parse_request(&self.pending_in, cfg.max_header_bytes) {
+        let req = match handshake::parse_request(self.pending_in.as_slice(), cfg.max_header_bytes) {
             Ok(None) => return None,
             Ok(Some(r)) => r,
             Err(e) => return Some(Err(e)),
@@ -31,7 +28,7 @@ impl Session {
         if let crate::http::Expectation::Failed(e) = expect {
             return Some(Err(e));
         }
-        let body_area = &self.pending_in[req.head_len..];
+        let body_area = &self.pending_in.as_slice()[req.head_len..];
         let (body, consumed) = if req.chunked {
             match crate::http::decode_chunked(body_area, cfg.max_publish_bytes) {
                 Ok(None) => return self.send_continue(expect),
@@ -48,7 +45,7 @@ impl Session {
             }
             (body_area[..len].to_vec(), req.head_len + len)
         };
-        self.pending_in.drain(..consumed);
+        self.pending_in.consume(consumed);
         if let State::Http(p) = &mut self.state {
             p.continued = false;
             p.head = req.method == handshake::Method::Head;
@@ -99,7 +96,7 @@ impl Session {
         if keep_alive {
             self.deadline = ctx.now.wrapping_add(ctx.cfg.handshake_timeout);
         } else {
-            self.pending_in = Vec::new();
+            self.pending_in.clear();
             self.finish(ctx);
         }
     }

@@ -17,6 +17,7 @@
 //! - this file: the record, its lifecycle ([`State`], [`Flags`]), WebSocket input, output,
 //!   closes;
 //! - `http.rs`: plain HTTP requests in, answers and the upgrade out;
+//! - `input.rs`: the unconsumed input (a partial frame or request head), boxed;
 //! - `deadlines.rs`: the one deadline (handshake, heartbeat, token expiry, close, drain);
 //! - `token.rs`: the connection's grant (JWT auth) and its expiry, refresh and grace;
 //! - [`queue`]: the outbound queue of shared frames and the overflow policies;
@@ -26,6 +27,7 @@
 
 mod deadlines;
 mod http;
+mod input;
 pub mod limits;
 pub mod queue;
 pub mod reap;
@@ -36,7 +38,6 @@ mod token;
 
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::task::Waker;
 
 use bytes::Bytes;
 use smallvec::SmallVec;
@@ -169,6 +170,15 @@ impl Flags {
     /// The token reached its `exp`: `token_expired` was sent and the refresh grace runs
     /// (docs/security.md).
     pub const TOKEN_EXPIRED: Flags = Flags(512);
+    /// The socket reported input that was not read yet (its reads were held, or its read
+    /// budget ran out): read when the core's reactor revisits it unheld. Readiness is
+    /// edge-triggered, so this bit is what remembers it.
+    pub const READ_PENDING: Flags = Flags(1024);
+    /// The session asks its I/O owner to look at it (it closed, or a hold on its reads
+    /// cleared); the core hands this to its reactor after each session call.
+    pub const WAKE: Flags = Flags(2048);
+    /// Listed in the core reactor's ready list (listed once).
+    pub const READY: Flags = Flags(4096);
 
     /// Whether every bit of `f` is set.
     pub fn has(self, f: Flags) -> bool {
@@ -277,7 +287,8 @@ impl SubEntry {
 pub struct Session {
     /// Generation (see [`ConnId`]).
     pub gen: u32,
-    /// The socket, for the I/O layer; the session itself never uses it.
+    /// The socket, for the I/O layer (owned: the core closes it when it tears the session
+    /// down); the session itself never uses it.
     pub fd: RawFd,
     state: State,
     /// Orthogonal conditions.
@@ -287,11 +298,9 @@ pub struct Session {
     pub queue: OutQueue,
     /// Channels this connection is subscribed to (usually one or two), kept by the core.
     pub subs: SmallVec<[SubEntry; 2]>,
-    /// The waker of the task that does this connection's I/O.
-    pub waker: Option<Waker>,
     decoder: Decoder,
     /// Unconsumed input: a partial frame or request head. Empty (unallocated) when idle.
-    pending_in: Vec<u8>,
+    pending_in: input::Input,
     /// The one deadline of this connection ([`Session::poll_timeout`]).
     deadline: Tick,
     /// The deadline the core's timer wheel holds an entry for.
@@ -328,9 +337,8 @@ impl Session {
             reap: None,
             queue: OutQueue::default(),
             subs: SmallVec::new(),
-            waker: None,
             decoder: Decoder::new(),
-            pending_in: Vec::new(),
+            pending_in: input::Input::default(),
             deadline: now.wrapping_add(cfg.handshake_timeout),
             // The core files this first deadline when it inserts the session.
             armed: now.wrapping_add(cfg.handshake_timeout),
@@ -364,11 +372,9 @@ impl Session {
         super::io::peer_addr(self.fd)
     }
 
-    /// Wakes the task that does this connection's I/O.
-    pub fn wake(&self) {
-        if let Some(w) = &self.waker {
-            w.wake_by_ref();
-        }
+    /// Asks the connection's I/O owner to look at it ([`Flags::WAKE`]).
+    pub fn wake(&mut self) {
+        self.flags.set(Flags::WAKE);
     }
 
     /// Ends the connection now, without waiting on the peer (its TCP connection is closed by
@@ -395,13 +401,13 @@ impl Session {
             return;
         }
         match self.state {
-            State::Http(_) => self.pending_in.extend_from_slice(data),
+            State::Http(_) => self.pending_in.extend(data),
             _ => self.decode(ctx, data, requests),
         }
     }
 
     fn decode(&mut self, ctx: &Ctx, data: &[u8], requests: &mut Vec<ClientOp>) {
-        let mut pending = std::mem::take(&mut self.pending_in);
+        let mut pending = self.pending_in.take();
         let buf: &[u8] = if pending.is_empty() {
             data
         } else {
@@ -428,12 +434,12 @@ impl Session {
             }
         }
         if pos < buf.len() {
-            self.pending_in = if pending.is_empty() {
+            self.pending_in.put(if pending.is_empty() {
                 buf[pos..].to_vec()
             } else {
                 pending.drain(..pos);
                 pending
-            };
+            });
         }
     }
 
@@ -545,11 +551,14 @@ impl Session {
         self.queue.fill(iov)
     }
 
-    /// `n` bytes of what [`Session::poll_transmit`] offered were written at `now`.
+    /// `n` bytes of what [`Session::poll_transmit`] offered were written at `now`. A drained
+    /// queue gives its memory back at once, so an idle connection owns no queue buffer (a
+    /// busy subscriber pays one small allocation per burst instead, next to its `sendmsg`).
     pub fn transmitted(&mut self, n: usize, now: Tick) {
         self.queue.advance(n);
         if self.queue.is_empty() {
             self.last_drained = now;
+            self.queue.shrink_idle();
         }
     }
 

@@ -132,7 +132,7 @@ impl OutQueue {
         }
     }
 
-    /// Gives an empty queue's memory back (between bursts of an idle connection).
+    /// Gives an empty queue's memory back (when it drains, and at each heartbeat).
     pub fn shrink_idle(&mut self) {
         if self.frames.is_empty() && self.frames.capacity() > 0 {
             self.frames = VecDeque::new();

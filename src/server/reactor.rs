@@ -1,0 +1,273 @@
+//! The readiness source of one core and the one task that turns readiness into work.
+//!
+//! Every socket of a core is registered in one epoll set the core owns ([`Reactor`]), with the
+//! connection's slab key + generation ([`ConnId`]) as the registration's user data, for input
+//! and output, edge-triggered. The reactor task ([`run`]) awaits that set's descriptor on the
+//! core's monoio runtime (a one-shot `IORING_OP_POLL_ADD` on the io_uring driver, the driver's
+//! own epoll on the legacy one), takes what is ready with `epoll_wait` and hands it to the
+//! sessions through the core ([`CoreState::on_readable`], [`CoreState::flush`]). So an idle
+//! connection costs its slab slot, its subscription entries, its timer-wheel entry and one
+//! kernel registration: no task, no future, no waker and no heap allocation.
+//!
+//! Edge-triggered readiness is reported once per change, so the core remembers what it did not
+//! consume: an input edge on a connection whose reads are held (answers owed, a request awaiting
+//! another core, a publisher held by an overload), or one whose read budget ran out, sets
+//! [`Flags::READ_PENDING`], and the connection is revisited through the core's ready list
+//! ([`Reactor::schedule`]) when the hold clears or on the next pass. A held connection is never
+//! revisited while it stays held, so it cannot spin. An output edge flushes a connection that
+//! waits for the socket ([`Flags::WANT_WRITE`]) and is ignored otherwise.
+
+use std::cell::RefCell;
+use std::future::{poll_fn, Future};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::pin::pin;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+
+use super::core::CoreState;
+use super::processor::yield_now;
+use super::session::{ConnId, Flags, Session, State};
+
+/// Events taken from the epoll set per `epoll_wait` (12 bytes each).
+pub const EVENTS_PER_WAIT: usize = 1024;
+
+/// Interest of every connection: input, output and the peer's half-close, edge-triggered.
+const INTEREST: u32 = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
+
+/// The user data of a registration: generation in the high half, slab key in the low half.
+fn token(id: ConnId) -> u64 {
+    (u64::from(id.gen) << 32) | u64::from(id.key)
+}
+
+fn conn_of(token: u64) -> ConnId {
+    ConnId { key: token as u32, gen: (token >> 32) as u32 }
+}
+
+/// One core's epoll set and the connections its reactor task must look at again.
+pub struct Reactor {
+    epoll: OwnedFd,
+    /// Connections to revisit on the reactor's next pass (each listed once, [`Flags::READY`]):
+    /// closed ones to tear down, ones whose read hold cleared, ones with input left after their
+    /// read budget.
+    ready: Vec<ConnId>,
+    /// The reactor task's waker, woken when the ready list stops being empty.
+    waker: Option<Waker>,
+}
+
+impl Reactor {
+    /// A fresh epoll set. Errors: `epoll_create1` failed (`EMFILE`, `ENOMEM`).
+    pub fn new() -> io::Result<Reactor> {
+        // SAFETY: plain system call; the descriptor it returns is owned below.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+        let epoll = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
+        Ok(Reactor { epoll, ready: Vec::new(), waker: None })
+    }
+
+    /// Registers the socket `fd` of connection `id` (input, output, half-close; edge-triggered).
+    /// Errors: `epoll_ctl` failed (`ENOSPC`: `fs.epoll.max_user_watches` reached, `ENOMEM`).
+    pub fn register(&self, fd: RawFd, id: ConnId) -> io::Result<()> {
+        let mut ev = libc::epoll_event { events: INTEREST, u64: token(id) };
+        // SAFETY: both descriptors are open; `ev` is valid for the call.
+        if unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Removes the socket `fd` from the set (before it is closed, so no event can name a
+    /// descriptor number that a later accept reuses). An error means it was not registered.
+    pub fn deregister(&self, fd: RawFd) {
+        // SAFETY: both descriptors are open; a null event is allowed for EPOLL_CTL_DEL.
+        if unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) } != 0 {
+            tracing::trace!(fd, error = %io::Error::last_os_error(), "epoll_ctl(EPOLL_CTL_DEL) failed");
+        }
+    }
+
+    /// Lists `id` (session `s`) for the reactor's next pass, once, and wakes the reactor.
+    pub fn schedule(&mut self, id: ConnId, s: &mut Session) {
+        if s.flags.has(Flags::READY) {
+            return;
+        }
+        s.flags.set(Flags::READY);
+        self.ready.push(id);
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+
+    /// Takes what is ready without blocking into `events`; returns how many. An error other
+    /// than `EINTR` (which cannot happen with a valid set) counts as nothing ready.
+    fn wait(&self, events: &mut [libc::epoll_event]) -> usize {
+        loop {
+            // SAFETY: `events` is valid for `len` entries; a zero timeout never blocks.
+            let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), events.as_mut_ptr(), events.len() as i32, 0) };
+            if n >= 0 {
+                return n as usize;
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                tracing::warn!(error = %e, "epoll_wait failed");
+                return 0;
+            }
+        }
+    }
+
+    /// A handle the core's monoio runtime can await readability on (readable: an event is
+    /// ready in the set). monoio awaits readiness only on its own socket types, so a duplicate
+    /// of the epoll descriptor is wrapped as one; no socket call is ever made on it (an epoll
+    /// descriptor is pollable like a socket: `POLLIN` while an event is ready). Errors: the
+    /// descriptor cannot be duplicated or registered with the driver.
+    fn handle(&self) -> io::Result<monoio::net::UnixStream> {
+        let dup = self.epoll.try_clone()?;
+        monoio::net::UnixStream::from_std(std::os::unix::net::UnixStream::from(dup))
+    }
+}
+
+/// Whether the reads of `id` are held now: answers owed on `/echo` or HTTP (not bounded by
+/// the queue limits, so a peer that never reads them must not make us read more), a request
+/// awaiting another core, or a publisher while the server is overloaded (listed in the core's
+/// held list, which the clock releases when the overload clears).
+fn read_held(st: &mut CoreState, id: ConnId) -> bool {
+    let Some(s) = st.conns.get(id) else { return true };
+    let http = matches!(s.state(), State::Http(_));
+    let owed = s.flags.has(Flags::WANT_WRITE) && (s.flags.has(Flags::ECHO) || http);
+    if owed || s.awaiting().is_some() {
+        return true;
+    }
+    if s.flags.has(Flags::PUBLISHER) && st.router.overloaded() {
+        if !s.flags.has(Flags::HELD) {
+            s.flags.set(Flags::HELD);
+            st.conns.held.push(id);
+            // The clock checks every tick whether the overload cleared.
+            super::tick::nudge();
+        }
+        return true;
+    }
+    false
+}
+
+/// Readiness `bits` (`EPOLL*`) reported for connection `id`. A stale event (the connection is
+/// gone, or its slab key was reused: another generation) is ignored.
+fn on_event(st: &mut CoreState, id: ConnId, bits: u32) {
+    let Some(s) = st.conns.get(id) else { return };
+    let broken = bits & (libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0;
+    if broken || bits & (libc::EPOLLIN | libc::EPOLLRDHUP) as u32 != 0 {
+        s.flags.set(Flags::READ_PENDING);
+    }
+    if (broken || bits & libc::EPOLLOUT as u32 != 0) && s.flags.has(Flags::WANT_WRITE) {
+        s.flags.clear(Flags::WANT_WRITE);
+        // A broken socket fails the write, which reaps the connection.
+        st.flush(id);
+        // Pipelined requests wait while their answers do not drain.
+        st.resume_http(id);
+    }
+    service(st, id);
+}
+
+/// Does what connection `id` is waiting for: reads pending input unless its reads are held,
+/// and tears it down once its session is over.
+fn service(st: &mut CoreState, id: ConnId) {
+    let Some(s) = st.conns.get(id) else { return };
+    s.flags.clear(Flags::READY);
+    if !s.is_closed() && s.flags.has(Flags::READ_PENDING) && !read_held(st, id) {
+        if let Some(s) = st.conns.get(id) {
+            s.flags.clear(Flags::READ_PENDING);
+        }
+        st.on_readable(id);
+    }
+    if st.conns.get(id).is_some_and(|s| s.is_closed()) {
+        st.teardown(id);
+    }
+}
+
+/// Serves the readiness of one core's connections until the runtime stops: one task for all
+/// of them. Between passes with work left (a full batch of events, connections to revisit) it
+/// yields, so the processor and the clock run.
+pub async fn run(core: Rc<RefCell<CoreState>>) {
+    let handle = match core.borrow().reactor.handle() {
+        Ok(h) => h,
+        Err(e) => {
+            // Without it no connection of this core is served; accepting goes on, and the
+            // handshake deadlines reap them.
+            tracing::error!(core = core.borrow().me, error = %e, "cannot await the core's epoll set");
+            return;
+        }
+    };
+    let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS_PER_WAIT];
+    let mut readable = pin!(handle.readable(false));
+    // A full batch was taken: more may be ready without a new edge of the set.
+    let mut more = false;
+    loop {
+        // Whether the set's readiness fired (then its wait is armed again), and whether to take
+        // events from it on this pass.
+        let (fired, take) = if more {
+            (false, true)
+        } else {
+            let fired = poll_fn(|cx| {
+                if let Poll::Ready(r) = readable.as_mut().poll(cx) {
+                    if let Err(e) = r {
+                        tracing::warn!(error = %e, "waiting on the core's epoll set failed");
+                    }
+                    return Poll::Ready(true);
+                }
+                let mut st = core.borrow_mut();
+                if !st.reactor.ready.is_empty() {
+                    return Poll::Ready(false);
+                }
+                if !st.reactor.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    st.reactor.waker = Some(cx.waker().clone());
+                }
+                Poll::Pending
+            })
+            .await;
+            (fired, fired)
+        };
+        if fired {
+            readable.set(handle.readable(false));
+        }
+        let busy = {
+            let mut guard = core.borrow_mut();
+            let st = &mut *guard;
+            more = false;
+            if take {
+                let n = st.reactor.wait(&mut events);
+                more = n == events.len();
+                for ev in &events[..n] {
+                    // Copied out: the kernel's struct is packed.
+                    let (bits, data) = (ev.events, ev.u64);
+                    on_event(st, conn_of(data), bits);
+                }
+            }
+            let mut ready = std::mem::take(&mut st.reactor.ready);
+            for &id in &ready {
+                service(st, id);
+            }
+            if st.reactor.ready.is_empty() {
+                // Given back to keep its capacity.
+                ready.clear();
+                st.reactor.ready = ready;
+            }
+            more || !st.reactor.ready.is_empty()
+        };
+        if busy {
+            yield_now().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_carries_slab_key_and_generation() {
+        for id in [ConnId { key: 0, gen: 0 }, ConnId { key: 7, gen: u32::MAX }, ConnId { key: u32::MAX, gen: 1 }] {
+            assert_eq!(conn_of(token(id)), id);
+        }
+    }
+}
