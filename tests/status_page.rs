@@ -73,7 +73,9 @@ fn page_and_assets_are_served_with_their_types_head_and_405() {
     for path in ["/status", "/status.json", "/status/status.js"] {
         let r = ask(srv.addr, &format!("POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\n\r\n", srv.addr));
         assert_eq!((r.status, r.header("allow")), (405, "GET, HEAD"), "POST {path}");
-        assert_eq!(ask(srv.addr, &request(srv.addr, "DELETE", path, None)).status, 501, "DELETE {path}");
+        let r = ask(srv.addr, &request(srv.addr, "DELETE", path, None));
+        assert_eq!((r.status, r.header("allow")), (405, "GET, HEAD"), "DELETE {path}");
+        assert_eq!(ask(srv.addr, &request(srv.addr, "BREW", path, None)).status, 501, "BREW {path}");
     }
     assert_eq!(ask(srv.addr, &request(srv.addr, "GET", "/status/other.js", None)).status, 404);
 }
