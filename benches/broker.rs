@@ -30,7 +30,10 @@
 //! BROKER_GRACE (10 s for late deliveries), BROKER_MEMORY_CORES (2), BROKER_NODE_CORES (as
 //! BROKER_MEMORY_CORES: each Redis node is configured like the memory node, as each would be
 //! on a box of its own; 1 gives both brokers the same number of core threads in total, and
-//! then each Redis node sweeps its 5,000 subscribers on one thread), BROKER_PUBLISHERS (64),
+//! then each Redis node sweeps its 5,000 subscribers on one thread), BROKER_REDIS_NODES (2; 1
+//! puts every subscriber and the publisher on one Redis node, the memory baseline's shape, so
+//! the two differ only by the broker path and not by a second node's CPU on a small box),
+//! BROKER_PUBLISHERS (64),
 //! BROKER_WINDOWS ("1,16"), BROKER_PUB_DURATION (5 s), BROKER_PUB_CHANNELS (64: publisher j on
 //! channel j % 64), REDIS_SERVER (/usr/bin/redis-server). Prints tables; writes every run to
 //! `target/bench/broker.json`.
@@ -123,6 +126,7 @@ fn main() {
     let rounds: usize = env_or("BROKER_ROUNDS", 3);
     let memory_cores: usize = env_or("BROKER_MEMORY_CORES", 2);
     let node_cores: usize = env_or("BROKER_NODE_CORES", memory_cores);
+    let redis_nodes: usize = env_or("BROKER_REDIS_NODES", 2usize).clamp(1, 2);
     let redis = RedisServer::start();
     let memory = Serve::start("broker-memory", memory_cores, 0, "");
     let config = redis_config(&redis);
@@ -132,12 +136,12 @@ fn main() {
     wait_broker_up(&b, Duration::from_secs(15));
     let setup = json!({
         "allocator": allocator(), "rounds": rounds, "memory_node_cores": memory_cores,
-        "redis_node_cores": node_cores, "redis_version": redis.call(&["INFO", "server"]).unwrap_or_default()
+        "redis_node_cores": node_cores, "redis_nodes": redis_nodes, "redis_version": redis.call(&["INFO", "server"]).unwrap_or_default()
             .lines().find_map(|l| l.strip_prefix("redis_version:").map(str::to_string)),
     });
     let mut out = json!({"setup": setup});
     if phases.contains("fanout") {
-        out["fanout"] = fanout_phase(rounds, &redis, &memory, [&a, &b], (memory_cores, node_cores));
+        out["fanout"] = fanout_phase(rounds, &redis, &memory, &[&a, &b][..redis_nodes], (memory_cores, node_cores));
     }
     if phases.contains("publish") {
         out["publish"] = publish_phase(rounds, &redis, &memory, &a, [&memory, &a, &b]);
@@ -151,13 +155,7 @@ fn main() {
 const FANOUT_TARGETS: [&str; 4] = ["nodes_cpu", "nodes_wait", "redis_cpu", "load_cpu"];
 
 /// Phase 1; returns its JSON.
-fn fanout_phase(
-    rounds: usize,
-    redis: &RedisServer,
-    memory: &Serve,
-    nodes: [&Serve; 2],
-    cores: (usize, usize),
-) -> Value {
+fn fanout_phase(rounds: usize, redis: &RedisServer, memory: &Serve, nodes: &[&Serve], cores: (usize, usize)) -> Value {
     let subs: usize = env_or("BROKER_SUBS", 10_000);
     let rates = env_list("BROKER_RATES", "100,1");
     let duration: f64 = env_or("BROKER_DURATION", 10.0);
@@ -229,10 +227,10 @@ fn fanout_phase(
                     "loadavg_before": load_before, "loadavg_after": loadavg(), "wall_s": wall_s,
                     "report": r, "cpu": cpu,
                 }));
-                settle(&[memory, nodes[0], nodes[1]]);
+                settle(&[&[memory], nodes].concat());
             }
         }
-        by_rate.push(fanout_tables(subs, rate, duration, size, cores, runs));
+        by_rate.push(fanout_tables(subs, rate, duration, size, cores, nodes.len(), runs));
     }
     json!({
         "subs": subs, "duration_s": duration, "size": size,
@@ -248,6 +246,7 @@ fn fanout_tables(
     duration: f64,
     size: usize,
     cores: (usize, usize),
+    redis_nodes: usize,
     runs: Vec<Value>,
 ) -> Value {
     let mut rows = Vec::new();
@@ -259,7 +258,9 @@ fn fanout_tables(
         rows.push(vec![
             match kind {
                 Kind::Memory => format!("memory: 1 node × {} core(s), {subs} subs", cores.0),
-                Kind::Redis => format!("redis: 2 nodes × {} core(s), {} subs each", cores.1, subs / 2),
+                Kind::Redis => {
+                    format!("redis: {redis_nodes} node(s) × {} core(s), {} subs each", cores.1, subs / redis_nodes)
+                }
             },
             f("deliveries_per_s").len().to_string(),
             spread(&f("deliveries_per_s"), 0),

@@ -175,7 +175,7 @@ fn low_limits_fail_and_print_exact_lines() {
         "net.ipv4.ip_local_port_range = 1024 65535\n",
         "net.core.somaxconn = 65535\n",
         "net.ipv4.tcp_max_syn_backlog = 65535\n",
-        "memory: 1000000 connections x (1024 user + 5120 kernel) B = 5.7 GiB needed, 1.0 GiB available",
+        "memory: 1000000 connections x (512 user + 5120 kernel) B = 5.2 GiB needed, 1.0 GiB available",
     ] {
         assert!(out.contains(line), "missing {line:?} in\n{out}");
     }
@@ -198,8 +198,8 @@ fn memory_can_be_the_bound() {
     let b = Box_ { mem_available_kb: 2 << 20, ..tuned() };
     let (ok, out) = run(&b, |_| {});
     assert!(!ok, "{out}");
-    // 2 GiB / 6144 B per connection.
-    assert!(out.contains("capacity: 349525 connections per process (bound by memory available/total)"), "{out}");
+    // 2 GiB / 5632 B per connection.
+    assert!(out.contains("capacity: 381300 connections per process (bound by memory available/total)"), "{out}");
     // With the measured figures overridden to 1 KiB total, it fits.
     let (ok, out) = run(&b, |o| {
         o.per_conn_user_bytes = 512;
