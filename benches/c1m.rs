@@ -8,7 +8,10 @@
 //! connections per node and per load process, below the open-file limit), C1M_STEPS (percent
 //! of the target, "10,25,50,100"), C1M_BROADCASTS (10), C1M_SPACING_MS (3000, between
 //! broadcasts), C1M_STALL_S (30: a step that gains no connection for this long ends the
-//! climb), C1M_SOURCES ("127.0.0.2-127.0.0.254"), REDIS_SERVER.
+//! climb), C1M_SOURCES ("127.0.0.2-127.0.0.254"), C1M_RATE (new connections per second of each
+//! step's load process, 0 = as fast as the handshakes in flight allow), C1M_PING_MS (the
+//! nodes' `heartbeat.ping_interval_ms`, 25,000 by default; the pong timeout stays 10 s),
+//! REDIS_SERVER.
 //!
 //! Before starting anything it checks the box (`tether check-limits` per node, ephemeral ports
 //! × sources, fs.file-max, the open-file limit of the load processes) and, after the first
@@ -53,6 +56,10 @@ struct Plan {
     spacing: Duration,
     stall: Duration,
     sources: String,
+    /// New connections per second per step (`--rate`; 0 = unpaced).
+    rate: u64,
+    /// The nodes' heartbeat interval, milliseconds.
+    ping_ms: u64,
 }
 
 /// One measurement after a step.
@@ -143,10 +150,19 @@ fn run() -> i32 {
         spacing: Duration::from_millis(env_or("C1M_SPACING_MS", 3000u64)),
         stall: Duration::from_secs(env_or("C1M_STALL_S", 30u64)),
         sources: env_or("C1M_SOURCES", "127.0.0.2-127.0.0.254".to_string()),
+        rate: env_or("C1M_RATE", 0u64),
+        ping_ms: env_or("C1M_PING_MS", 25_000u64),
     };
     println!(
-        "c1m: target {} connections on {} nodes × 1 core ({} per node), steps {:?}, {} broadcasts",
-        plan.target, plan.nodes, plan.per_node, plan.steps, plan.broadcasts
+        "c1m: target {} connections on {} nodes × 1 core ({} per node), steps {:?}, {} broadcasts, \
+         ping every {} ms, connect rate {}",
+        plan.target,
+        plan.nodes,
+        plan.per_node,
+        plan.steps,
+        plan.broadcasts,
+        plan.ping_ms,
+        if plan.rate == 0 { "unpaced".to_string() } else { format!("{}/s", plan.rate) }
     );
 
     let short = preflight(&plan);
@@ -160,13 +176,18 @@ fn run() -> i32 {
     }
 
     let redis = RedisServer::start();
-    let config = format!("[broker]\nkind = \"redis\"\nurl = \"unix://{}\"\n", redis.sock.display());
+    let config = format!(
+        "[broker]\nkind = \"redis\"\nurl = \"unix://{}\"\n[heartbeat]\nping_interval_ms = {}\n",
+        redis.sock.display(),
+        plan.ping_ms
+    );
     let nodes: Vec<Serve> = (0..plan.nodes).map(|i| Serve::start(&format!("c1m-{i}"), 1, 0, &config)).collect();
     let urls: Vec<String> = nodes.iter().map(Serve::url).collect();
     std::thread::sleep(Duration::from_secs(1));
     let base = sample(&nodes, &[], 0, 0.0);
     let mut loads: Vec<LoadProc> = Vec::new();
     let mut samples: Vec<Sample> = Vec::new();
+    let mut reaped_by_step: Vec<Value> = Vec::new();
     let mut stopped: Option<String> = None;
     let mut held = 0u64;
     for (i, &step) in plan.steps.iter().enumerate() {
@@ -181,6 +202,7 @@ fn run() -> i32 {
             ("--channels", "1".into()),
             ("--hold", "24h".into()),
             ("--sources", plan.sources.clone()),
+            ("--rate", plan.rate.to_string()),
         ] {
             args.push(k.into());
             args.push(v);
@@ -202,6 +224,11 @@ fn run() -> i32 {
             s.client_rss >> 20,
             s.kernel.saturating_sub(base.kernel) >> 20
         );
+        let reaps = reaped(&nodes);
+        if !reaps.is_empty() {
+            eprintln!("c1m: connections reaped so far, by reason: {reaps:?}");
+        }
+        reaped_by_step.push(json!(reaps));
         samples.push(s);
         held = got;
         if got < step {
@@ -229,7 +256,28 @@ fn run() -> i32 {
     reports.extend(loads.iter_mut().filter(|l| l.0.is_some()).map(LoadProc::finish));
     drop(nodes);
     drop(redis);
-    report(&plan, &base, &samples, held, stopped, broadcast_rows, broadcast_json, &reports)
+    let reaped_json = json!(reaped_by_step);
+    report(&plan, &base, &samples, held, stopped, broadcast_rows, broadcast_json, &reports, reaped_json)
+}
+
+/// Connections the nodes reaped since they started, by reason (`tether_reaped_total{reason}`
+/// summed over nodes; reasons with none left out): why connections held at one step are gone
+/// at the next (a pong timeout on a starved box, a slow subscriber).
+fn reaped(nodes: &[Serve]) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for n in nodes {
+        let Some(body) = n.metrics_text() else { continue };
+        for line in body.lines().filter(|l| l.starts_with("tether_reaped_total{")) {
+            let reason = line.split("reason=\"").nth(1).and_then(|r| r.split('"').next());
+            let count = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+            if let (Some(reason), Some(count)) = (reason, count) {
+                if count > 0.0 {
+                    *out.entry(reason.to_string()).or_insert(0) += count as u64;
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Static checks before anything starts; each entry says what is short and how to raise it.
@@ -491,6 +539,7 @@ fn report(
     broadcast_rows: Vec<Vec<String>>,
     broadcasts: Value,
     reports: &[Value],
+    reaped: Value,
 ) -> i32 {
     let rows: Vec<Vec<String>> = samples
         .iter()
@@ -565,6 +614,7 @@ fn report(
             "baseline": sample_json(base, base),
             "steps": samples.iter().map(|s| sample_json(s, base)).collect::<Vec<_>>(),
             "broadcasts": broadcasts, "load_errors": errors, "load_reports": reports,
+            "ping_interval_ms": plan.ping_ms, "connect_rate": plan.rate, "reaped_by_step": reaped,
         }),
     );
     i32::from(!(held >= plan.target && stopped.is_none() && complete && errors == 0.0))
