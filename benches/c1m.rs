@@ -10,8 +10,8 @@
 //! broadcasts), C1M_STALL_S (30: a step that gains no connection for this long ends the
 //! climb), C1M_SOURCES ("127.0.0.2-127.0.0.254"), C1M_RATE (new connections per second of each
 //! step's load process, 0 = as fast as the handshakes in flight allow), C1M_PING_MS (the
-//! nodes' `heartbeat.ping_interval_ms`, 25,000 by default; the pong timeout stays 10 s),
-//! REDIS_SERVER.
+//! nodes' `heartbeat.ping_interval_ms`, 25,000 by default), C1M_PONG_MS (their
+//! `heartbeat.pong_timeout_ms`, 10,000 by default), REDIS_SERVER.
 //!
 //! Before starting anything it checks the box (`tether check-limits` per node, ephemeral ports
 //! × sources, fs.file-max, the open-file limit of the load processes) and, after the first
@@ -60,6 +60,8 @@ struct Plan {
     rate: u64,
     /// The nodes' heartbeat interval, milliseconds.
     ping_ms: u64,
+    /// The nodes' pong timeout, milliseconds.
+    pong_ms: u64,
 }
 
 /// One measurement after a step.
@@ -152,16 +154,18 @@ fn run() -> i32 {
         sources: env_or("C1M_SOURCES", "127.0.0.2-127.0.0.254".to_string()),
         rate: env_or("C1M_RATE", 0u64),
         ping_ms: env_or("C1M_PING_MS", 25_000u64),
+        pong_ms: env_or("C1M_PONG_MS", 10_000u64),
     };
     println!(
         "c1m: target {} connections on {} nodes × 1 core ({} per node), steps {:?}, {} broadcasts, \
-         ping every {} ms, connect rate {}",
+         ping every {} ms, pong timeout {} ms, connect rate {}",
         plan.target,
         plan.nodes,
         plan.per_node,
         plan.steps,
         plan.broadcasts,
         plan.ping_ms,
+        plan.pong_ms,
         if plan.rate == 0 { "unpaced".to_string() } else { format!("{}/s", plan.rate) }
     );
 
@@ -177,9 +181,10 @@ fn run() -> i32 {
 
     let redis = RedisServer::start();
     let config = format!(
-        "[broker]\nkind = \"redis\"\nurl = \"unix://{}\"\n[heartbeat]\nping_interval_ms = {}\n",
+        "[broker]\nkind = \"redis\"\nurl = \"unix://{}\"\n[heartbeat]\nping_interval_ms = {}\npong_timeout_ms = {}\n",
         redis.sock.display(),
-        plan.ping_ms
+        plan.ping_ms,
+        plan.pong_ms
     );
     let nodes: Vec<Serve> = (0..plan.nodes).map(|i| Serve::start(&format!("c1m-{i}"), 1, 0, &config)).collect();
     let urls: Vec<String> = nodes.iter().map(Serve::url).collect();
@@ -496,17 +501,32 @@ fn broadcast(plan: &Plan, nodes: &[Serve], held: u64, loads: &mut [LoadProc]) ->
 
 /// `POST /publish/load.idle.0` on the node at `port`; the seq from `{"seq":N}`.
 fn publish(port: u16, body: &str) -> Option<u64> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    match try_publish(port, body) {
+        Ok(seq) => Some(seq),
+        Err(e) => {
+            eprintln!("c1m: publish on 127.0.0.1:{port} failed: {e}");
+            None
+        }
+    }
+}
+
+/// [`publish`], saying why it failed: connect, a 30 s read timeout on a busy box, or the
+/// node's answer when it is not `{"seq":N}`.
+fn try_publish(port: u16, body: &str) -> Result<u64, String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
     let req = format!(
         "POST /publish/load.idle.0 HTTP/1.1\r\nHost: bench\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    s.write_all(req.as_bytes()).ok()?;
+    s.write_all(req.as_bytes()).map_err(|e| format!("write: {e}"))?;
     let mut answer = String::new();
-    s.read_to_string(&mut answer).ok()?;
-    let json = &answer[answer.find("\r\n\r\n")? + 4..];
-    serde_json::from_str::<Value>(json).ok()?.get("seq")?.as_u64()
+    s.read_to_string(&mut answer).map_err(|e| format!("read: {e}"))?;
+    let json = answer.find("\r\n\r\n").map(|i| &answer[i + 4..]).unwrap_or_default();
+    serde_json::from_str::<Value>(json)
+        .ok()
+        .and_then(|v| v.get("seq")?.as_u64())
+        .ok_or_else(|| format!("answer: {}", answer.lines().next().unwrap_or("(empty)")))
 }
 
 /// `MemAvailable` of /proc/meminfo in bytes (0 when unreadable).
@@ -614,7 +634,7 @@ fn report(
             "baseline": sample_json(base, base),
             "steps": samples.iter().map(|s| sample_json(s, base)).collect::<Vec<_>>(),
             "broadcasts": broadcasts, "load_errors": errors, "load_reports": reports,
-            "ping_interval_ms": plan.ping_ms, "connect_rate": plan.rate, "reaped_by_step": reaped,
+            "ping_interval_ms": plan.ping_ms, "pong_timeout_ms": plan.pong_ms, "connect_rate": plan.rate, "reaped_by_step": reaped,
         }),
     );
     i32::from(!(held >= plan.target && stopped.is_none() && complete && errors == 0.0))
