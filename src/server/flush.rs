@@ -139,7 +139,9 @@ impl CoreState {
             let Some(s) = session(&mut self.conns.slab, id) else { continue };
             // An id listed twice (flushed in between, then queued to again) is staged once:
             // its second listing finds DIRTY clear and is flushed after the first.
-            if !s.flags.has(Flags::DIRTY) || s.flags.has(Flags::WANT_WRITE) {
+            // A ring that broke in an earlier chunk of this pass is not used again: the
+            // connections of this one are flushed with `sendmsg` below.
+            if !s.flags.has(Flags::DIRTY) || s.flags.has(Flags::WANT_WRITE) || batch.is_broken() {
                 continue;
             }
             s.flags.clear(Flags::DIRTY);

@@ -101,14 +101,15 @@ impl SendBatch {
 
     /// Stages one `sendmsg` of `iov` (at most [`MAX_IOV`] slices) on `fd` and returns its
     /// slot, the index of its result in [`SendBatch::submit`]'s answer. Panics when the batch
-    /// is full ([`SendBatch::is_full`]).
+    /// is full ([`SendBatch::is_full`]) or broken ([`SendBatch::is_broken`]: sends it did not
+    /// take may still sit in its submission queue).
     ///
     /// # Safety
     /// The memory `iov` points at must stay alive and unchanged, and `fd` open, until the next
     /// [`SendBatch::submit`] returns: the kernel reads them while it processes the submission.
     pub unsafe fn stage(&mut self, fd: RawFd, iov: &[IoSlice<'_>]) -> usize {
         let i = self.fds.len();
-        assert!(i < BATCH && iov.len() <= MAX_IOV, "send batch overfilled");
+        assert!(i < BATCH && iov.len() <= MAX_IOV && !self.broken, "send batch overfilled or broken");
         let slot = &mut self.slots[i];
         for (dst, src) in slot.iov.iter_mut().zip(iov) {
             *dst = libc::iovec { iov_base: src.as_ptr() as *mut _, iov_len: src.len() };
