@@ -578,6 +578,7 @@ impl Config {
             f.skew_margin_ms,
             f.static_feeds.len()
         ));
+        out.push_str(&format!(" io.send_batch={}", self.io.send_batch.as_str()));
         out
     }
 
