@@ -7,8 +7,9 @@
 //! submitting the first send of up to [`BATCH`] connections together on the core's send ring
 //! ([`SendBatch`]) and then finishing each connection exactly as [`CoreState::flush`] does,
 //! starting from the batched send's result. Either way one function acts on a send's result
-//! (bytes → [`Session::transmitted`], a full socket → [`Flags::WANT_WRITE`], an error → the
-//! connection is reaped), so ordering, replay pumping, the FIN and the queue rules are the same.
+//! (bytes → [`Session::transmitted`](super::session::Session::transmitted), a full socket →
+//! [`Flags::WANT_WRITE`], an error → the connection is reaped), so ordering, replay pumping,
+//! the FIN and the queue rules are the same.
 
 use std::io::{self, IoSlice};
 
