@@ -11,14 +11,14 @@ pub struct Io {
     /// `sendmsg(2)` per connection) or `"io_uring"` (the sends of up to 128 connections
     /// submitted together on a small io_uring ring of each core's own, one `io_uring_enter`
     /// per chunk). Both give the same bytes, order and queue rules. Measured on a 2-core box
-    /// with 10,000 subscribers (docs/architecture.md, "The send path"): the same CPU per
-    /// delivery; `io_uring` delivered 2–9 % more per second when saturated, `sendmsg` had a
-    /// 13–28 % lower p99 at 100 msg/s, hence the default. Trade-off: `io_uring` saves a
-    /// system call per connection per pass and costs about 130 KiB and one ring per core.
-    /// A core whose ring cannot be created (`ENOMEM`, `EPERM` under seccomp or
-    /// `kernel.io_uring_disabled`, an old kernel) logs a warning and uses `sendmsg` (a core
-    /// with a ring logs `send ring ready`). Independent of the runtime's driver
-    /// (`MONOIO_FORCE_LEGACY_DRIVER=1` keeps it).
+    /// with 10,000 subscribers (docs/architecture.md, "The send path"): at 100 msg/s both
+    /// deliver the same and `sendmsg` has the shorter p99 (`io_uring` 8–28 % longer);
+    /// saturated, `io_uring` delivered 2–27 % more per second. A real-time service runs below
+    /// saturation, hence the default. Trade-off: `io_uring` saves a system call per connection
+    /// per pass and costs about 130 KiB and one ring per core. A core whose ring cannot be
+    /// created (`ENOMEM`, `EPERM` under seccomp or `kernel.io_uring_disabled`, an old kernel)
+    /// logs a warning and uses `sendmsg` (a core with a ring logs `send ring ready`).
+    /// Independent of the runtime's driver (`MONOIO_FORCE_LEGACY_DRIVER=1` keeps it).
     pub send_batch: SendBatch,
 }
 
