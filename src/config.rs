@@ -12,14 +12,17 @@
 //!
 //! - this file: the types, their defaults and their documentation, loading, lookups.
 //! - `validate`: the range and shape checks behind [`Config::validate`].
+//! - `io`: the `[io]` section (the send path).
 //! - `toml_error`: turning a `toml` parse or type error into a [`ConfigError`] with a key path.
 
 mod feeds;
+mod io;
 mod security;
 mod toml_error;
 mod validate;
 
 pub use feeds::{FeedStoreKind, Feeds};
+pub use io::{Io, SendBatch};
 pub use security::{Admin, Auth, PerConnection};
 pub use validate::{QUEUE_CONTROL_RESERVE, SHIPPED_UNIT_STOP_TIMEOUT_MS};
 
@@ -90,6 +93,8 @@ pub struct Config {
     /// Upstream feeds owned by leases: the lease store, the lease timings and the feeds
     /// declared in the file (`[feeds]`, `[[feeds.static]]`, docs/feeds.md).
     pub feeds: Feeds,
+    /// How cores write to sockets (`[io]`): the send path of a fan-out pass.
+    pub io: Io,
 }
 
 /// Handshake, header, message and outbound-queue limits (`[limits]`).
@@ -438,6 +443,7 @@ impl Default for Config {
             auth: None,
             admin: Admin::default(),
             feeds: Feeds::default(),
+            io: Io::default(),
         }
     }
 }
@@ -572,6 +578,7 @@ impl Config {
             f.skew_margin_ms,
             f.static_feeds.len()
         ));
+        out.push_str(&format!(" io.send_batch={}", self.io.send_batch.as_str()));
         out
     }
 

@@ -361,3 +361,17 @@ fn warnings_name_the_key() {
     assert!(w[0].to_string().starts_with("config: drain.window_ms = 60000: "), "{}", w[0]);
     assert!(w[0].message.contains("TimeoutStopSec"), "{}", w[0]);
 }
+
+#[test]
+fn send_batch_takes_its_two_values_and_names_a_bad_one() {
+    use super::SendBatch;
+    assert_eq!(Config::default().io.send_batch, SendBatch::Sendmsg);
+    let c = Config::from_toml_str("[io]\nsend_batch = \"io_uring\"").unwrap();
+    assert_eq!(c.io.send_batch, SendBatch::IoUring);
+    let c = Config::from_toml_str("[io]\nsend_batch = \"sendmsg\"").unwrap();
+    assert_eq!(c.io.send_batch, SendBatch::Sendmsg);
+    let e = err("[io]\nsend_batch = \"uring\"");
+    assert_eq!(e.key, "io.send_batch", "{e}");
+    assert_eq!(e.value.as_deref(), Some("\"uring\""), "{e}");
+    assert!(e.message.contains("io_uring") && e.message.contains("sendmsg"), "{e}");
+}

@@ -5,12 +5,13 @@
 //! The core is the sessions' environment: it feeds them input, deadlines and deliveries
 //! through [`CoreState::with_session`] (which files each session's next deadline in the timer
 //! wheel and notes who has bytes to send), acts on what they hand up (pub/sub requests, HTTP
-//! requests), and writes what they queued with [`CoreState::flush`] through `server::io`.
+//! requests), and writes what they queued with [`CoreState::flush`] through `server::io`
+//! (the send path is `server::flush`).
 //! Readiness comes from the core's [`Reactor`] (one epoll set, one task for every connection);
 //! the core owns each connection's socket and closes it at [`CoreState::teardown`].
 
 use std::cell::RefCell;
-use std::io::{self, IoSlice};
+use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -26,7 +27,6 @@ use super::bus::{ConnRef, ConnRow, CoreLoad, CoreMsg, Endpoint, PublishResult, R
 use super::local::LocalChannels;
 use super::metrics::{CoreMetrics, HandshakeFailure};
 use super::reactor::Reactor;
-use super::session::queue::MAX_IOV;
 use super::session::replay::Fetch;
 use super::session::{ConnId, Ctx, Flags, ReapReason, Session, SessionConfig, State, Tick};
 use super::timer::{ping_slot, TimerWheel, TICK_MS};
@@ -59,14 +59,14 @@ pub struct Conns {
 }
 
 /// The session `id` in `slab`, if it is still the same connection.
-fn session(slab: &mut Slab<Session>, id: ConnId) -> Option<&mut Session> {
+pub(super) fn session(slab: &mut Slab<Session>, id: ConnId) -> Option<&mut Session> {
     slab.get_mut(id.key as usize).filter(|s| s.gen == id.gen)
 }
 
 /// Files the deadline of session `id` in the timer wheel when it moved since it was last filed
 /// (an entry whose tick no longer matches `armed` is ignored when it fires). A ping time is
 /// filed on the ping grid ([`ping_slot`]) so that one clock wake-up sends a batch of pings.
-fn arm(wheel: &mut TimerWheel, id: ConnId, s: &mut Session) {
+pub(super) fn arm(wheel: &mut TimerWheel, id: ConnId, s: &mut Session) {
     let due = s.poll_timeout();
     let due = if s.deadline_is_ping() { ping_slot(due) } else { due };
     if due != s.armed {
@@ -77,7 +77,7 @@ fn arm(wheel: &mut TimerWheel, id: ConnId, s: &mut Session) {
 
 /// Hands the session's wish to be looked at by its I/O owner ([`Flags::WAKE`]: it closed, or a
 /// hold on its reads cleared) to the reactor.
-fn notice(reactor: &mut Reactor, id: ConnId, s: &mut Session) {
+pub(super) fn notice(reactor: &mut Reactor, id: ConnId, s: &mut Session) {
     if s.flags.has(Flags::WAKE) {
         s.flags.clear(Flags::WAKE);
         reactor.schedule(id, s);
@@ -183,6 +183,9 @@ pub struct CoreState {
     pub grants: Grants,
     /// Publishes of the feeds thread handed to this core, and those waiting for an answer.
     pub feeds: super::feed_port::FeedInbox,
+    /// The send ring of `io.send_batch = "io_uring"` (`server::flush`); `None`: one
+    /// `sendmsg(2)` per connection.
+    pub(super) sends: Option<super::io::batch::SendBatch>,
     /// Pub/sub requests handed up by a session (kept to reuse its allocation).
     requests: Vec<ClientOp>,
     /// Token bucket for `accept_rate` (tokens, last refill in ms).
@@ -220,6 +223,7 @@ impl CoreState {
             inspects: Vec::new(),
             grants: Grants::default(),
             feeds: super::feed_port::FeedInbox::new(&shared.feed_ports, me),
+            sends: super::flush::send_ring(me, cfg.io.send_batch),
             requests: Vec::new(),
             rate: (cfg.accept_rate as f64, 0),
             shared,
@@ -371,75 +375,6 @@ impl CoreState {
     pub fn reply(&mut self, id: ConnId, frame: Bytes) {
         self.with_session(id, |s, ctx| s.reply(ctx, frame));
         self.flush(id);
-    }
-
-    /// Writes what `id` has queued, refilling from a resume replay as the socket takes it;
-    /// half-closes TCP when the session is finishing. On a full socket the connection waits for
-    /// writability ([`Flags::WANT_WRITE`], flushed again on the reactor's output edge); on an
-    /// error the connection is reaped.
-    pub fn flush(&mut self, id: ConnId) {
-        let now = self.clock.now();
-        self.flush_at(id, now);
-    }
-
-    /// [`CoreState::flush`] at a tick read once for a whole pass of flushes.
-    fn flush_at(&mut self, id: ConnId, now: Tick) {
-        let mut fetch = None;
-        let ctx = Ctx { now, cfg: &self.clock.cfg, metrics: &self.shared.metrics[self.me] };
-        let Some(s) = session(&mut self.conns.slab, id) else { return };
-        s.flags.clear(Flags::DIRTY);
-        if s.flags.has(Flags::WANT_WRITE) {
-            return;
-        }
-        loop {
-            let written = {
-                let mut iov = [IoSlice::new(&[]); MAX_IOV];
-                let n = s.poll_transmit(&mut iov);
-                if n == 0 {
-                    // Everything is written: a resume replay refills the queue.
-                    let (queued, f) = s.pump_replay(&ctx);
-                    fetch = fetch.or(f);
-                    if queued {
-                        continue;
-                    }
-                    break;
-                }
-                sock::send(s.fd, &iov[..n])
-            };
-            match written {
-                Ok(n) => s.transmitted(n, now),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    // The send that failed armed the socket's next output edge.
-                    s.flags.set(Flags::WANT_WRITE);
-                    break;
-                }
-                Err(_) => {
-                    s.kill(ReapReason::Reset);
-                    break;
-                }
-            }
-        }
-        if s.poll_fin(&ctx) {
-            sock::shutdown_write(s.fd);
-        }
-        arm(&mut self.clock.wheel, id, s);
-        notice(&mut self.reactor, id, s);
-        if let Some(f) = fetch {
-            self.fetch(id, f);
-        }
-    }
-
-    /// Flushes every connection queued to in this pass.
-    pub fn flush_dirty(&mut self) {
-        // Taken out (and given back, to keep its capacity) because flushing may queue more.
-        let mut dirty = std::mem::take(&mut self.conns.dirty);
-        let now = self.clock.now();
-        for id in dirty.drain(..) {
-            self.flush_at(id, now);
-        }
-        if self.conns.dirty.is_empty() {
-            self.conns.dirty = dirty;
-        }
     }
 
     /// A deadline filed for `id` at tick `due` came.

@@ -10,7 +10,10 @@
 //! # Layout
 //! - [`session`]: one connection's decisions, sans-IO: frames, the close handshake,
 //!   heartbeats, the outbound queue and its overflow policies, resume replay pacing.
-//! - [`io`]: every socket call (`recv`, `sendmsg`, `shutdown`, `close`).
+//! - [`io`]: every socket call (`recv`, `sendmsg`, `shutdown`, `close`), and
+//!   [`io::batch`]: the core's send ring (a chunk of `sendmsg`s per `io_uring_enter`).
+//! - [`flush`]: the send path: writing what the sessions queued, one `sendmsg` per connection
+//!   or a chunk at a time on the send ring (`io.send_batch`).
 //! - [`reactor`]: the core's readiness source (one epoll set for every connection, slab key +
 //!   generation as user data) and the one task that turns readiness into work.
 //! - [`core`]: one core's state: sessions, clock, drain; feeds the sessions and writes what
@@ -41,7 +44,7 @@
 //! The path of one publish: `reactor` (readable) → [`core::CoreState::on_bytes`] →
 //! `session` (decode, request) → `core` (publish) → `broker` (home: seq, history, fan-out to
 //! cores) → `processor` (deliver in chunks) → `session` (enqueue under the overflow policy) →
-//! [`core::CoreState::flush`] → `io` (`sendmsg`).
+//! [`core::CoreState::flush_dirty`] (`flush`) → `io` (`sendmsg`, or `io::batch`).
 
 pub mod authorize;
 pub mod broker;
@@ -49,6 +52,7 @@ pub mod bus;
 pub mod core;
 pub mod events;
 pub mod feed_port;
+pub mod flush;
 pub mod http_api;
 pub mod http_auth;
 pub mod http_feeds;

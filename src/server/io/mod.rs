@@ -1,6 +1,9 @@
 //! Every socket call of a connection, in one place: non-blocking `recv`, vectored `sendmsg`,
 //! the half-close (`shutdown(SHUT_WR)`), the close and the peer's address. The sessions decide; this
-//! module only does what they decided.
+//! module only does what they decided. [`batch`] makes a chunk of connections' `sendmsg`s in
+//! one `io_uring_enter` on the core's send ring.
+
+pub mod batch;
 
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;

@@ -1,0 +1,164 @@
+//! The send path of a core: writing what the sessions queued (docs/architecture.md, "The send
+//! path").
+//!
+//! [`CoreState::flush`] writes one connection at once (an answer, a replay batch, an output
+//! edge); [`CoreState::flush_dirty`] writes every connection a pass queued to, either with one
+//! `sendmsg(2)` per connection (`io.send_batch = "sendmsg"`) or, with `"io_uring"`, by
+//! submitting the first send of up to [`BATCH`] connections together on the core's send ring
+//! ([`SendBatch`]) and then finishing each connection exactly as [`CoreState::flush`] does,
+//! starting from the batched send's result. Either way one function acts on a send's result
+//! (bytes → [`Session::transmitted`](super::session::Session::transmitted), a full socket →
+//! [`Flags::WANT_WRITE`], an error → the connection is reaped), so ordering, replay pumping,
+//! the FIN and the queue rules are the same.
+
+use std::io::{self, IoSlice};
+
+use super::core::{arm, notice, session, CoreState};
+use super::io::batch::{SendBatch, BATCH};
+use super::io::{self as sock};
+use super::session::queue::MAX_IOV;
+use super::session::{ConnId, Ctx, Flags, ReapReason, Tick};
+use crate::config;
+
+/// The core's send ring when `io.send_batch = "io_uring"` and one could be created, else `None`
+/// (the reason is logged: the core sends with `sendmsg(2)`).
+pub fn send_ring(core: usize, mode: config::SendBatch) -> Option<SendBatch> {
+    match mode {
+        config::SendBatch::Sendmsg => None,
+        config::SendBatch::IoUring => match SendBatch::new() {
+            Ok(b) => {
+                tracing::info!(core, "send ring ready (io.send_batch = \"io_uring\")");
+                Some(b)
+            }
+            Err(e) => {
+                tracing::warn!(core, error = %e, "cannot create the send ring; this core sends with sendmsg");
+                None
+            }
+        },
+    }
+}
+
+impl CoreState {
+    /// Writes what `id` has queued, refilling from a resume replay as the socket takes it;
+    /// half-closes TCP when the session is finishing. On a full socket the connection waits for
+    /// writability ([`Flags::WANT_WRITE`], flushed again on the reactor's output edge); on an
+    /// error the connection is reaped.
+    pub fn flush(&mut self, id: ConnId) {
+        let now = self.clock.now();
+        self.flush_at(id, now, None);
+    }
+
+    /// [`CoreState::flush`] at a tick read once for a whole pass of flushes. `first` is the
+    /// result of a send of what the session offered that was already made (batched), acted on
+    /// before anything more is sent; `None`: nothing was sent yet.
+    fn flush_at(&mut self, id: ConnId, now: Tick, mut first: Option<io::Result<usize>>) {
+        let mut fetch = None;
+        let ctx = Ctx { now, cfg: &self.clock.cfg, metrics: &self.shared.metrics[self.me] };
+        let Some(s) = session(&mut self.conns.slab, id) else { return };
+        s.flags.clear(Flags::DIRTY);
+        if first.is_none() && s.flags.has(Flags::WANT_WRITE) {
+            return;
+        }
+        loop {
+            let written = match first.take() {
+                Some(r) => r,
+                None => {
+                    let mut iov = [IoSlice::new(&[]); MAX_IOV];
+                    let n = s.poll_transmit(&mut iov);
+                    if n == 0 {
+                        // Everything is written: a resume replay refills the queue.
+                        let (queued, f) = s.pump_replay(&ctx);
+                        fetch = fetch.or(f);
+                        if queued {
+                            continue;
+                        }
+                        break;
+                    }
+                    sock::send(s.fd, &iov[..n])
+                }
+            };
+            match written {
+                Ok(n) => s.transmitted(n, now),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // The send that failed armed the socket's next output edge.
+                    s.flags.set(Flags::WANT_WRITE);
+                    break;
+                }
+                Err(_) => {
+                    s.kill(ReapReason::Reset);
+                    break;
+                }
+            }
+        }
+        if s.poll_fin(&ctx) {
+            sock::shutdown_write(s.fd);
+        }
+        arm(&mut self.clock.wheel, id, s);
+        notice(&mut self.reactor, id, s);
+        if let Some(f) = fetch {
+            self.fetch(id, f);
+        }
+    }
+
+    /// Flushes every connection queued to in this pass: in chunks on the send ring when the
+    /// core has one, else one [`CoreState::flush`] each.
+    pub fn flush_dirty(&mut self) {
+        // Taken out (and given back, to keep its capacity) because flushing may queue more.
+        let mut dirty = std::mem::take(&mut self.conns.dirty);
+        let now = self.clock.now();
+        match self.sends.take() {
+            Some(mut batch) => {
+                for chunk in dirty.chunks(BATCH) {
+                    self.flush_chunk(&mut batch, chunk, now);
+                }
+                if batch.is_broken() {
+                    tracing::warn!(core = self.me, "the send ring failed; this core sends with sendmsg from now on");
+                } else {
+                    self.sends = Some(batch);
+                }
+            }
+            None => {
+                for &id in &dirty {
+                    self.flush_at(id, now, None);
+                }
+            }
+        }
+        dirty.clear();
+        if self.conns.dirty.is_empty() {
+            self.conns.dirty = dirty;
+        }
+    }
+
+    /// One chunk of [`CoreState::flush_dirty`] on the send ring: the first send of every
+    /// connection that has bytes to send and is not waiting for writability goes out in one
+    /// submission, then each connection of the chunk is finished by [`CoreState::flush_at`]
+    /// from its send's result (the rest of a long queue, a replay, the FIN, its deadline).
+    fn flush_chunk(&mut self, batch: &mut SendBatch, chunk: &[ConnId], now: Tick) {
+        // Slot of each connection's staged send, if one was staged.
+        let mut staged = [usize::MAX; BATCH];
+        for (k, &id) in chunk.iter().enumerate() {
+            let Some(s) = session(&mut self.conns.slab, id) else { continue };
+            // An id listed twice (flushed in between, then queued to again) is staged once:
+            // its second listing finds DIRTY clear and is flushed after the first.
+            // A ring that broke in an earlier chunk of this pass is not used again: the
+            // connections of this one are flushed with `sendmsg` below.
+            if !s.flags.has(Flags::DIRTY) || s.flags.has(Flags::WANT_WRITE) || batch.is_broken() {
+                continue;
+            }
+            s.flags.clear(Flags::DIRTY);
+            let mut iov = [IoSlice::new(&[]); MAX_IOV];
+            let n = s.poll_transmit(&mut iov);
+            if n > 0 {
+                // SAFETY: the iovecs point into frames held by the session's queue, and `fd` is
+                // the session's open socket; no session is touched (nor torn down) until
+                // `submit` below has returned, with every staged send completed.
+                staged[k] = unsafe { batch.stage(s.fd, &iov[..n]) };
+            }
+        }
+        let results = if batch.is_empty() { &mut [][..] } else { batch.submit() };
+        for (k, &id) in chunk.iter().enumerate() {
+            let first = results.get_mut(staged[k]).and_then(Option::take);
+            self.flush_at(id, now, first);
+        }
+    }
+}
