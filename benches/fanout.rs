@@ -71,22 +71,8 @@ fn main() {
                 };
                 for &rate in &rates {
                     for &size in &sizes {
-                        let args: Vec<String> = vec![
-                            "fanout".into(),
-                            url.clone(),
-                            "--subs".into(),
-                            n.to_string(),
-                            "--rate".into(),
-                            rate.to_string(),
-                            "--size".into(),
-                            size.to_string(),
-                            "--duration".into(),
-                            format!("{duration}s"),
-                            "--publish".into(),
-                            publish.clone(),
-                            "--sources".into(),
-                            "127.0.0.2-127.0.0.254".into(),
-                        ];
+                        let mut args = fanout_args(url.clone(), n, rate, size, duration);
+                        args.extend(["--publish".into(), publish.clone()]);
                         let load_before = loadavg();
                         let stat = vec![std::path::PathBuf::from(format!("/proc/{}/stat", server.pid))];
                         let sampler = ProcSampler::start(vec![stat], Duration::from_millis(20));

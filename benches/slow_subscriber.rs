@@ -72,20 +72,7 @@ fn main() {
         for &c in &order {
             let case = &cases[c];
             let server = &servers[case.server];
-            let mut args: Vec<String> = vec![
-                "fanout".into(),
-                server.url(),
-                "--subs".into(),
-                subs.to_string(),
-                "--rate".into(),
-                rate.to_string(),
-                "--size".into(),
-                size.to_string(),
-                "--duration".into(),
-                format!("{duration}s"),
-                "--sources".into(),
-                "127.0.0.2-127.0.0.254".into(),
-            ];
+            let mut args = fanout_args(server.url(), subs, rate, size, duration);
             if case.non_readers > 0 {
                 args.extend(["--non-readers".into(), case.non_readers.to_string()]);
             }

@@ -203,6 +203,24 @@ pub fn terminate(child: &mut Child, grace: Duration) {
     let _ = child.wait();
 }
 
+/// The arguments of `tether load fanout URL` with `subs` subscribers, `rate` msg/s of `size`
+/// bytes for `duration_s` seconds, from the loopback sources 127.0.0.2–127.0.0.254 (callers
+/// add their own flags after these).
+#[allow(dead_code)] // not every bench runs a fan-out
+pub fn fanout_args(url: String, subs: usize, rate: f64, size: usize, duration_s: f64) -> Vec<String> {
+    let mut args = vec!["fanout".to_string(), url];
+    for (k, v) in [
+        ("--subs", subs.to_string()),
+        ("--rate", rate.to_string()),
+        ("--size", size.to_string()),
+        ("--duration", format!("{duration_s}s")),
+        ("--sources", "127.0.0.2-127.0.0.254".to_string()),
+    ] {
+        args.extend([k.to_string(), v]);
+    }
+    args
+}
+
 /// Starts `tether load ARGS` with stdout piped (the report) and stderr inherited (the table).
 pub fn spawn_load(args: &[String]) -> Child {
     Command::new(bin())
