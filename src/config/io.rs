@@ -13,8 +13,8 @@ pub struct Io {
     /// per chunk). Both give the same bytes, order and queue rules. Measured on a 2-core box
     /// with 10,000 subscribers (docs/architecture.md, "The send path"): at 100 msg/s both
     /// deliver the same and `sendmsg` has the shorter p99 (`io_uring` 8–28 % longer);
-    /// saturated, `io_uring` delivered 2–27 % more per second. A real-time service runs below
-    /// saturation, hence the default. Trade-off: `io_uring` saves a system call per connection
+    /// saturated, `io_uring` delivered 2–27 % more per second in three runs and 6 % less in a
+    /// fourth. A real-time service runs below saturation, hence the default. Trade-off: `io_uring` saves a system call per connection
     /// per pass and costs about 130 KiB and one ring per core. A core whose ring cannot be
     /// created (`ENOMEM`, `EPERM` under seccomp or `kernel.io_uring_disabled`, an old kernel)
     /// logs a warning and uses `sendmsg` (a core with a ring logs `send ring ready`).
