@@ -15,11 +15,19 @@ const FAST = { baseMs: 50, capMs: 200 };
 test('order and exactly-once across two forced cuts', async (t) => {
   const { server, proxy, client } = await proxiedClient(t, Tether, '', { WebSocket, backoff: FAST });
   const processed = [];
+  // Around each cut, processing is held (`gate`) with a message received but not processed
+  // (not committed), so the resume asks from before it and the replay repeats what the client
+  // holds: the copies must be dropped, whatever the timing of the reconnect.
+  let gate = null;
+  let holdAfter = Infinity;
+  let held = 0;
   client.subscribe('news', {
     from: 0,
     async onMessage(msg) {
-      // Processing is slower than the stream, so each cut lands while messages received but
-      // not yet processed (not committed) wait in the client: the resume must replay them.
+      if (msg.seq > holdAfter) {
+        held += 1;
+        await gate;
+      }
       await new Promise((r) => setTimeout(r, 2));
       processed.push(msg.seq);
     },
@@ -27,12 +35,22 @@ test('order and exactly-once across two forced cuts', async (t) => {
   await waitFor(() => client.stats.connects === 1 && client.subs.get('news').position, 5000, 'the first subscription');
   const N = 300;
   for (let i = 0; i < N; i += 25) {
+    const cutHere = i + 25 === 100 || i + 25 === 200;
+    let open;
+    if (cutHere) {
+      // Messages past the burst's fifth are held until the reconnect.
+      gate = new Promise((r) => (open = r));
+      holdAfter = i + 5;
+      held = 0;
+    }
     await Promise.all(Array.from({ length: 25 }, (_, k) => server.publish('news', { i: i + k })));
-    if (i + 25 === 100 || i + 25 === 200) {
-      await waitFor(() => processed.length >= i + 5, 5000, 'part of the burst received');
+    if (cutHere) {
+      await waitFor(() => processed.length >= i + 5 && held > 0, 5000, 'part of the burst processed, the next held');
       const before = client.stats.connects;
       proxy.cut();
       await waitFor(() => client.stats.connects > before, 5000, `the reconnect after the cut at ${i + 25}`);
+      holdAfter = Infinity;
+      open();
     }
   }
   await waitFor(() => processed.length >= N, 10000, `${N} messages processed`, () => `${processed.length}`);
