@@ -8,7 +8,11 @@
 //! DENSITY_CHANNELS (100), DENSITY_RATE (new connections/s, 0 = unlimited), DENSITY_AUTH
 //! ("none,hs256": one server per variant, in this order; with hs256 every connection carries a
 //! JWT, all with the same claims, docs/security.md), so one run gives the memory per
-//! authenticated idle connection next to the unauthenticated one.
+//! authenticated idle connection next to the unauthenticated one; DENSITY_READINESS (the
+//! servers' `io.readiness`, default `auto`: the kernel side of a registration differs between
+//! the ring's poll and an epoll entry).
+//!
+//! It also prints `size_of::<Session>()`, the per-connection state a slab slot holds.
 //!
 //! Slab is system-wide and both ends of each loopback connection live in this kernel, so the
 //! slab slope covers a client socket and a server socket; it is also disturbed by anything
@@ -46,6 +50,9 @@ fn main() {
     let rate: f64 = env_or("DENSITY_RATE", 0.0);
     let variants = auth_variants("DENSITY_AUTH", "none,hs256", &["load.idle.*"]);
 
+    // The per-connection state a slab slot holds (issue 12 asks for it next to the slopes).
+    let session_bytes = std::mem::size_of::<tether::server::session::Session>();
+    println!("per-connection state: size_of::<Session>() = {session_bytes} B (a slab slot's payload)");
     let mut results = Vec::new();
     for v in &variants {
         let m = measure(v, min, max, points, cores, channels, rate);
@@ -104,6 +111,7 @@ fn main() {
     out["allocator"] = json!(allocator());
     out["cores"] = json!(cores);
     out["channels"] = json!(channels);
+    out["session_bytes"] = json!(session_bytes);
     out["auth"] = results.iter().map(|(n, m)| (n.clone(), json_of(m))).collect::<serde_json::Map<_, _>>().into();
     write_json("density", &out);
 }
@@ -119,7 +127,9 @@ fn measure(
     channels: usize,
     rate: f64,
 ) -> Measured {
-    let mut server = Serve::start(&format!("density-{}", v.name), cores, 0, &v.config);
+    let readiness: String = env_or("DENSITY_READINESS", "auto".to_string());
+    let config = format!("{}\n[io]\nreadiness = \"{readiness}\"\n", v.config);
+    let mut server = Serve::start(&format!("density-{}", v.name), cores, 0, &config);
     std::thread::sleep(Duration::from_millis(500));
     let base_rss = rss_bytes(server.pid);
     let base_slab = slab_bytes();

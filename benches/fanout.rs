@@ -8,7 +8,8 @@
 //! run instead; a high value such as 20 saturates the box and measures peak deliveries/s; a
 //! comma list such as "100,600" runs each rate), FANOUT_DURATION (seconds of publishing, 5),
 //! FANOUT_CORES (2), FANOUT_PUBLISH (ws|http, ws), FANOUT_SEND_BATCH (the `io.send_batch`
-//! values to compare, "sendmsg"; e.g. "sendmsg,io_uring"), FANOUT_ROUNDS (1): every round
+//! values to compare, "sendmsg"; e.g. "sendmsg,io_uring"; a value may name the
+//! `io.readiness` too after a slash, e.g. "sendmsg/io_uring,sendmsg/epoll"), FANOUT_ROUNDS (1): every round
 //! runs every send path once, alternating, each on a fresh server, so the noise of a shared
 //! box falls on both; with several rounds a summary gives each path's medians and the ratio
 //! of each path to the first.
@@ -61,7 +62,9 @@ fn main() {
     let mut measured = Vec::new();
     for round in 1..=rounds {
         for mode in &modes {
-            let server = Serve::start("fanout", cores, 0, &format!("[io]\nsend_batch = \"{mode}\"\n"));
+            let (send_batch, readiness) = mode.split_once('/').unwrap_or((mode, "auto"));
+            let config = format!("[io]\nsend_batch = \"{send_batch}\"\nreadiness = \"{readiness}\"\n");
+            let server = Serve::start("fanout", cores, 0, &config);
             let url = server.url();
             for &n in &subs {
                 let rates = if fixed_rates.is_empty() {

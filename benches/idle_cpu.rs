@@ -8,7 +8,9 @@
 //! steady rate), IDLE_CORES (2), IDLE_BASELINE (path of another `tether` binary,
 //! e.g. a build of `main`: it runs beside this one, each with its own `tether load idle`
 //! process, and every window measures both over the same seconds, so the noise of the shared
-//! box hits both alike).
+//! box hits both alike), IDLE_READINESS (`io.readiness` of this build's server, default
+//! `auto`; two values, e.g. `io_uring,epoll`, run one server of this build per value side by
+//! side in the same windows, instead of a baseline).
 //!
 //! CPU comes from `/proc/PID/task/*/schedstat` (nanoseconds on a CPU, all threads); pings per
 //! second from `tether_pings_sent_total`.
@@ -63,8 +65,22 @@ fn main() {
     pin_binary("idle_cpu");
     // A short drain window only keeps the end of the bench short.
     let cfg = "[drain]\nwindow_ms = 1000\n";
-    let mut sides =
-        vec![Side { label: "this build".into(), server: Serve::start("idle_cpu", cores, 0, cfg), load: None }];
+    let readiness: String = env_or("IDLE_READINESS", "auto".to_string());
+    let readiness: Vec<&str> = readiness.split(',').map(str::trim).filter(|r| !r.is_empty()).collect();
+    assert!(
+        (1..=2).contains(&(readiness.len() + usize::from(baseline.is_some()))),
+        "idle_cpu runs at most two servers side by side: IDLE_READINESS has {} values and IDLE_BASELINE {}",
+        readiness.len(),
+        if baseline.is_some() { "is set" } else { "is not" }
+    );
+    let mut sides: Vec<Side> = readiness
+        .iter()
+        .map(|r| {
+            let cfg = format!("{cfg}[io]\nreadiness = \"{r}\"\n");
+            let label = format!("this build, io.readiness = {r}");
+            Side { label, server: Serve::start(&format!("idle_cpu_{r}"), cores, 0, &cfg), load: None }
+        })
+        .collect();
     if let Some(b) = &baseline {
         let server = Serve::start_bin(b, "idle_cpu_baseline", cores, 0, cfg);
         sides.push(Side { label: format!("baseline {}", b.display()), server, load: None });

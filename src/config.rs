@@ -22,7 +22,7 @@ mod toml_error;
 mod validate;
 
 pub use feeds::{FeedStoreKind, Feeds};
-pub use io::{Io, SendBatch};
+pub use io::{Io, Readiness, SendBatch};
 pub use security::{Admin, Auth, PerConnection};
 pub use validate::{QUEUE_CONTROL_RESERVE, SHIPPED_UNIT_STOP_TIMEOUT_MS};
 
@@ -578,7 +578,11 @@ impl Config {
             f.skew_margin_ms,
             f.static_feeds.len()
         ));
-        out.push_str(&format!(" io.send_batch={}", self.io.send_batch.as_str()));
+        out.push_str(&format!(
+            " io.send_batch={} io.readiness={}",
+            self.io.send_batch.as_str(),
+            self.io.readiness.as_str()
+        ));
         out
     }
 

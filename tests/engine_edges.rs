@@ -5,7 +5,8 @@
 //!
 //! Every case uses raw sockets (`common::RawWs`), so the test controls exactly which bytes
 //! reach the server and when, and runs once per monoio driver: io_uring, then epoll
-//! (`MONOIO_FORCE_LEGACY_DRIVER=1`), each checked in the server's log.
+//! (`MONOIO_FORCE_LEGACY_DRIVER=1`), each checked in the server's log with the readiness
+//! source `io.readiness = "auto"` picks for it (the multishot-poll ring, the epoll set).
 
 mod common;
 
@@ -32,12 +33,14 @@ enum Driver {
 /// Starts a server on `driver` and checks in its log that the driver is the one asked for.
 fn start(driver: Driver, config: &str, cores: &str) -> Server {
     let (env, want): (&[(&str, &str)], _) = match driver {
-        Driver::IoUring => (&[("MONOIO_FORCE_LEGACY_DRIVER", "0")], "driver=\"io_uring\""),
-        Driver::Epoll => (&[("MONOIO_FORCE_LEGACY_DRIVER", "1")], "driver=\"epoll\""),
+        Driver::IoUring => (&[("MONOIO_FORCE_LEGACY_DRIVER", "0")], ["driver=\"io_uring\"", "readiness=\"io_uring\""]),
+        Driver::Epoll => (&[("MONOIO_FORCE_LEGACY_DRIVER", "1")], ["driver=\"epoll\"", "readiness=\"epoll\""]),
     };
     let srv = Server::start_with_env(config, "127.0.0.1:0".parse().unwrap(), &["--cores", cores], env);
     let log = String::from_utf8_lossy(&srv.log_bytes()).into_owned();
-    assert!(log.contains(want), "expected {want} in the server log:\n{log}");
+    for want in want {
+        assert!(log.contains(want), "expected {want} in the server log:\n{log}");
+    }
     srv
 }
 

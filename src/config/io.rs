@@ -1,5 +1,6 @@
-//! The socket I/O section of the configuration (`[io]`): how a core writes what its
-//! connections queued (docs/architecture.md, "The send path").
+//! The socket I/O section of the configuration (`[io]`): how a core learns that its sockets
+//! are ready (docs/architecture.md, "Readiness") and how it writes what its connections queued
+//! ("The send path").
 
 use serde::Deserialize;
 
@@ -20,6 +21,29 @@ pub struct Io {
     /// logs a warning and uses `sendmsg` (a core with a ring logs `send ring ready`).
     /// Independent of the runtime's driver (`MONOIO_FORCE_LEGACY_DRIVER=1` keeps it).
     pub send_batch: SendBatch,
+    /// Where a core learns that its sockets are ready: `"auto"` (default: `"io_uring"` when the
+    /// core's monoio runtime runs on io_uring, `"epoll"` when it runs on its epoll driver, i.e.
+    /// io_uring is unavailable or `MONOIO_FORCE_LEGACY_DRIVER=1`), `"io_uring"` (one multishot
+    /// poll per socket on a readiness ring of each core's own; 512 KiB of completion queue per
+    /// core) or `"epoll"` (one edge-triggered epoll set per core). Either way an idle
+    /// connection holds no task and no buffer, and the reports are the same. A core whose ring
+    /// cannot be created (`ENOMEM`, `EPERM` under seccomp or `kernel.io_uring_disabled`) logs
+    /// a warning and uses an epoll set; the `core started` log line names the source.
+    pub readiness: Readiness,
+}
+
+/// The readiness source (`io.readiness`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Deserialize)]
+pub enum Readiness {
+    /// io_uring on the io_uring driver, epoll on the epoll driver. TOML `"auto"`.
+    #[serde(rename = "auto")]
+    Auto,
+    /// Multishot polls on a ring per core. TOML `"io_uring"`.
+    #[serde(rename = "io_uring")]
+    IoUring,
+    /// An edge-triggered epoll set per core. TOML `"epoll"`.
+    #[serde(rename = "epoll")]
+    Epoll,
 }
 
 /// The send path (`io.send_batch`).
@@ -43,8 +67,19 @@ impl SendBatch {
     }
 }
 
+impl Readiness {
+    /// The TOML spelling: `auto`, `io_uring`, `epoll`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Readiness::Auto => "auto",
+            Readiness::IoUring => "io_uring",
+            Readiness::Epoll => "epoll",
+        }
+    }
+}
+
 impl Default for Io {
     fn default() -> Self {
-        Io { send_batch: SendBatch::Sendmsg }
+        Io { send_batch: SendBatch::Sendmsg, readiness: Readiness::Auto }
     }
 }

@@ -375,3 +375,17 @@ fn send_batch_takes_its_two_values_and_names_a_bad_one() {
     assert_eq!(e.value.as_deref(), Some("\"uring\""), "{e}");
     assert!(e.message.contains("io_uring") && e.message.contains("sendmsg"), "{e}");
 }
+
+#[test]
+fn readiness_takes_its_three_values_and_names_a_bad_one() {
+    use super::Readiness;
+    assert_eq!(Config::default().io.readiness, Readiness::Auto);
+    for (text, want) in [("auto", Readiness::Auto), ("io_uring", Readiness::IoUring), ("epoll", Readiness::Epoll)] {
+        let c = Config::from_toml_str(&format!("[io]\nreadiness = \"{text}\"")).unwrap();
+        assert_eq!(c.io.readiness, want, "{text}");
+    }
+    let e = err("[io]\nreadiness = \"poll\"");
+    assert_eq!(e.key, "io.readiness", "{e}");
+    assert_eq!(e.value.as_deref(), Some("\"poll\""), "{e}");
+    assert!(e.message.contains("io_uring") && e.message.contains("epoll"), "{e}");
+}

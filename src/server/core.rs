@@ -446,17 +446,18 @@ impl CoreState {
             self.drop_sub(e);
         }
         // Last: the log lines above name the peer, asked of the socket.
-        self.reactor.deregister(s.fd);
+        self.reactor.deregister(s.fd, id);
         sock::close(s.fd);
     }
 
     /// Closes the socket of every connection left when the core stops (the drain's deadline
     /// passed with peers that never answered), without counting them as reaped.
     pub fn close_all(&mut self) {
-        for s in self.conns.slab.drain() {
-            self.reactor.deregister(s.fd);
+        for (key, s) in self.conns.slab.iter() {
+            self.reactor.deregister(s.fd, ConnId { key: key as u32, gen: s.gen });
             sock::close(s.fd);
         }
+        self.conns.slab.clear();
     }
 
     /// One token of the `accept_rate` bucket (always granted when the rate is 0).

@@ -1,16 +1,23 @@
 //! The readiness source of one core and the one task that turns readiness into work.
 //!
-//! Every socket of a core is registered in one epoll set the core owns ([`Reactor`]), with the
-//! connection's slab key + generation ([`ConnId`]) as the registration's user data, for input
-//! and output, edge-triggered. The reactor task ([`run`]) awaits that set's descriptor on the
-//! core's monoio runtime (a one-shot `IORING_OP_POLL_ADD` on the io_uring driver, the driver's
-//! own epoll on the legacy one), takes what is ready with `epoll_wait` and hands it to the
+//! Every socket of a core is registered with one readiness source the core owns ([`Reactor`]),
+//! with the connection's slab key + generation ([`ConnId`]) as the registration's user data,
+//! for input, output and the peer's half-close (`io.readiness`, docs/architecture.md,
+//! "Readiness"):
+//! - on io_uring, one multishot poll per socket (`IORING_POLL_ADD_MULTI`) on a ring of the
+//!   core's own ([`PollRing`]);
+//! - else one epoll set, edge-triggered.
+//!
+//! The reactor task ([`run`]) awaits the source's descriptor on the core's monoio runtime (a
+//! one-shot `IORING_OP_POLL_ADD` on the io_uring driver, the driver's own epoll on the legacy
+//! one), takes what is ready (the ring's completions, or `epoll_wait`) and hands it to the
 //! sessions through the core ([`CoreState::on_readable`], [`CoreState::flush`]). So an idle
 //! connection costs its slab slot, its subscription entries, its timer-wheel entry and one
 //! kernel registration: no task, no future, no waker and no heap allocation.
 //!
-//! Edge-triggered readiness is reported once per change, so the core remembers what it did not
-//! consume: an input edge on a connection whose reads are held (answers owed, a request awaiting
+//! Both sources report a socket when its wait queue is woken, not while it stays ready
+//! (edge-triggered), so the core remembers what it did not consume: an input report on a
+//! connection whose reads are held (answers owed, a request awaiting
 //! another core, a publisher held by an overload), or one whose read budget ran out, sets
 //! [`Flags::READ_PENDING`], and the connection is revisited through the core's ready list
 //! ([`Reactor::schedule`]) when the hold clears or on the next pass. A held connection is never
@@ -20,19 +27,23 @@
 use std::cell::RefCell;
 use std::future::{poll_fn, Future};
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::pin::pin;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
 use super::core::CoreState;
+use super::io::poll_ring::{PollRing, Report};
 use super::processor::yield_now;
+use super::session::ReapReason;
 use super::session::{ConnId, Flags, Session, State};
+use crate::config;
 
-/// Events taken from the epoll set per `epoll_wait` (12 bytes each).
+/// Reports taken from the readiness source per pass (an epoll event is 12 bytes, a report 16).
 pub const EVENTS_PER_WAIT: usize = 1024;
 
-/// Interest of every connection: input, output and the peer's half-close, edge-triggered.
+/// Interest of every epoll registration: input, output and the peer's half-close,
+/// edge-triggered.
 const INTEREST: u32 = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
 
 /// The user data of a registration: generation in the high half, slab key in the low half.
@@ -44,9 +55,18 @@ fn conn_of(token: u64) -> ConnId {
     ConnId { key: token as u32, gen: (token >> 32) as u32 }
 }
 
-/// One core's epoll set and the connections its reactor task must look at again.
+/// Where a core learns that its sockets are ready.
+enum Source {
+    /// One multishot poll per socket on the core's readiness ring.
+    Ring(Box<PollRing>),
+    /// One edge-triggered registration per socket in the core's epoll set, and the buffer
+    /// `epoll_wait` fills.
+    Epoll { epoll: OwnedFd, events: Vec<libc::epoll_event> },
+}
+
+/// One core's readiness source and the connections its reactor task must look at again.
 pub struct Reactor {
-    epoll: OwnedFd,
+    source: Source,
     /// Connections to revisit on the reactor's next pass (each listed once, [`Flags::READY`]):
     /// closed ones to tear down, ones whose read hold cleared, ones with input left after their
     /// read budget.
@@ -56,8 +76,28 @@ pub struct Reactor {
 }
 
 impl Reactor {
-    /// A fresh epoll set. Errors: `epoll_create1` failed (`EMFILE`, `ENOMEM`).
-    pub fn new() -> io::Result<Reactor> {
+    /// The readiness source `io.readiness` asks for: `auto` is the io_uring ring when the
+    /// core's runtime runs on io_uring (`uring_driver`), else the epoll set. A ring that cannot
+    /// be created (`ENOMEM`, `EPERM`) is logged and replaced by an epoll set. Errors:
+    /// `epoll_create1` failed (`EMFILE`, `ENOMEM`).
+    pub fn new(choice: config::Readiness, uring_driver: bool) -> io::Result<Reactor> {
+        let ring = match choice {
+            config::Readiness::IoUring => true,
+            config::Readiness::Auto => uring_driver,
+            config::Readiness::Epoll => false,
+        };
+        let source = match ring.then(PollRing::new) {
+            Some(Ok(r)) => Source::Ring(Box::new(r)),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "cannot create the readiness ring; using an epoll set");
+                Reactor::epoll()?
+            }
+            None => Reactor::epoll()?,
+        };
+        Ok(Reactor { source, ready: Vec::new(), waker: None })
+    }
+
+    fn epoll() -> io::Result<Source> {
         // SAFETY: plain system call; the descriptor it returns is owned below.
         let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         if fd < 0 {
@@ -65,26 +105,46 @@ impl Reactor {
         }
         // SAFETY: `fd` is a fresh descriptor that nothing else owns.
         let epoll = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
-        Ok(Reactor { epoll, ready: Vec::new(), waker: None })
+        Ok(Source::Epoll { epoll, events: vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS_PER_WAIT] })
     }
 
-    /// Registers the socket `fd` of connection `id` (input, output, half-close; edge-triggered).
-    /// Errors: `epoll_ctl` failed (`ENOSPC`: `fs.epoll.max_user_watches` reached, `ENOMEM`).
-    pub fn register(&self, fd: RawFd, id: ConnId) -> io::Result<()> {
-        let mut ev = libc::epoll_event { events: INTEREST, u64: token(id) };
-        // SAFETY: both descriptors are open; `ev` is valid for the call.
-        if unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
-            return Err(io::Error::last_os_error());
+    /// The source's name, as `io.readiness` spells it: `io_uring` or `epoll`.
+    pub fn kind(&self) -> &'static str {
+        match self.source {
+            Source::Ring(_) => "io_uring",
+            Source::Epoll { .. } => "epoll",
         }
-        Ok(())
     }
 
-    /// Removes the socket `fd` from the set (before it is closed, so no event can name a
-    /// descriptor number that a later accept reuses). An error means it was not registered.
-    pub fn deregister(&self, fd: RawFd) {
-        // SAFETY: both descriptors are open; a null event is allowed for EPOLL_CTL_DEL.
-        if unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) } != 0 {
-            tracing::trace!(fd, error = %io::Error::last_os_error(), "epoll_ctl(EPOLL_CTL_DEL) failed");
+    /// Registers the socket `fd` of connection `id` (input, output, half-close). Errors: the
+    /// registration failed (`ENOSPC`: `fs.epoll.max_user_watches` reached, `ENOMEM`, `EBUSY`
+    /// with the ring's completions overflowing).
+    pub fn register(&mut self, fd: RawFd, id: ConnId) -> io::Result<()> {
+        match &mut self.source {
+            Source::Ring(r) => r.register(fd, token(id)),
+            Source::Epoll { epoll, .. } => {
+                let mut ev = libc::epoll_event { events: INTEREST, u64: token(id) };
+                // SAFETY: both descriptors are open; `ev` is valid for the call.
+                if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Removes the socket `fd` of connection `id` from the source, before it is closed (so no
+    /// event can name a descriptor number that a later accept reuses, and a ring's poll
+    /// releases the socket). An error means it was not registered.
+    pub fn deregister(&mut self, fd: RawFd, id: ConnId) {
+        match &mut self.source {
+            Source::Ring(r) => r.deregister(token(id)),
+            Source::Epoll { epoll, .. } => {
+                // SAFETY: both descriptors are open; a null event is allowed for EPOLL_CTL_DEL.
+                if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) } != 0 {
+                    tracing::trace!(fd, error = %io::Error::last_os_error(), "epoll_ctl(EPOLL_CTL_DEL) failed");
+                }
+            }
         }
     }
 
@@ -100,30 +160,55 @@ impl Reactor {
         }
     }
 
-    /// Takes what is ready without blocking into `events`; returns how many. An error other
-    /// than `EINTR` (which cannot happen with a valid set) counts as nothing ready.
-    fn wait(&self, events: &mut [libc::epoll_event]) -> usize {
-        loop {
+    /// Takes what is ready without blocking into `out` (cleared first); returns whether more
+    /// may be ready ([`EVENTS_PER_WAIT`] taken). An `epoll_wait` error other than `EINTR`
+    /// (which cannot happen with a valid set) counts as nothing ready.
+    fn take(&mut self, out: &mut Vec<Report>) -> bool {
+        let (epoll, events) = match &mut self.source {
+            Source::Ring(r) => return r.drain(out, EVENTS_PER_WAIT),
+            Source::Epoll { epoll, events } => (epoll, events),
+        };
+        out.clear();
+        let n = loop {
             // SAFETY: `events` is valid for `len` entries; a zero timeout never blocks.
-            let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), events.as_mut_ptr(), events.len() as i32, 0) };
+            let n = unsafe { libc::epoll_wait(epoll.as_raw_fd(), events.as_mut_ptr(), events.len() as i32, 0) };
             if n >= 0 {
-                return n as usize;
+                break n as usize;
             }
             let e = io::Error::last_os_error();
             if e.kind() != io::ErrorKind::Interrupted {
                 tracing::warn!(error = %e, "epoll_wait failed");
-                return 0;
+                break 0;
+            }
+        };
+        // Copied out: the kernel's struct is packed.
+        out.extend(events[..n].iter().map(|ev| Report { token: ev.u64, bits: ev.events, ended: false }));
+        n == events.len()
+    }
+
+    /// Submits what the ring's submission queue kept (a submit that met `EAGAIN`/`EBUSY`).
+    fn submit_pending(&mut self) {
+        if let Source::Ring(r) = &mut self.source {
+            if r.has_unsubmitted() {
+                if let Err(e) = r.submit() {
+                    tracing::warn!(error = %e, "readiness ring submit failed");
+                }
             }
         }
     }
 
-    /// A handle the core's monoio runtime can await readability on (readable: an event is
-    /// ready in the set). monoio awaits readiness only on its own socket types, so a duplicate
-    /// of the epoll descriptor is wrapped as one; no socket call is ever made on it (an epoll
-    /// descriptor is pollable like a socket: `POLLIN` while an event is ready). Errors: the
-    /// descriptor cannot be duplicated or registered with the driver.
+    /// A handle the core's monoio runtime can await readability on (readable: a report waits
+    /// in the ring or an event in the set). monoio awaits readiness only on its own socket
+    /// types, so a duplicate of the source's descriptor is wrapped as one; no socket call is
+    /// ever made on it (both are pollable like a socket: `POLLIN` while something is ready).
+    /// Errors: the descriptor cannot be duplicated or registered with the driver.
     fn handle(&self) -> io::Result<monoio::net::UnixStream> {
-        let dup = self.epoll.try_clone()?;
+        let fd = match &self.source {
+            Source::Ring(r) => r.fd(),
+            Source::Epoll { epoll, .. } => epoll.as_raw_fd(),
+        };
+        // SAFETY: the source's descriptor is open while the reactor lives; the borrow ends here.
+        let dup = unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned()?;
         monoio::net::UnixStream::from_std(std::os::unix::net::UnixStream::from(dup))
     }
 }
@@ -151,9 +236,21 @@ fn read_held(st: &mut CoreState, id: ConnId) -> bool {
     false
 }
 
-/// Readiness `bits` (`EPOLL*`) reported for connection `id`. A stale event (the connection is
-/// gone, or its slab key was reused: another generation) is ignored.
-fn on_event(st: &mut CoreState, id: ConnId, bits: u32) {
+/// Readiness `bits` (`EPOLL*`) reported for connection `id`; `ended`: the ring's poll of the
+/// connection ended with this report and is armed again (a connection whose poll cannot be
+/// armed again is ended as reset: it would never be read again). A stale event (the
+/// connection is gone, or its slab key was reused: another generation) is ignored.
+fn on_event(st: &mut CoreState, id: ConnId, bits: u32, ended: bool) {
+    let Some(s) = st.conns.get(id) else { return };
+    if ended {
+        let fd = s.fd;
+        if let Err(e) = st.reactor.register(fd, id) {
+            tracing::warn!(fd, error = %e, "cannot arm a socket's poll again; closing it");
+            st.end(id, ReapReason::Reset);
+            service(st, id);
+            return;
+        }
+    }
     let Some(s) = st.conns.get(id) else { return };
     let broken = bits & (libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0;
     if broken || bits & (libc::EPOLLIN | libc::EPOLLRDHUP) as u32 != 0 {
@@ -194,11 +291,11 @@ pub async fn run(core: Rc<RefCell<CoreState>>) {
         Err(e) => {
             // Without it no connection of this core is served; accepting goes on, and the
             // handshake deadlines reap them.
-            tracing::error!(core = core.borrow().me, error = %e, "cannot await the core's epoll set");
+            tracing::error!(core = core.borrow().me, error = %e, "cannot await the core's readiness source");
             return;
         }
     };
-    let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS_PER_WAIT];
+    let mut reports = Vec::with_capacity(EVENTS_PER_WAIT);
     let mut readable = pin!(handle.readable(false));
     // A full batch was taken: more may be ready without a new edge of the set.
     let mut more = false;
@@ -211,7 +308,7 @@ pub async fn run(core: Rc<RefCell<CoreState>>) {
             let fired = poll_fn(|cx| {
                 if let Poll::Ready(r) = readable.as_mut().poll(cx) {
                     if let Err(e) = r {
-                        tracing::warn!(error = %e, "waiting on the core's epoll set failed");
+                        tracing::warn!(error = %e, "waiting on the core's readiness source failed");
                     }
                     return Poll::Ready(true);
                 }
@@ -235,12 +332,9 @@ pub async fn run(core: Rc<RefCell<CoreState>>) {
             let st = &mut *guard;
             more = false;
             if take {
-                let n = st.reactor.wait(&mut events);
-                more = n == events.len();
-                for ev in &events[..n] {
-                    // Copied out: the kernel's struct is packed.
-                    let (bits, data) = (ev.events, ev.u64);
-                    on_event(st, conn_of(data), bits);
+                more = st.reactor.take(&mut reports);
+                for r in &reports {
+                    on_event(st, conn_of(r.token), r.bits, r.ended);
                 }
             }
             let mut ready = std::mem::take(&mut st.reactor.ready);
@@ -252,6 +346,7 @@ pub async fn run(core: Rc<RefCell<CoreState>>) {
                 ready.clear();
                 st.reactor.ready = ready;
             }
+            st.reactor.submit_pending();
             more || !st.reactor.ready.is_empty()
         };
         if busy {

@@ -1,9 +1,11 @@
 //! Every socket call of a connection, in one place: non-blocking `recv`, vectored `sendmsg`,
 //! the half-close (`shutdown(SHUT_WR)`), the close and the peer's address. The sessions decide; this
 //! module only does what they decided. [`batch`] makes a chunk of connections' `sendmsg`s in
-//! one `io_uring_enter` on the core's send ring.
+//! one `io_uring_enter` on the core's send ring; [`poll_ring`] is the core's io_uring readiness
+//! source.
 
 pub mod batch;
+pub mod poll_ring;
 
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;

@@ -1,0 +1,234 @@
+//! The io_uring readiness source of one core: a ring of the core's own on which every socket
+//! of the core holds one multishot poll (`IORING_OP_POLL_ADD` with `IORING_POLL_ADD_MULTI`,
+//! Linux 5.13), whose user data is the connection's slab key + generation
+//! (docs/architecture.md, "Readiness").
+//!
+//! A multishot poll stays armed and posts a completion each time the socket's wait queue is
+//! woken with an event it asked for (input, output, the peer's half-close, an error), carrying
+//! the mask that holds then: the same reports as an edge-triggered epoll registration. The
+//! kernel may end a multishot poll (a completion without `IORING_CQE_F_MORE`, e.g. when the
+//! completion queue overflowed); [`PollRing::drain`] says so and the caller arms it again with
+//! [`PollRing::register`], whose first check reports what holds at once, so no edge is lost.
+//!
+//! A poll request holds a reference to its socket, so closing the descriptor alone would not
+//! release the socket: [`PollRing::deregister`] removes the poll (`IORING_OP_POLL_REMOVE`, by
+//! user data) and submits it at once, before the caller closes the descriptor.
+//!
+//! The ring's own descriptor is pollable (readable while completions wait), and that is what
+//! the core's monoio runtime awaits, on either of its drivers.
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+
+/// Submission queue entries. Registrations and removals are submitted as they are made, so
+/// the queue holds only what one `io_uring_enter` could not take; when it is full it is
+/// submitted before the next entry is written.
+const SQ_ENTRIES: u32 = 256;
+
+/// Completion queue entries (16 B each, so 512 KiB per core): room for one report from each of
+/// 32,768 connections between two drains. Past it the kernel keeps completions on its overflow
+/// list, or ends a multishot poll, which the reactor arms again.
+const CQ_ENTRIES: u32 = 32_768;
+
+/// User data of the removals, whose completions are posted only on failure (the poll had
+/// ended already) and ignored. No connection has it: slab keys stay far below `u32::MAX`.
+pub const REMOVE: u64 = u64::MAX;
+
+/// Interest of every poll: input, output, the peer's half-close (errors and hang-ups are
+/// always reported).
+const INTEREST: u32 = (libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP) as u32;
+
+/// One readiness report taken from the ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Report {
+    /// The poll's user data: the connection's token.
+    pub token: u64,
+    /// The ready mask (`POLL*`, same bits as `EPOLL*`); 0 when the poll failed.
+    pub bits: u32,
+    /// The poll ended with this report (no `IORING_CQE_F_MORE`): arm it again if the
+    /// connection lives.
+    pub ended: bool,
+}
+
+/// A core's readiness ring (see the module docs). Used from its core's thread only.
+pub struct PollRing {
+    ring: IoUring,
+}
+
+impl PollRing {
+    /// A ring of [`SQ_ENTRIES`] submission and [`CQ_ENTRIES`] completion entries. Errors are
+    /// those of `io_uring_setup(2)`: `ENOMEM`, `EPERM` / `ENOSYS` (io_uring disabled by
+    /// `kernel.io_uring_disabled`, seccomp or an old kernel); the core then uses an epoll set.
+    pub fn new() -> io::Result<PollRing> {
+        PollRing::with_sizes(SQ_ENTRIES, CQ_ENTRIES)
+    }
+
+    fn with_sizes(sq: u32, cq: u32) -> io::Result<PollRing> {
+        let ring = IoUring::builder().setup_cqsize(cq).build(sq)?;
+        Ok(PollRing { ring })
+    }
+
+    /// The ring's descriptor, readable while completions wait.
+    pub fn fd(&self) -> RawFd {
+        self.ring.as_raw_fd()
+    }
+
+    /// Arms a multishot poll on socket `fd` with user data `token` and submits it. Errors: the
+    /// submission failed (`ENOMEM`, `EBUSY` while the kernel's overflow list is full); the
+    /// entry is then dropped and nothing is armed.
+    pub fn register(&mut self, fd: RawFd, token: u64) -> io::Result<()> {
+        let sqe = opcode::PollAdd::new(types::Fd(fd), INTEREST).multi(true).build().user_data(token);
+        self.push(&sqe)?;
+        self.submit()
+    }
+
+    /// Removes the poll with user data `token` and submits the removal, so the socket is
+    /// released when its descriptor is closed. A failure is logged: the poll then ends when
+    /// the ring is dropped, and its reports are ignored as stale.
+    pub fn deregister(&mut self, token: u64) {
+        let sqe = opcode::PollRemove::new(token).build().user_data(REMOVE).flags(squeue::Flags::SKIP_SUCCESS);
+        if let Err(e) = self.push(&sqe).and_then(|()| self.submit()) {
+            tracing::warn!(error = %e, "cannot remove a socket's poll from the readiness ring");
+        }
+    }
+
+    /// Writes `sqe` into the submission queue, submitting what is there first when it is full.
+    fn push(&mut self, sqe: &squeue::Entry) -> io::Result<()> {
+        for _ in 0..2 {
+            // SAFETY: poll entries point at no user memory; the socket stays open until its
+            // poll is removed (`deregister` comes before the close).
+            if unsafe { self.ring.submission().push(sqe) }.is_ok() {
+                return Ok(());
+            }
+            self.submit()?;
+        }
+        Err(io::Error::new(io::ErrorKind::WouldBlock, "readiness ring's submission queue stays full"))
+    }
+
+    /// Submits what the queue holds without waiting. Retries `EINTR`; `EAGAIN` / `EBUSY`
+    /// leave the entries queued for the next submit and count as success.
+    pub fn submit(&mut self) -> io::Result<()> {
+        loop {
+            match self.ring.submit() {
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY)) => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Whether entries wait in the submission queue (a submit left them there).
+    pub fn has_unsubmitted(&mut self) -> bool {
+        !self.ring.submission().is_empty()
+    }
+
+    /// Moves up to `max` reports into `out` (cleared first), skipping the removals' own
+    /// completions; returns whether more may wait (`max` taken).
+    pub fn drain(&mut self, out: &mut Vec<Report>, max: usize) -> bool {
+        out.clear();
+        let mut taken = 0;
+        for cqe in self.ring.completion() {
+            taken += 1;
+            let token = cqe.user_data();
+            if token != REMOVE {
+                let res = cqe.result();
+                let bits = if res >= 0 { res as u32 } else { 0 };
+                out.push(Report { token, bits, ended: !cqueue::more(cqe.flags()) });
+            }
+            if taken == max {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+    use std::time::{Duration, Instant};
+
+    /// Drains until a report for `token` arrives, within 5 s (reports for other tokens are
+    /// dropped).
+    fn report_for(ring: &mut PollRing, token: u64) -> Report {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut out = Vec::new();
+        while Instant::now() < deadline {
+            ring.drain(&mut out, 64);
+            if let Some(r) = out.iter().find(|r| r.token == token) {
+                return *r;
+            }
+            // Completions are posted by task work that runs on the next kernel entry.
+            let _ = ring.ring.submit_and_wait(0);
+            std::thread::yield_now();
+        }
+        panic!("no report for token {token} within 5 s");
+    }
+
+    #[test]
+    fn multishot_poll_reports_each_arrival_and_ends_on_removal() {
+        let Ok(mut ring) = PollRing::new() else { return };
+        let (a, mut b) = UnixStream::pair().unwrap();
+        ring.register(a.as_raw_fd(), 7).unwrap();
+        // Writable at once: the first check reports what holds.
+        let first = report_for(&mut ring, 7);
+        assert!(first.bits & libc::POLLOUT as u32 != 0 && !first.ended, "{first:?}");
+        b.write_all(b"x").unwrap();
+        let second = report_for(&mut ring, 7);
+        assert!(second.bits & libc::POLLIN as u32 != 0 && !second.ended, "{second:?}");
+        b.write_all(b"y").unwrap();
+        let third = report_for(&mut ring, 7);
+        assert!(third.bits & libc::POLLIN as u32 != 0, "still armed: {third:?}");
+        ring.deregister(7);
+        let last = report_for(&mut ring, 7);
+        assert!(last.ended, "removal ends the poll: {last:?}");
+    }
+
+    #[test]
+    fn an_overflowed_poll_ends_and_arming_it_again_reports_what_holds() {
+        let Ok(mut ring) = PollRing::with_sizes(4, 8) else { return };
+        let pairs: Vec<_> = (0..64).map(|_| UnixStream::pair().unwrap()).collect();
+        for (i, (a, _)) in pairs.iter().enumerate() {
+            ring.register(a.as_raw_fd(), i as u64).unwrap();
+        }
+        // 64 first reports into a completion queue of 8: the kernel ends the polls it cannot
+        // report on (their last report goes to its overflow list).
+        let mut ended = std::collections::HashSet::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while seen.len() < pairs.len() && Instant::now() < deadline {
+            let _ = ring.ring.submit_and_wait(0);
+            ring.drain(&mut out, 1024);
+            for r in &out {
+                seen.insert(r.token);
+                if r.ended {
+                    ended.insert(r.token);
+                }
+            }
+        }
+        assert_eq!(seen.len(), pairs.len(), "every socket reported once at least");
+        assert!(!ended.is_empty(), "an overflowing completion queue ends some multishot polls");
+        // Arm the ended ones again, with data already waiting: reported at once.
+        for &t in &ended {
+            let (a, b) = &pairs[t as usize];
+            (&*b).write_all(b"z").unwrap();
+            ring.register(a.as_raw_fd(), t + 1000).unwrap();
+        }
+        let mut readable = std::collections::HashSet::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while readable.len() < ended.len() && Instant::now() < deadline {
+            let _ = ring.ring.submit_and_wait(0);
+            ring.drain(&mut out, 1024);
+            readable.extend(
+                out.iter().filter(|r| r.token >= 1000 && r.bits & libc::POLLIN as u32 != 0).map(|r| r.token - 1000),
+            );
+        }
+        assert_eq!(readable, ended, "every poll armed again reports the waiting input");
+    }
+}
