@@ -9,7 +9,7 @@
 //! ("none,hs256": one server per variant, in this order; with hs256 every connection carries a
 //! JWT, all with the same claims, docs/security.md), so one run gives the memory per
 //! authenticated idle connection next to the unauthenticated one; DENSITY_READINESS (the
-//! servers' `io.readiness`, default `auto`: the kernel side of a registration differs between
+//! servers' `io.readiness`, default `epoll`: the kernel side of a registration differs between
 //! the ring's poll and an epoll entry).
 //!
 //! It also prints `size_of::<Session>()`, the per-connection state a slab slot holds.
@@ -127,7 +127,7 @@ fn measure(
     channels: usize,
     rate: f64,
 ) -> Measured {
-    let readiness: String = env_or("DENSITY_READINESS", "auto".to_string());
+    let readiness: String = env_or("DENSITY_READINESS", "epoll".to_string());
     let config = format!("{}\n[io]\nreadiness = \"{readiness}\"\n", v.config);
     let mut server = Serve::start(&format!("density-{}", v.name), cores, 0, &config);
     std::thread::sleep(Duration::from_millis(500));

@@ -62,7 +62,7 @@ fn main() {
     let mut measured = Vec::new();
     for round in 1..=rounds {
         for mode in &modes {
-            let (send_batch, readiness) = mode.split_once('/').unwrap_or((mode, "auto"));
+            let (send_batch, readiness) = mode.split_once('/').unwrap_or((mode, "epoll"));
             let config = format!("[io]\nsend_batch = \"{send_batch}\"\nreadiness = \"{readiness}\"\n");
             let server = Serve::start("fanout", cores, 0, &config);
             let url = server.url();

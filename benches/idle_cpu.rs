@@ -9,7 +9,7 @@
 //! e.g. a build of `main`: it runs beside this one, each with its own `tether load idle`
 //! process, and every window measures both over the same seconds, so the noise of the shared
 //! box hits both alike), IDLE_READINESS (`io.readiness` of this build's server, default
-//! `auto`; two values, e.g. `io_uring,epoll`, run one server of this build per value side by
+//! `epoll`; two values, e.g. `io_uring,epoll`, run one server of this build per value side by
 //! side in the same windows, instead of a baseline).
 //!
 //! CPU comes from `/proc/PID/task/*/schedstat` (nanoseconds on a CPU, all threads); pings per
@@ -65,7 +65,7 @@ fn main() {
     pin_binary("idle_cpu");
     // A short drain window only keeps the end of the bench short.
     let cfg = "[drain]\nwindow_ms = 1000\n";
-    let readiness: String = env_or("IDLE_READINESS", "auto".to_string());
+    let readiness: String = env_or("IDLE_READINESS", "epoll".to_string());
     let readiness: Vec<&str> = readiness.split(',').map(str::trim).filter(|r| !r.is_empty()).collect();
     assert!(
         (1..=2).contains(&(readiness.len() + usize::from(baseline.is_some()))),

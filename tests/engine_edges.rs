@@ -4,9 +4,9 @@
 //! each send one frame at the same instant, and readiness after a partial frame.
 //!
 //! Every case uses raw sockets (`common::RawWs`), so the test controls exactly which bytes
-//! reach the server and when, and runs once per monoio driver: io_uring, then epoll
-//! (`MONOIO_FORCE_LEGACY_DRIVER=1`), each checked in the server's log with the readiness
-//! source `io.readiness = "auto"` picks for it (the multishot-poll ring, the epoll set).
+//! reach the server and when, and runs once per monoio driver (io_uring, then epoll with
+//! `MONOIO_FORCE_LEGACY_DRIVER=1`) and readiness source (`io.readiness`: the epoll set, then
+//! the multishot-poll ring), each checked in the server's log.
 
 mod common;
 
@@ -21,8 +21,14 @@ use tokio::io::AsyncWriteExt;
 
 const MASK: [u8; 4] = [0x11, 0x22, 0x33, 0x44];
 
-/// The monoio drivers a server can run on.
-const DRIVERS: [Driver; 2] = [Driver::IoUring, Driver::Epoll];
+/// Every monoio driver with every readiness source (`io.readiness`): the epoll set (the
+/// default) and the multishot-poll ring, each awaited through either driver.
+const DRIVERS: [Setup; 4] = [
+    Setup { driver: Driver::IoUring, readiness: "epoll" },
+    Setup { driver: Driver::IoUring, readiness: "io_uring" },
+    Setup { driver: Driver::Epoll, readiness: "epoll" },
+    Setup { driver: Driver::Epoll, readiness: "io_uring" },
+];
 
 #[derive(Debug, Clone, Copy)]
 enum Driver {
@@ -30,16 +36,25 @@ enum Driver {
     Epoll,
 }
 
-/// Starts a server on `driver` and checks in its log that the driver is the one asked for.
-fn start(driver: Driver, config: &str, cores: &str) -> Server {
-    let (env, want): (&[(&str, &str)], _) = match driver {
-        Driver::IoUring => (&[("MONOIO_FORCE_LEGACY_DRIVER", "0")], ["driver=\"io_uring\"", "readiness=\"io_uring\""]),
-        Driver::Epoll => (&[("MONOIO_FORCE_LEGACY_DRIVER", "1")], ["driver=\"epoll\"", "readiness=\"epoll\""]),
+/// A monoio driver and an `io.readiness` value.
+#[derive(Debug, Clone, Copy)]
+struct Setup {
+    driver: Driver,
+    readiness: &'static str,
+}
+
+/// Starts a server on `setup`'s driver and readiness source and checks both in its log.
+fn start(setup: Setup, config: &str, cores: &str) -> Server {
+    let (env, driver): (&[(&str, &str)], _) = match setup.driver {
+        Driver::IoUring => (&[("MONOIO_FORCE_LEGACY_DRIVER", "0")], "io_uring"),
+        Driver::Epoll => (&[("MONOIO_FORCE_LEGACY_DRIVER", "1")], "epoll"),
     };
-    let srv = Server::start_with_env(config, "127.0.0.1:0".parse().unwrap(), &["--cores", cores], env);
+    let readiness = setup.readiness;
+    let config = format!("{config}\n[io]\nreadiness = \"{readiness}\"\n");
+    let srv = Server::start_with_env(&config, "127.0.0.1:0".parse().unwrap(), &["--cores", cores], env);
     let log = String::from_utf8_lossy(&srv.log_bytes()).into_owned();
-    for want in want {
-        assert!(log.contains(want), "expected {want} in the server log:\n{log}");
+    for want in [format!("driver=\"{driver}\""), format!("readiness=\"{readiness}\"")] {
+        assert!(log.contains(&want), "expected {want} in the server log:\n{log}");
     }
     srv
 }
@@ -91,7 +106,7 @@ async fn readable_while_queue_full() {
     }
 }
 
-async fn readable_while_queue_full_on(driver: Driver) {
+async fn readable_while_queue_full_on(driver: Setup) {
     let srv = start(
         driver,
         "[limits]\nqueue_max_bytes = 65536\nmax_publish_bytes = 16384\nmax_message_bytes = 16384\n\n[[channels]]\npattern = \"flood\"\noverflow = \"drop-oldest\"\n",
@@ -135,7 +150,7 @@ async fn close_racing_a_read() {
     }
 }
 
-async fn close_racing_a_read_on(driver: Driver) {
+async fn close_racing_a_read_on(driver: Setup) {
     let srv = start(driver, "", "2");
     let mut reader = RawWs::connect(srv.addr, "/ws").await;
     reader.subscribe("race").await;
@@ -194,7 +209,7 @@ async fn ten_thousand_connections_send_one_frame_at_once() {
     }
 }
 
-async fn ten_thousand_connections_send_one_frame_at_once_on(driver: Driver) {
+async fn ten_thousand_connections_send_one_frame_at_once_on(driver: Setup) {
     let _ = tether::server::raise_nofile();
     let srv = start(driver, "[limits.per_connection]\ncontrol_frames_rate = 0\n", "2");
     let mut reader = RawWs::connect(srv.addr, "/ws").await;
@@ -267,7 +282,7 @@ async fn readiness_after_partial_frame() {
     }
 }
 
-async fn readiness_after_partial_frame_on(driver: Driver) {
+async fn readiness_after_partial_frame_on(driver: Setup) {
     let srv = start(driver, "", "1");
     let mut slow = RawWs::connect(srv.addr, "/ws").await;
     let mut other = RawWs::connect(srv.addr, "/ws").await;
@@ -314,7 +329,7 @@ async fn burst_beyond_the_read_budget() {
     }
 }
 
-async fn burst_beyond_the_read_budget_on(driver: Driver) {
+async fn burst_beyond_the_read_budget_on(driver: Setup) {
     use tokio::io::AsyncReadExt;
     const N: usize = 4000;
     let srv = start(driver, "", "1");

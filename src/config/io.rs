@@ -21,29 +21,28 @@ pub struct Io {
     /// logs a warning and uses `sendmsg` (a core with a ring logs `send ring ready`).
     /// Independent of the runtime's driver (`MONOIO_FORCE_LEGACY_DRIVER=1` keeps it).
     pub send_batch: SendBatch,
-    /// Where a core learns that its sockets are ready: `"auto"` (default: `"io_uring"` when the
-    /// core's monoio runtime runs on io_uring, `"epoll"` when it runs on its epoll driver, i.e.
-    /// io_uring is unavailable or `MONOIO_FORCE_LEGACY_DRIVER=1`), `"io_uring"` (one multishot
-    /// poll per socket on a readiness ring of each core's own; 512 KiB of completion queue per
-    /// core) or `"epoll"` (one edge-triggered epoll set per core). Either way an idle
-    /// connection holds no task and no buffer, and the reports are the same. A core whose ring
-    /// cannot be created (`ENOMEM`, `EPERM` under seccomp or `kernel.io_uring_disabled`) logs
-    /// a warning and uses an epoll set; the `core started` log line names the source.
+    /// Where a core learns that its sockets are ready: `"epoll"` (default: one edge-triggered
+    /// epoll set per core) or `"io_uring"` (one multishot poll per socket on a readiness ring of
+    /// each core's own, with deferred task work on Linux ≥ 6.1; 512 KiB of completion queue per
+    /// core). Either way an idle connection holds no task and no buffer, the reports are the
+    /// same, and both run on either monoio driver. Measured on a 2-core box
+    /// (docs/architecture.md, "Readiness"): the ring cost more CPU per event (an idle server
+    /// with 15,000 connections used 1.14–1.29× the CPU of epoll) and gave no better fan-out,
+    /// hence the default. A core whose ring cannot be created (`ENOMEM`, `EPERM`
+    /// under seccomp or `kernel.io_uring_disabled`) logs a warning and uses an epoll set; the
+    /// `readiness source ready` log line names each core's source.
     pub readiness: Readiness,
 }
 
 /// The readiness source (`io.readiness`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Deserialize)]
 pub enum Readiness {
-    /// io_uring on the io_uring driver, epoll on the epoll driver. TOML `"auto"`.
-    #[serde(rename = "auto")]
-    Auto,
-    /// Multishot polls on a ring per core. TOML `"io_uring"`.
-    #[serde(rename = "io_uring")]
-    IoUring,
     /// An edge-triggered epoll set per core. TOML `"epoll"`.
     #[serde(rename = "epoll")]
     Epoll,
+    /// Multishot polls on a ring per core. TOML `"io_uring"`.
+    #[serde(rename = "io_uring")]
+    IoUring,
 }
 
 /// The send path (`io.send_batch`).
@@ -68,18 +67,17 @@ impl SendBatch {
 }
 
 impl Readiness {
-    /// The TOML spelling: `auto`, `io_uring`, `epoll`.
+    /// The TOML spelling: `epoll`, `io_uring`.
     pub fn as_str(self) -> &'static str {
         match self {
-            Readiness::Auto => "auto",
-            Readiness::IoUring => "io_uring",
             Readiness::Epoll => "epoll",
+            Readiness::IoUring => "io_uring",
         }
     }
 }
 
 impl Default for Io {
     fn default() -> Self {
-        Io { send_batch: SendBatch::Sendmsg, readiness: Readiness::Auto }
+        Io { send_batch: SendBatch::Sendmsg, readiness: Readiness::Epoll }
     }
 }

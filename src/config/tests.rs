@@ -377,10 +377,10 @@ fn send_batch_takes_its_two_values_and_names_a_bad_one() {
 }
 
 #[test]
-fn readiness_takes_its_three_values_and_names_a_bad_one() {
+fn readiness_takes_its_two_values_and_names_a_bad_one() {
     use super::Readiness;
-    assert_eq!(Config::default().io.readiness, Readiness::Auto);
-    for (text, want) in [("auto", Readiness::Auto), ("io_uring", Readiness::IoUring), ("epoll", Readiness::Epoll)] {
+    assert_eq!(Config::default().io.readiness, Readiness::Epoll);
+    for (text, want) in [("io_uring", Readiness::IoUring), ("epoll", Readiness::Epoll)] {
         let c = Config::from_toml_str(&format!("[io]\nreadiness = \"{text}\"")).unwrap();
         assert_eq!(c.io.readiness, want, "{text}");
     }

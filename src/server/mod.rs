@@ -419,7 +419,7 @@ fn core_thread(
                 return;
             }
         };
-        let reactor = match reactor::Reactor::new(shared.config.io.readiness, driver == "io_uring") {
+        let reactor = match reactor::Reactor::new(shared.config.io.readiness) {
             Ok(r) => r,
             Err(e) => {
                 let _ = ready.send(Err(e));
@@ -427,7 +427,12 @@ fn core_thread(
             }
         };
         let broker = broker.map(|b| b as Box<dyn broker::Broker>);
-        tracing::info!(core = i, readiness = reactor.kind(), "readiness source ready");
+        tracing::info!(
+            core = i,
+            readiness = reactor.kind(),
+            deferred_task_work = reactor.deferred(),
+            "readiness source ready"
+        );
         let core = Rc::new(RefCell::new(CoreState::new(i, shared, ep, start, broker, reactor)));
         monoio::spawn(processor::run(core.clone()));
         monoio::spawn(reactor::run(core.clone()));

@@ -4,9 +4,9 @@
 //! with the connection's slab key + generation ([`ConnId`]) as the registration's user data,
 //! for input, output and the peer's half-close (`io.readiness`, docs/architecture.md,
 //! "Readiness"):
-//! - on io_uring, one multishot poll per socket (`IORING_POLL_ADD_MULTI`) on a ring of the
-//!   core's own ([`PollRing`]);
-//! - else one epoll set, edge-triggered.
+//! - `epoll` (default): one epoll set, edge-triggered;
+//! - `io_uring`: one multishot poll per socket (`IORING_POLL_ADD_MULTI`) on a ring of the
+//!   core's own ([`PollRing`]).
 //!
 //! The reactor task ([`run`]) awaits the source's descriptor on the core's monoio runtime (a
 //! one-shot `IORING_OP_POLL_ADD` on the io_uring driver, the driver's own epoll on the legacy
@@ -76,16 +76,11 @@ pub struct Reactor {
 }
 
 impl Reactor {
-    /// The readiness source `io.readiness` asks for: `auto` is the io_uring ring when the
-    /// core's runtime runs on io_uring (`uring_driver`), else the epoll set. A ring that cannot
-    /// be created (`ENOMEM`, `EPERM`) is logged and replaced by an epoll set. Errors:
-    /// `epoll_create1` failed (`EMFILE`, `ENOMEM`).
-    pub fn new(choice: config::Readiness, uring_driver: bool) -> io::Result<Reactor> {
-        let ring = match choice {
-            config::Readiness::IoUring => true,
-            config::Readiness::Auto => uring_driver,
-            config::Readiness::Epoll => false,
-        };
+    /// The readiness source `io.readiness` asks for. A ring that cannot be created (`ENOMEM`,
+    /// `EPERM`) is logged and replaced by an epoll set. Errors: `epoll_create1` failed
+    /// (`EMFILE`, `ENOMEM`).
+    pub fn new(choice: config::Readiness) -> io::Result<Reactor> {
+        let ring = choice == config::Readiness::IoUring;
         let source = match ring.then(PollRing::new) {
             Some(Ok(r)) => Source::Ring(Box::new(r)),
             Some(Err(e)) => {
@@ -114,6 +109,12 @@ impl Reactor {
             Source::Ring(_) => "io_uring",
             Source::Epoll { .. } => "epoll",
         }
+    }
+
+    /// Whether the source is a ring with deferred task work (`IORING_SETUP_DEFER_TASKRUN`,
+    /// Linux 6.1: a socket's wake-up only queues work that the reactor runs when it drains).
+    pub fn deferred(&self) -> bool {
+        matches!(&self.source, Source::Ring(r) if r.deferred())
     }
 
     /// Registers the socket `fd` of connection `id` (input, output, half-close). Errors: the

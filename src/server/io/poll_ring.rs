@@ -14,11 +14,16 @@
 //! release the socket: [`PollRing::deregister`] removes the poll (`IORING_OP_POLL_REMOVE`, by
 //! user data) and submits it at once, before the caller closes the descriptor.
 //!
-//! The ring's own descriptor is pollable (readable while completions wait), and that is what
-//! the core's monoio runtime awaits, on either of its drivers.
+//! A poll's completion is posted by task work in the core's thread. Where the kernel allows it
+//! (Linux 6.1), the ring defers that work (`IORING_SETUP_DEFER_TASKRUN` with
+//! `IORING_SETUP_SINGLE_ISSUER`): a socket's wake-up only queues it, and [`PollRing::drain`]
+//! runs all of it in one `io_uring_enter(IORING_ENTER_GETEVENTS)`; the ring signals an eventfd
+//! when work is queued into an empty list, and the core's monoio runtime awaits that eventfd.
+//! Elsewhere the work interrupts the thread once per wake-up, and the runtime awaits the ring's
+//! own descriptor (readable while completions wait). Both are awaited on either monoio driver.
 
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
@@ -35,6 +40,9 @@ const CQ_ENTRIES: u32 = 32_768;
 /// User data of the removals, whose completions are posted only on failure (the poll had
 /// ended already) and ignored. No connection has it: slab keys stay far below `u32::MAX`.
 pub const REMOVE: u64 = u64::MAX;
+
+/// `IORING_ENTER_GETEVENTS`: run queued task work and reap completions.
+const GETEVENTS: u32 = 1;
 
 /// Interest of every poll: input, output, the peer's half-close (errors and hang-ups are
 /// always reported).
@@ -55,6 +63,9 @@ pub struct Report {
 /// A core's readiness ring (see the module docs). Used from its core's thread only.
 pub struct PollRing {
     ring: IoUring,
+    /// The eventfd the ring signals when a completion's work is queued, with deferred task
+    /// work (`IORING_SETUP_DEFER_TASKRUN`, Linux 6.1); `None` on a ring without it.
+    wake: Option<OwnedFd>,
 }
 
 impl PollRing {
@@ -66,13 +77,34 @@ impl PollRing {
     }
 
     fn with_sizes(sq: u32, cq: u32) -> io::Result<PollRing> {
+        // Deferred task work: a socket's wake-up only queues the poll's work, and the core runs
+        // all of it in one `io_uring_enter` when it drains ([`PollRing::drain`]), instead of
+        // being interrupted once per wake-up to post each completion. The ring signals an
+        // eventfd when work is queued, and that is what the core awaits.
+        let deferred = IoUring::builder().setup_cqsize(cq).setup_single_issuer().setup_defer_taskrun().build(sq);
+        if let Ok(ring) = deferred {
+            // SAFETY: plain system call; the descriptor it returns is owned below.
+            let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+            if fd >= 0 {
+                // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+                let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+                if ring.submitter().register_eventfd(fd).is_ok() {
+                    return Ok(PollRing { ring, wake: Some(wake) });
+                }
+            }
+        }
         let ring = IoUring::builder().setup_cqsize(cq).build(sq)?;
-        Ok(PollRing { ring })
+        Ok(PollRing { ring, wake: None })
     }
 
-    /// The ring's descriptor, readable while completions wait.
+    /// The descriptor to await: readable while completions (or their queued work) wait.
     pub fn fd(&self) -> RawFd {
-        self.ring.as_raw_fd()
+        self.wake.as_ref().map_or(self.ring.as_raw_fd(), |w| w.as_raw_fd())
+    }
+
+    /// Whether the ring defers its task work to [`PollRing::drain`] (Linux 6.1).
+    pub fn deferred(&self) -> bool {
+        self.wake.is_some()
     }
 
     /// Arms a multishot poll on socket `fd` with user data `token` and submits it. Errors: the
@@ -129,6 +161,22 @@ impl PollRing {
     /// completions; returns whether more may wait (`max` taken).
     pub fn drain(&mut self, out: &mut Vec<Report>, max: usize) -> bool {
         out.clear();
+        if let Some(wake) = &self.wake {
+            // Reset the signal first: work queued from here on signals it again.
+            let mut count = [0u8; 8];
+            // SAFETY: reads 8 bytes into `count` from the owned, non-blocking eventfd.
+            let _ = unsafe { libc::read(wake.as_raw_fd(), count.as_mut_ptr().cast(), 8) };
+            // Run the queued work, which posts the completions (and submits anything queued).
+            let pending = self.ring.submission().len() as u32;
+            // SAFETY: no argument is passed; entries queued point at no user memory.
+            if let Err(e) = unsafe { self.ring.submitter().enter::<libc::sigset_t>(pending, 0, GETEVENTS, None) } {
+                if e.kind() != io::ErrorKind::Interrupted
+                    && !matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY))
+                {
+                    tracing::warn!(error = %e, "readiness ring: io_uring_enter failed");
+                }
+            }
+        }
         let mut taken = 0;
         for cqe in self.ring.completion() {
             taken += 1;
