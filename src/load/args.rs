@@ -57,7 +57,9 @@ pub struct IdleArgs {
     /// Measure broadcast latency: each `msg` whose `data` carries `{"t": UNIX_NS}` (its publish
     /// time) is timed on arrival, per seq, over every held connection; the report gains
     /// `broadcast_received`, `broadcasts` (per seq: `received`, `p50_ms`, `p99_ms`, `max_ms`) and
-    /// `broadcast_hist` (src/load/broadcast.rs).
+    /// `broadcast_hist` (src/load/broadcast.rs). At the end of the hold each connection closes
+    /// with 1000 and is read until the server's close (at most 10 s), so every broadcast the
+    /// server queued before the stop is counted.
     #[arg(long)]
     pub latency_from_data: bool,
     /// Options shared by every scenario.

@@ -112,12 +112,18 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
                     tally.borrow_mut().opened += 1;
                     let mut stop = shared.stop.subscribe();
                     // Biased to the socket: what had arrived when the stop came is still read
-                    // (and timed) before the connection counts as held to the end.
+                    // (and timed) before the connection counts as held to the end; with
+                    // `--latency-from-data`, so is all the server queued before our close.
                     let ended = tokio::select! {
                         biased;
                         r = hold(&mut conn, broadcasts.as_deref()) => Some(r),
                         _ = stop.wait_for(|s| *s) => None,
                     };
+                    if ended.is_none() {
+                        if let Some(b) = broadcasts.as_deref() {
+                            close_and_drain(&mut conn, b).await;
+                        }
+                    }
                     let mut t = tally.borrow_mut();
                     match ended {
                         Some(e) => {
@@ -196,6 +202,19 @@ pub(crate) async fn wait_for_end(hold: Duration) {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
+}
+
+/// At the stop, with `--latency-from-data`: closes with 1000 (RFC 6455 §5.5.1) and keeps
+/// timing broadcasts until the server's close frame or EOF, within [`STEP_TIMEOUT`]. The server
+/// queues its close after what it had queued to the connection, so every broadcast queued
+/// before the stop is counted, however far behind this reader was (the connection still counts
+/// as held to the end).
+async fn close_and_drain(conn: &mut WsConn, broadcasts: &RefCell<Broadcasts>) {
+    if conn.send_close(1000).await.is_err() {
+        return;
+    }
+    // Ends with the server's close (an `Err`); a timeout leaves the rest uncounted.
+    let _ = tokio::time::timeout(STEP_TIMEOUT, hold(conn, Some(broadcasts))).await;
 }
 
 /// Connects, handshakes and subscribes to `channel`; returns once `subscribed` arrived.
