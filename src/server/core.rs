@@ -309,6 +309,25 @@ impl CoreState {
         })
     }
 
+    /// Reads the input waiting for `id` when its deadline would judge the peer silent
+    /// ([`Session::timeout_awaits_input`]) and its reads are not held: input already reported
+    /// and not yet read ([`Flags::READ_PENDING`]), or input the reactor has not taken yet (a
+    /// peek of the socket).
+    fn read_before_timeout(&mut self, id: ConnId) {
+        let now = self.clock.now();
+        let Some(s) = self.conn(id) else { return };
+        if !s.timeout_awaits_input(now) || !(s.flags.has(Flags::READ_PENDING) || sock::has_input(s.fd)) {
+            return;
+        }
+        if super::reactor::read_held(self, id) {
+            return;
+        }
+        if let Some(s) = self.conn(id) {
+            s.flags.clear(Flags::READ_PENDING);
+        }
+        self.on_readable(id);
+    }
+
     /// Ends `id` at once (EOF, socket error); the reactor tears it down.
     pub fn end(&mut self, id: ConnId, why: ReapReason) {
         if let Some(s) = session(&mut self.conns.slab, id) {
@@ -377,10 +396,17 @@ impl CoreState {
         self.flush(id);
     }
 
-    /// A deadline filed for `id` at tick `due` came.
+    /// A deadline filed for `id` at tick `due` came. A deadline that would end the connection
+    /// for want of input (a pong, a request head, a close frame) first reads what already waits
+    /// in its socket: under a backlog the clock can run before the reactor has handed this
+    /// core's input to its sessions, and a peer whose answer arrived in time is not reaped.
     pub fn on_timer(&mut self, id: ConnId, due: Tick) {
         if self.conn(id).is_none_or(|s| s.armed != due) {
             return; // the deadline moved, or the slot holds another connection
+        }
+        self.read_before_timeout(id);
+        if self.conn(id).is_none_or(|s| s.armed != due || s.is_closed()) {
+            return; // what was read moved the deadline, or ended the connection
         }
         let drain = self.shared.drain_code();
         let timed_out = self.with_session(id, |s, ctx| {

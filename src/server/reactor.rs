@@ -218,7 +218,7 @@ impl Reactor {
 /// the queue limits, so a peer that never reads them must not make us read more), a request
 /// awaiting another core, or a publisher while the server is overloaded (listed in the core's
 /// held list, which the clock releases when the overload clears).
-fn read_held(st: &mut CoreState, id: ConnId) -> bool {
+pub(super) fn read_held(st: &mut CoreState, id: ConnId) -> bool {
     let Some(s) = st.conns.get(id) else { return true };
     let http = matches!(s.state(), State::Http(_));
     let owed = s.flags.has(Flags::WANT_WRITE) && (s.flags.has(Flags::ECHO) || http);

@@ -28,6 +28,26 @@ pub fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     }
 }
 
+/// Whether input waits in the socket `fd` unread: bytes, the peer's FIN or an error (a
+/// `MSG_PEEK` of one byte that does not block and consumes nothing). `false` when nothing is
+/// there. One system call; for the rare moment a deadline would judge the peer silent.
+pub fn has_input(fd: RawFd) -> bool {
+    let mut byte = 0u8;
+    loop {
+        // SAFETY: one writable byte; fd is open while its session exists (see `recv`).
+        let r = unsafe { libc::recv(fd, (&mut byte as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+        if r >= 0 {
+            return true;
+        }
+        match io::Error::last_os_error().kind() {
+            io::ErrorKind::Interrupted => continue,
+            io::ErrorKind::WouldBlock => return false,
+            // A pending error: the read that follows reaps the connection for it.
+            _ => return true,
+        }
+    }
+}
+
 /// One non-blocking `sendmsg` of `iov` (no `SIGPIPE`): the bytes written, `WouldBlock` when
 /// the socket buffer is full; other errors are the peer's (reset, broken pipe). Retries
 /// `EINTR`.
@@ -73,4 +93,40 @@ pub fn peer_addr(fd: RawFd) -> Option<SocketAddr> {
     // SAFETY: fd as in `recv`; the borrow does not outlive this call.
     let fd = unsafe { BorrowedFd::borrow_raw(fd) };
     socket2::SockRef::from(&fd).peer_addr().ok()?.as_socket()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    #[test]
+    fn has_input_sees_bytes_and_the_fin_without_consuming_them() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let mut peer = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (ours, _) = listener.accept().expect("accept");
+        let fd = ours.as_raw_fd();
+        assert!(!has_input(fd), "nothing sent yet");
+        peer.write_all(b"pong").expect("write");
+        // Loopback delivers within the write; bounded wait all the same.
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !has_input(fd) {
+            assert!(std::time::Instant::now() < end, "the bytes never showed");
+            std::thread::yield_now();
+        }
+        assert!(has_input(fd), "a peek consumes nothing");
+        let mut buf = [0u8; 16];
+        assert_eq!(recv(fd, &mut buf).expect("recv"), 4);
+        assert!(!has_input(fd), "all read");
+        peer.shutdown(Shutdown::Write).expect("fin");
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !has_input(fd) {
+            assert!(std::time::Instant::now() < end, "the FIN never showed");
+            std::thread::yield_now();
+        }
+        assert_eq!(recv(fd, &mut buf).expect("recv"), 0);
+    }
 }

@@ -36,6 +36,23 @@ impl Session {
         }
     }
 
+    /// Whether the deadline, reached at `now`, would end this connection for want of input
+    /// from the peer: no request head yet (HTTP, never served), no frame since the last ping
+    /// (the pong timeout) or no close frame or FIN after ours (the close timeout). The I/O
+    /// owner reads what already waits in the socket before it calls
+    /// [`Session::handle_timeout`] then: input its core was too busy to read is not a silent peer.
+    pub fn timeout_awaits_input(&self, now: Tick) -> bool {
+        if !reached(now, self.deadline) {
+            return false;
+        }
+        match self.state {
+            State::Http(p) => !p.served,
+            State::Open => self.flags.has(Flags::AWAIT_PONG) && !self.flags.has(Flags::DRAIN),
+            State::ClosingByUs | State::Finishing | State::Lingering => true,
+            State::Closed => false,
+        }
+    }
+
     /// The deadline came (at `ctx.now`): the handshake or idle timeout of HTTP, the drain
     /// close (`drain`: the code of the drain in progress), the token's expiry (`error`
     /// `token_expired`) or the end of its refresh grace (close 4001), the heartbeat (ping, or

@@ -156,3 +156,36 @@ fn ping_into_a_full_queue_closes_with_1013() {
 }
 
 // ---- WebSocket input ----
+
+#[test]
+fn only_deadlines_that_judge_the_peer_silent_read_waiting_input_first() {
+    let sim = Sim::new(cfg());
+    let mut rng = rng();
+    // HTTP, never served: the handshake timeout waits for a request head.
+    let http = Session::new(1, -1, 0, &sim.cfg);
+    let h = http.poll_timeout();
+    assert!(!http.timeout_awaits_input(h - 1));
+    assert!(http.timeout_awaits_input(h));
+
+    let mut s = sim.open(0, &mut rng);
+    let d = s.poll_timeout();
+    // The ping time judges nothing.
+    assert!(!s.timeout_awaits_input(d));
+    s.handle_timeout(&sim.at(d), None, &mut rng);
+    write_all(&mut s, d);
+    // The pong deadline does, once it is reached.
+    assert_eq!(s.poll_timeout(), d + 20);
+    assert!(!s.timeout_awaits_input(d + 19));
+    assert!(s.timeout_awaits_input(d + 20));
+    // Input read in time clears the wait: the deadline is the next ping time again.
+    feed(&mut s, &sim.at(d + 20), &client(OP_PONG, b""));
+    assert!(!s.timeout_awaits_input(d + 20));
+    s.handle_timeout(&sim.at(d + 20), None, &mut rng);
+    assert_eq!(s.state(), State::Open);
+
+    // Our close waits for the peer's close frame or FIN.
+    s.close(&sim.at(d + 30), CloseCode::Normal, "bye", ReapReason::Close);
+    let c = s.poll_timeout();
+    assert!(!s.timeout_awaits_input(c - 1));
+    assert!(s.timeout_awaits_input(c));
+}
