@@ -252,16 +252,16 @@ fn run() -> i32 {
         }
     }
 
-    let (broadcast_rows, broadcast_json, mut reports) = if held > 0 && plan.broadcasts > 0 {
+    let (broadcast_rows, broadcast_json, mut reports, reaped_after) = if held > 0 && plan.broadcasts > 0 {
         broadcast(&plan, &nodes, held, &mut loads)
     } else {
-        (Vec::new(), json!([]), Vec::new())
+        (Vec::new(), json!([]), Vec::new(), Value::Null)
     };
     // Those not finished by the broadcasts (none, or all when there were no broadcasts).
     reports.extend(loads.iter_mut().filter(|l| l.0.is_some()).map(LoadProc::finish));
     drop(nodes);
     drop(redis);
-    let reaped_json = json!(reaped_by_step);
+    let reaped_json = json!({"by_step": reaped_by_step, "after_broadcasts": reaped_after});
     report(&plan, &base, &samples, held, stopped, broadcast_rows, broadcast_json, &reports, reaped_json)
 }
 
@@ -452,8 +452,13 @@ fn sample(nodes: &[Serve], load_pids: &[i32], held: u64, connect_s: f64) -> Samp
 
 /// Publishes the stamped broadcasts (after a warm-up that proves every subscriber is in) and
 /// ends the load processes and merges their per-seq histograms; returns table rows, JSON and
-/// the load reports.
-fn broadcast(plan: &Plan, nodes: &[Serve], held: u64, loads: &mut [LoadProc]) -> (Vec<Vec<String>>, Value, Vec<Value>) {
+/// the load reports, and the connections reaped by the end of the broadcasts, by reason.
+fn broadcast(
+    plan: &Plan,
+    nodes: &[Serve],
+    held: u64,
+    loads: &mut [LoadProc],
+) -> (Vec<Vec<String>>, Value, Vec<Value>, Value) {
     let delivered = || nodes.iter().map(|n| n.metric("tether_messages_delivered_total").unwrap_or(0.0)).sum::<f64>();
     // Connected is not yet subscribed: an unstamped message that reaches all says they are.
     let ready_by = Instant::now() + Duration::from_secs(60);
@@ -477,6 +482,10 @@ fn broadcast(plan: &Plan, nodes: &[Serve], held: u64, loads: &mut [LoadProc]) ->
         seqs.extend(seq);
         std::thread::sleep(plan.spacing);
     }
+    // Before the load processes end (their closes are reaped as `close`): what the broadcasts
+    // cost, e.g. pong timeouts on a starved box.
+    let reaps = reaped(nodes);
+    eprintln!("c1m: connections reaped by the end of the broadcasts, by reason: {reaps:?}");
     let mut all = Broadcasts::default();
     let mut reports = Vec::new();
     for load in loads.iter_mut() {
@@ -496,7 +505,7 @@ fn broadcast(plan: &Plan, nodes: &[Serve], held: u64, loads: &mut [LoadProc]) ->
         out.push(json!({"seq": seq, "received": l.count(), "missing": held.saturating_sub(l.count()),
             "p50_ms": p50, "p99_ms": p99, "max_ms": max}));
     }
-    (rows, json!(out), reports)
+    (rows, json!(out), reports, json!(reaps))
 }
 
 /// `POST /publish/load.idle.0` on the node at `port`; the seq from `{"seq":N}`.
@@ -634,7 +643,8 @@ fn report(
             "baseline": sample_json(base, base),
             "steps": samples.iter().map(|s| sample_json(s, base)).collect::<Vec<_>>(),
             "broadcasts": broadcasts, "load_errors": errors, "load_reports": reports,
-            "ping_interval_ms": plan.ping_ms, "pong_timeout_ms": plan.pong_ms, "connect_rate": plan.rate, "reaped_by_step": reaped,
+            "ping_interval_ms": plan.ping_ms, "pong_timeout_ms": plan.pong_ms, "connect_rate": plan.rate, "reaped_by_step": reaped["by_step"],
+            "reaped_after_broadcasts": reaped["after_broadcasts"],
         }),
     );
     i32::from(!(held >= plan.target && stopped.is_none() && complete && errors == 0.0))
