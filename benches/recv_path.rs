@@ -42,7 +42,6 @@
 
 use std::alloc::{self, Layout};
 use std::io::{self, IoSlice};
-use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -676,17 +675,7 @@ fn main() {
     if let Some((receiver, _)) = cpus {
         pin(receiver);
     }
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    let (mut tx, mut rx) = (Vec::new(), Vec::new());
-    for _ in 0..conns {
-        let a = TcpStream::connect(addr).unwrap();
-        let (b, _) = l.accept().unwrap();
-        b.set_nonblocking(true).unwrap();
-        a.set_nodelay(true).unwrap();
-        tx.push(a);
-        rx.push(b);
-    }
+    let (tx, rx) = loopback_pairs(conns);
     let tx_fds: Vec<RawFd> = tx.iter().map(|s| s.as_raw_fd()).collect();
     let rx_fds: Vec<RawFd> = rx.iter().map(|s| s.as_raw_fd()).collect();
     let mut scratch = vec![0u8; SCRATCH_BYTES];

@@ -12,7 +12,7 @@
 //! processing of the peer socket (done in the sender's context), as in the server.
 
 use std::io::IoSlice;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 
 use serde_json::json;
@@ -73,17 +73,7 @@ fn main() {
     let passes: usize = env_or("SEND_PASSES", 40);
     let size: usize = env_or("SEND_FRAME", 100);
     let rounds: usize = env_or("SEND_ROUNDS", 3);
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    let (mut tx, mut rx) = (Vec::new(), Vec::new());
-    for _ in 0..conns {
-        let a = TcpStream::connect(addr).unwrap();
-        let (b, _) = l.accept().unwrap();
-        b.set_nonblocking(true).unwrap();
-        a.set_nodelay(true).unwrap();
-        tx.push(a);
-        rx.push(b);
-    }
+    let (tx, mut rx) = loopback_pairs(conns);
     let fds: Vec<i32> = tx.iter().map(|s| s.as_raw_fd()).collect();
     let frame = vec![b'x'; size];
     let mut batch = SendBatch::new().expect("io_uring ring");

@@ -338,6 +338,24 @@ pub fn thread_files(pid: i32, prefix: &str, file: &str) -> Vec<PathBuf> {
         .collect()
 }
 
+/// `n` loopback TCP connection pairs for the benches of one path alone (`send_path`,
+/// `recv_path`): the connecting ends (blocking, `TCP_NODELAY`) and the accepted ends
+/// (non-blocking, as the server's). Panics when a connect or accept fails.
+pub fn loopback_pairs(n: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    let addr = l.local_addr().expect("listener address");
+    let (mut connected, mut accepted) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n {
+        let a = TcpStream::connect(addr).expect("connect");
+        let (b, _) = l.accept().expect("accept");
+        b.set_nonblocking(true).expect("non-blocking");
+        a.set_nodelay(true).expect("TCP_NODELAY");
+        connected.push(a);
+        accepted.push(b);
+    }
+    (connected, accepted)
+}
+
 /// The 1-minute load average (what else the shared box was doing).
 pub fn loadavg() -> f64 {
     std::fs::read_to_string("/proc/loadavg").ok().and_then(|s| s.split_whitespace().next()?.parse().ok()).unwrap_or(0.0)
