@@ -8,7 +8,8 @@
 //! - Redis killed and restarted empty: publishes get 503/`unavailable`, `/readyz` is 503, and
 //!   subscribers get a `reset` with reason `epoch`, never a silent gap; restarted with its AOF:
 //!   same epoch, every acked message delivered once;
-//! - a resume on another node after the last subscriber left keeps the epoch.
+//! - a resume on another node after the last subscriber left keeps the epoch;
+//! - a node whose pub/sub link is down (command link up) is not ready and refuses `sub`.
 
 mod common;
 mod nodes;
@@ -485,6 +486,62 @@ async fn redis_restart_with_appendonly_keeps_epoch() {
             "{m}"
         );
     }
+}
+
+/// The pub/sub link is down while the command link is up (Redis refuses `SUBSCRIBE` to
+/// tether's user, and the link is killed): the node can store publishes but cannot deliver
+/// them, so `/readyz` is 503 `broker_down` and a `sub` gets `unavailable`; once `SUBSCRIBE` is
+/// allowed again the link comes back, `/readyz` is 200, the message published meanwhile
+/// reaches the subscriber that stayed connected, and a `sub` is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pubsub_link_down_is_not_ready_until_it_relinks() {
+    let _serial = serial().await;
+    let (ch, other) = ("redis.pubsub-down", "redis.pubsub-down-other");
+    let redis = RedisProc::start();
+    let node = Server::start(&redis_config(&redis.url(), ""), &["--cores", "2"]);
+    wait_ready_status(node.addr, 200, STEP).await;
+    let mut sub = Conn::tung(node.addr).await;
+    let (head, epoch) = sub.sub_live(ch).await;
+    assert_eq!(head, 0);
+    let kind = ["kind=\"redis\""];
+    assert_eq!(node.metric("tether_broker_pubsub_up", &kind).await, 1.0);
+
+    tokio::task::block_in_place(|| {
+        assert_eq!(redis.cli(&["ACL", "SETUSER", "default", "-subscribe"]).trim(), "OK");
+        assert_eq!(redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]).trim(), "1");
+    });
+    let took = wait_ready_status(node.addr, 503, STEP).await;
+    eprintln!("pub/sub link killed and refused SUBSCRIBE: /readyz 503 after {took:?}");
+    let (status, _, body) = http_request(node.addr, "GET", "/readyz", &[], b"").await;
+    assert_eq!((status, &body[..]), (503, &br#"{"status":"broker_down"}"#[..]), "{}", String::from_utf8_lossy(&body));
+    assert_eq!(node.metric("tether_broker_pubsub_up", &kind).await, 0.0);
+    assert_eq!(node.metric("tether_broker_up", &kind).await, 1.0, "the command link went down too");
+    // Publishes are still stored (the command link is up) ...
+    let mut http = HttpConn::new(node.addr).await;
+    let (status, _, body) = post(&mut http, ch, None, 1).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    // ... but a new subscription cannot be served.
+    let mut late = Conn::raw(node.addr).await;
+    let v = late.sub(other, None).await;
+    assert_eq!((v["op"].as_str(), v["code"].as_str()), (Some("error"), Some("unavailable")), "{v}");
+    assert_eq!(v["retry_after_ms"], 1000, "{v}");
+
+    tokio::task::block_in_place(|| assert_eq!(redis.cli(&["ACL", "SETUSER", "default", "+subscribe"]).trim(), "OK"));
+    let took = wait_ready_status(node.addr, 200, STEP).await;
+    eprintln!("SUBSCRIBE allowed again: /readyz 200 after {took:?}");
+    assert_eq!(node.metric("tether_broker_pubsub_up", &kind).await, 1.0);
+    // The publish made while the link was down is repaired from the stream, once.
+    let m = sub.recv_within(STEP).await;
+    assert_eq!((m["op"].as_str(), m["seq"].as_u64(), m["data"]["n"].as_u64()), (Some("msg"), Some(1), Some(1)), "{m}");
+    assert!(sub.alive().await.is_empty(), "more than the one message after the relink");
+    let v = late.sub(ch, Some((0, epoch.as_str()))).await;
+    assert_eq!(
+        (v["op"].as_str(), v["recovered"].as_bool(), v["seq"].as_u64()),
+        (Some("subscribed"), Some(true), Some(1)),
+        "{v}"
+    );
+    let m = late.recv_within(STEP).await;
+    assert_eq!((m["op"].as_str(), m["seq"].as_u64()), (Some("msg"), Some(1)), "{m}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -176,6 +176,7 @@ fn pairs(s: &Value, m: &Metrics) -> Vec<(String, f64, f64)> {
     pair("drain.draining".into(), &s["drain"]["draining"], "tether_draining", &[]);
     pair("drain.remaining".into(), &s["drain"]["remaining"], "tether_drain_remaining", &[]);
     pair("broker.up".into(), &s["broker"]["up"], "tether_broker_up", &["kind=\"memory\""]);
+    pair("broker.pubsub_up".into(), &s["broker"]["pubsub_up"], "tether_broker_pubsub_up", &["kind=\"memory\""]);
     out
 }
 
@@ -261,7 +262,7 @@ async fn status_json_says_what_metrics_says_after_known_traffic() {
     assert!(conns == READERS as u64 + 2 || conns == READERS as u64 + 1, "{conns}");
     // news, drop.x, slow.x (the last may already be forgotten: no subscriber left).
     assert!((2..=3).contains(&s["channels"].as_u64().unwrap()), "{s}");
-    assert_eq!(s["broker"], serde_json::json!({"kind": "memory", "up": true}));
+    assert_eq!(s["broker"], serde_json::json!({"kind": "memory", "up": true, "pubsub_up": true}));
     assert_eq!(s["drain"], serde_json::json!({"draining": false, "close_code": null, "remaining": 0}));
     assert_eq!(s["heartbeat"]["ping_interval_ms"], 600000);
     assert_eq!(s["max_connections"], 1_000_000);

@@ -132,9 +132,7 @@ impl CoreState {
             (Method::Get | Method::Head, "/readyz") if draining => {
                 http::response(503, "application/json", b"{\"status\":\"draining\"}", &[], keep_alive)
             }
-            (Method::Get | Method::Head, "/readyz")
-                if !self.shared.broker.up.load(std::sync::atomic::Ordering::Relaxed) =>
-            {
+            (Method::Get | Method::Head, "/readyz") if !self.shared.broker.ready() => {
                 http::response(503, "application/json", b"{\"status\":\"broker_down\"}", &[], keep_alive)
             }
             (Method::Get | Method::Head, "/readyz") => {

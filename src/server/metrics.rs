@@ -381,8 +381,12 @@ pub const BROKER_ERROR_KINDS: [&str; 4] = ["timeout", "connection", "script", "s
 /// The broker's process-wide counters, written by the Redis broker thread (the memory broker
 /// is always up and leaves the rest at zero).
 pub struct BrokerMetrics {
-    /// Whether publishes can be stored now: `tether_broker_up`, and `/readyz`.
+    /// Whether publishes can be stored now (the Redis command link is up): `tether_broker_up`.
     pub up: std::sync::atomic::AtomicBool,
+    /// Whether published messages reach this node's subscribers now (the Redis pub/sub link
+    /// is up and has resubscribed every channel with local subscribers):
+    /// `tether_broker_pubsub_up`. While it is down, `sub` is refused with `unavailable`.
+    pub pubsub_up: std::sync::atomic::AtomicBool,
     /// Command or pub/sub links re-established after a loss.
     pub reconnects: AtomicU64,
     /// Errors by kind (index into [`BROKER_ERROR_KINDS`]).
@@ -400,6 +404,7 @@ impl BrokerMetrics {
     pub fn new(up: bool) -> BrokerMetrics {
         BrokerMetrics {
             up: std::sync::atomic::AtomicBool::new(up),
+            pubsub_up: std::sync::atomic::AtomicBool::new(up),
             reconnects: AtomicU64::new(0),
             errors: Default::default(),
             gap_repairs: AtomicU64::new(0),
@@ -421,6 +426,12 @@ impl BrokerMetrics {
         self.errors[kind.min(BROKER_ERROR_KINDS.len() - 1)].fetch_add(1, Relaxed);
     }
 
+    /// Whether the node is ready as far as the broker goes (`/readyz`): it can store publishes
+    /// and deliver them to its subscribers.
+    pub fn ready(&self) -> bool {
+        self.up.load(Relaxed) && self.pubsub_up.load(Relaxed)
+    }
+
     /// Appends the broker metrics in the Prometheus text format; `kind` is `memory` or
     /// `redis` (the `kind` label of `tether_broker_up`).
     pub fn render_into(&self, out: &mut String, kind: &str) {
@@ -431,6 +442,13 @@ impl BrokerMetrics {
             "gauge",
             "1 while the broker stores publishes.",
             [(format!("kind=\"{kind}\""), up)].into_iter(),
+        );
+        counter(
+            out,
+            "tether_broker_pubsub_up",
+            "gauge",
+            "1 while published messages reach this node's subscribers.",
+            [(format!("kind=\"{kind}\""), self.pubsub_up.load(Relaxed) as u64)].into_iter(),
         );
         let one = |out: &mut String, name: &str, kind: &str, help: &str, v: u64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");

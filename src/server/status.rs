@@ -185,6 +185,7 @@ pub fn status_json(shared: &Shared, uptime_ms: u64, top: Vec<ConnRow>, loads: &[
         "broker": {
             "kind": cfg.broker.kind.as_str(),
             "up": shared.broker.up.load(Relaxed),
+            "pubsub_up": shared.broker.pubsub_up.load(Relaxed),
         },
         "cores": cores,
         "top": top,

@@ -5,7 +5,8 @@
 //!   dead Redis is noticed on an idle node too;
 //! - **pub/sub link** ([`pubsub_link`]): subscribes and unsubscribes the topics of channels
 //!   with local subscribers, in order; after a loss it reconnects, resubscribes them all and
-//!   tells every channel task, which repairs its gap. [`dispatch`] hands its pushes to the
+//!   tells every channel task, which repairs its gap. While it is down
+//!   `tether_broker_pubsub_up` is 0, `/readyz` is 503 and `sub` is refused with `unavailable`. [`dispatch`] hands its pushes to the
 //!   channel tasks.
 
 use std::rc::Rc;
@@ -106,32 +107,19 @@ pub(super) async fn pubsub_link(ctx: Rc<Ctx>, mut ctl: UnboundedReceiver<Ctl>) {
     let mut backoff = backoff();
     let mut gen = 0u64;
     let mut ever = false;
+    // Full jitter before every attempt after a failure, the first one included: a Redis
+    // restart must not see every node come back in the same millisecond.
     'connect: loop {
         gen += 1;
         let (push_tx, push_rx) = unbounded_channel();
         let mut link = match Link::open(&ctx.cfg, Some(push_tx), ctx.timeout).await {
             Ok(l) => l,
             Err(e) => {
-                ctx.shared.broker.error(ERR_CONNECTION);
-                warn_limited(
-                    "broker-pubsub",
-                    || tracing::warn!(error = %e, "cannot open the redis pub/sub link; retrying"),
-                );
-                ctx.to_all_channels(|| ChanEvent::Unlinked);
-                // Meanwhile, answer subscribes (channels learn the link is down) and drop
-                // the rest: the reconnect subscribes whatever has subscribers then.
-                let sleep = tokio::time::sleep(backoff.next_delay(None));
-                tokio::pin!(sleep);
-                loop {
-                    tokio::select! {
-                        _ = &mut sleep => continue 'connect,
-                        c = ctl.recv() => match c {
-                            None => return,
-                            Some(Ctl::Subscribe(ch)) => ctx.to_channel(&ch, ChanEvent::Unlinked),
-                            Some(_) => {}
-                        },
-                    }
+                let why = "cannot open the redis pub/sub link; retrying";
+                if pubsub_down(&ctx, &mut ctl, backoff.next_delay(None), why, &e).await {
+                    continue 'connect;
                 }
+                return;
             }
         };
         let since = Instant::now();
@@ -141,8 +129,13 @@ pub(super) async fn pubsub_link(ctx: Rc<Ctx>, mut ctl: UnboundedReceiver<Ctl>) {
         for chunk in names.chunks(SUBSCRIBE_CHUNK) {
             let topics: Vec<String> = chunk.iter().map(|c| ctx.keys.topic(c)).collect();
             if let Err(e) = timed(&ctx, link.subscribe(&topics)).await {
-                tracing::warn!(error = %e, "resubscribing on the redis pub/sub link failed; reconnecting");
-                continue 'connect;
+                // E.g. an ACL without `subscribe`: the link is up but useless.
+                let why = "resubscribing on the redis pub/sub link failed; reconnecting";
+                backoff.connected_for(since.elapsed());
+                if pubsub_down(&ctx, &mut ctl, backoff.next_delay(None), why, &e).await {
+                    continue 'connect;
+                }
+                return;
             }
         }
         if ever {
@@ -153,6 +146,9 @@ pub(super) async fn pubsub_link(ctx: Rc<Ctx>, mut ctl: UnboundedReceiver<Ctl>) {
         for ch in &names {
             ctx.to_channel(ch, ChanEvent::Linked);
         }
+        // After the `Linked`s: a `sub` that saw the node ready reaches its channel task behind
+        // them, so it is answered from the relinked channel, not refused.
+        ctx.shared.broker.pubsub_up.store(true, Relaxed);
         loop {
             let Some(first) = ctl.recv().await else { return };
             let mut cmds = vec![first];
@@ -184,19 +180,44 @@ pub(super) async fn pubsub_link(ctx: Rc<Ctx>, mut ctl: UnboundedReceiver<Ctl>) {
                     }
                 };
                 if let Err(e) = r {
-                    ctx.shared.broker.error(ERR_CONNECTION);
-                    warn_limited(
-                        "broker-pubsub",
-                        || tracing::warn!(error = %e, "redis pub/sub link lost; reconnecting"),
-                    );
-                    ctx.to_all_channels(|| ChanEvent::Unlinked);
+                    let why = "redis pub/sub link lost; reconnecting";
                     backoff.connected_for(since.elapsed());
-                    // Full jitter before the first attempt too: a Redis restart must not
-                    // see every node come back in the same millisecond.
-                    tokio::time::sleep(backoff.next_delay(None)).await;
-                    continue 'connect;
+                    if pubsub_down(&ctx, &mut ctl, backoff.next_delay(None), why, &e).await {
+                        continue 'connect;
+                    }
+                    return;
                 }
             }
+        }
+    }
+}
+
+/// The pub/sub link is down (`why`, after `e`; logged within the broker's log limit): marks it so
+/// (`tether_broker_pubsub_up` 0, `/readyz` 503), tells every channel task, and waits `delay`
+/// before the next attempt, answering the `sub`s of new channels meanwhile (their channels
+/// learn the link is down and refuse with `unavailable`; the reconnect subscribes whatever
+/// has subscribers then). `false` when the broker thread is ending.
+async fn pubsub_down(
+    ctx: &Ctx,
+    ctl: &mut UnboundedReceiver<Ctl>,
+    delay: Duration,
+    why: &str,
+    e: &redis::RedisError,
+) -> bool {
+    ctx.shared.broker.pubsub_up.store(false, Relaxed);
+    ctx.shared.broker.error(ERR_CONNECTION);
+    warn_limited("broker-pubsub", || tracing::warn!(error = %e, "{why}"));
+    ctx.to_all_channels(|| ChanEvent::Unlinked);
+    let sleep = tokio::time::sleep(delay);
+    tokio::pin!(sleep);
+    loop {
+        tokio::select! {
+            _ = &mut sleep => return true,
+            c = ctl.recv() => match c {
+                None => return false,
+                Some(Ctl::Subscribe(ch)) => ctx.to_channel(&ch, ChanEvent::Unlinked),
+                Some(_) => {}
+            },
         }
     }
 }
