@@ -29,7 +29,7 @@ use super::metrics::{CoreMetrics, HandshakeFailure};
 use super::reactor::Reactor;
 use super::session::replay::Fetch;
 use super::session::{ConnId, Ctx, Flags, ReapReason, Session, SessionConfig, State, Tick};
-use super::timer::{ping_slot, TimerWheel, TICK_MS};
+use super::timer::{heartbeat_slack, ping_slot, TimerWheel, TICK_MS};
 use super::{io as sock, Shared};
 use crate::auth::grants::Grants;
 use crate::config::Overflow;
@@ -64,11 +64,12 @@ pub(super) fn session(slab: &mut Slab<Session>, id: ConnId) -> Option<&mut Sessi
 }
 
 /// Files the deadline of session `id` in the timer wheel when it moved since it was last filed
-/// (an entry whose tick no longer matches `armed` is ignored when it fires). A ping time is
-/// filed on the ping grid ([`ping_slot`]) so that one clock wake-up sends a batch of pings.
-pub(super) fn arm(wheel: &mut TimerWheel, id: ConnId, s: &mut Session) {
+/// (an entry whose tick no longer matches `armed` is ignored when it fires). A heartbeat
+/// deadline is filed on the heartbeat grid of `slack` ticks ([`ping_slot`]) so that one clock
+/// wake-up handles a batch of them.
+pub(super) fn arm(wheel: &mut TimerWheel, slack: Tick, id: ConnId, s: &mut Session) {
     let due = s.poll_timeout();
-    let due = if s.deadline_is_ping() { ping_slot(due) } else { due };
+    let due = if s.deadline_is_heartbeat() { ping_slot(due, slack) } else { due };
     if due != s.armed {
         s.armed = due;
         super::tick::due_at(wheel.schedule(id, due));
@@ -103,6 +104,9 @@ pub struct Clock {
     pub last_sweep: Tick,
     /// The sessions' limits in ticks.
     pub cfg: SessionConfig,
+    /// The heartbeat grid in ticks ([`heartbeat_slack`]): ping times and pong deadlines are
+    /// filed on its multiples.
+    pub heartbeat_slack: Tick,
 }
 
 impl Clock {
@@ -204,6 +208,7 @@ impl CoreState {
         reactor: Reactor,
     ) -> CoreState {
         let cfg = &shared.config;
+        let session_cfg = SessionConfig::new(cfg);
         CoreState {
             me,
             conns: Conns::default(),
@@ -215,7 +220,8 @@ impl CoreState {
                 wheel: TimerWheel::new(4096, 0),
                 fired: Vec::new(),
                 last_sweep: 0,
-                cfg: SessionConfig::new(cfg),
+                heartbeat_slack: heartbeat_slack(session_cfg.ping_interval, session_cfg.pong_timeout),
+                cfg: session_cfg,
             },
             reactor,
             drain: Drain::default(),
@@ -254,7 +260,7 @@ impl CoreState {
         let ctx = Ctx { now, cfg: &self.clock.cfg, metrics: &self.shared.metrics[self.me] };
         let s = session(&mut self.conns.slab, id)?;
         let r = f(s, &ctx);
-        arm(&mut self.clock.wheel, id, s);
+        arm(&mut self.clock.wheel, self.clock.heartbeat_slack, id, s);
         notice(&mut self.reactor, id, s);
         if !s.queue.is_empty() && !s.flags.has(Flags::DIRTY) {
             s.flags.set(Flags::DIRTY);
@@ -320,6 +326,12 @@ impl CoreState {
             return;
         }
         if super::reactor::read_held(self, id) {
+            // Input waits but this core does not read it now (e.g. an overloaded server holds
+            // its publishers): the peer is not silent, and a pong it sent in time stays unread
+            // only because of us.
+            if let Some(s) = self.conn(id) {
+                s.input_waits();
+            }
             return;
         }
         if let Some(s) = self.conn(id) {

@@ -93,7 +93,7 @@ impl CoreState {
         if s.poll_fin(&ctx) {
             sock::shutdown_write(s.fd);
         }
-        arm(&mut self.clock.wheel, id, s);
+        arm(&mut self.clock.wheel, self.clock.heartbeat_slack, id, s);
         notice(&mut self.reactor, id, s);
         if let Some(f) = fetch {
             self.fetch(id, f);

@@ -17,13 +17,12 @@ impl Session {
         self.deadline
     }
 
-    /// Whether the deadline may come a little late ([`PING_SLACK_TICKS`](crate::server::timer::PING_SLACK_TICKS)):
-    /// it is the next ping time of an open connection (no pong awaited, no drain close, not
-    /// the token's expiry). Pong deadlines, handshake and close timeouts, drain closes and
-    /// token expiry stay exact to the tick.
-    pub fn deadline_is_ping(&self) -> bool {
+    /// Whether the deadline is a heartbeat's, which may come up to a grid step late
+    /// ([`heartbeat_slack`](crate::server::timer::heartbeat_slack)): the next ping time or the
+    /// pong deadline of an open connection (no drain close, not the token's expiry).
+    /// Handshake and close timeouts, drain closes and token expiry stay exact to the tick.
+    pub fn deadline_is_heartbeat(&self) -> bool {
         self.state == State::Open
-            && !self.flags.has(Flags::AWAIT_PONG)
             && !self.flags.has(Flags::DRAIN)
             && (self.grant().is_none() || self.deadline != self.token_due)
     }
@@ -50,6 +49,15 @@ impl Session {
             State::Open => self.flags.has(Flags::AWAIT_PONG) && !self.flags.has(Flags::DRAIN),
             State::ClosingByUs | State::Finishing | State::Lingering => true,
             State::Closed => false,
+        }
+    }
+
+    /// Input from the peer waits in the socket but is not read yet (its reads are held): like
+    /// any input, it shows the peer is alive, so an open connection stops awaiting its pong
+    /// (the next ping goes out at its time). Other states are left to their deadlines.
+    pub fn input_waits(&mut self) {
+        if self.state == State::Open {
+            self.flags.clear(Flags::AWAIT_PONG);
         }
     }
 

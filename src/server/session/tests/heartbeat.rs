@@ -155,7 +155,7 @@ fn ping_into_a_full_queue_closes_with_1013() {
     assert_eq!(only_close(&write_all(&mut s, d)).0, 1013);
 }
 
-// ---- WebSocket input ----
+// ---- Input that arrived but is not read yet ----
 
 #[test]
 fn only_deadlines_that_judge_the_peer_silent_read_waiting_input_first() {
@@ -188,4 +188,30 @@ fn only_deadlines_that_judge_the_peer_silent_read_waiting_input_first() {
     let c = s.poll_timeout();
     assert!(!s.timeout_awaits_input(c - 1));
     assert!(s.timeout_awaits_input(c));
+}
+
+#[test]
+fn input_waiting_unread_keeps_a_pinged_peer_alive_but_no_other_state() {
+    let sim = Sim::new(cfg());
+    let mut rng = rng();
+    let mut s = sim.open(0, &mut rng);
+    let d = s.poll_timeout();
+    s.handle_timeout(&sim.at(d), None, &mut rng);
+    write_all(&mut s, d);
+    assert!(s.timeout_awaits_input(d + 20));
+    // Its reads are held (an overloaded server), but its bytes wait in the socket.
+    s.input_waits();
+    assert!(!s.timeout_awaits_input(d + 20));
+    s.handle_timeout(&sim.at(d + 20), None, &mut rng);
+    assert_eq!(s.state(), State::Open, "a peer whose input waits unread was reaped");
+    assert_eq!(s.poll_timeout(), d + 100, "the next ping time");
+
+    // A close we started still waits for the peer's close frame or FIN, not just any bytes.
+    s.close(&sim.at(d + 30), CloseCode::Normal, "bye", ReapReason::Close);
+    let c = s.poll_timeout();
+    s.input_waits();
+    assert!(s.timeout_awaits_input(c));
+    assert_ne!(s.state(), State::Closed);
+    s.handle_timeout(&sim.at(c), None, &mut rng);
+    assert_eq!(s.state(), State::Closed, "the close timeout ended it");
 }
