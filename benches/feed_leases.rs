@@ -232,8 +232,7 @@ fn round(
     for node in &mut nodes {
         node.stop();
     }
-    drop(redis);
-    drop(backend);
+    // Redis, then the lease store, stop as they go out of scope (reverse order of declaration).
     rows
 }
 
