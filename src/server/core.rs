@@ -29,7 +29,7 @@ use super::metrics::{CoreMetrics, HandshakeFailure};
 use super::reactor::Reactor;
 use super::session::replay::Fetch;
 use super::session::{ConnId, Ctx, Flags, ReapReason, Session, SessionConfig, State, Tick};
-use super::timer::{heartbeat_slack, ping_slot, TimerWheel, TICK_MS};
+use super::timer::{heartbeat_slack, heartbeat_slot, TimerWheel, TICK_MS};
 use super::{io as sock, Shared};
 use crate::auth::grants::Grants;
 use crate::config::Overflow;
@@ -65,11 +65,11 @@ pub(super) fn session(slab: &mut Slab<Session>, id: ConnId) -> Option<&mut Sessi
 
 /// Files the deadline of session `id` in the timer wheel when it moved since it was last filed
 /// (an entry whose tick no longer matches `armed` is ignored when it fires). A heartbeat
-/// deadline is filed on the heartbeat grid of `slack` ticks ([`ping_slot`]) so that one clock
+/// deadline is filed on the heartbeat grid of `slack` ticks ([`heartbeat_slot`]) so that one clock
 /// wake-up handles a batch of them.
 pub(super) fn arm(wheel: &mut TimerWheel, slack: Tick, id: ConnId, s: &mut Session) {
     let due = s.poll_timeout();
-    let due = if s.deadline_is_heartbeat() { ping_slot(due, slack) } else { due };
+    let due = if s.deadline_is_heartbeat() { heartbeat_slot(due, slack) } else { due };
     if due != s.armed {
         s.armed = due;
         super::tick::due_at(wheel.schedule(id, due));

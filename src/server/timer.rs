@@ -25,8 +25,8 @@ pub const MAX_HEARTBEAT_SLACK_TICKS: u32 = 64;
 /// [`MAX_HEARTBEAT_SLACK_TICKS`]. 64 ticks (640 ms) for the default 25 s and 10 s; 8 (80 ms)
 /// for a 1 s interval.
 ///
-/// Ping times and pong deadlines are filed on this grid ([`ping_slot`]): a ping leaves, and a
-/// silent peer is reaped, less than one grid step late (at most 1/8 of the interval or the
+/// Ping times and pong deadlines are filed on this grid ([`heartbeat_slot`]): a ping leaves,
+/// and a silent peer is reaped, less than one grid step late (at most 1/8 of the interval or the
 /// timeout), and one clock wake-up handles the heartbeats of a whole step. Each ping touches a
 /// socket and a session that have been cold for a whole interval, so sent in batches they cost
 /// about half as much CPU as sent a few at a time (docs/operations.md, heartbeats).
@@ -37,7 +37,7 @@ pub fn heartbeat_slack(ping_interval: u32, pong_timeout: u32) -> u32 {
 
 /// The tick a heartbeat deadline due at `due` is filed for: the first multiple of `slack` (a
 /// power of two, [`heartbeat_slack`]) at or after it (wrap-aware: 2^32 is a multiple).
-pub fn ping_slot(due: u32, slack: u32) -> u32 {
+pub fn heartbeat_slot(due: u32, slack: u32) -> u32 {
     debug_assert!(slack.is_power_of_two());
     due.wrapping_add(slack - 1) & !(slack - 1)
 }
@@ -305,13 +305,13 @@ mod tests {
     }
 
     #[test]
-    fn ping_slots_are_the_next_multiple() {
-        assert_eq!(ping_slot(8, 4), 8);
-        assert_eq!(ping_slot(9, 4), 12);
-        assert_eq!(ping_slot(11, 4), 12);
-        assert_eq!(ping_slot(u32::MAX - 1, 4), 0, "wraps onto the grid");
-        assert_eq!(ping_slot(65, 64), 128);
-        assert_eq!(ping_slot(7, 1), 7, "a slack of 1 is exact");
+    fn heartbeat_slots_are_the_next_multiple() {
+        assert_eq!(heartbeat_slot(8, 4), 8);
+        assert_eq!(heartbeat_slot(9, 4), 12);
+        assert_eq!(heartbeat_slot(11, 4), 12);
+        assert_eq!(heartbeat_slot(u32::MAX - 1, 4), 0, "wraps onto the grid");
+        assert_eq!(heartbeat_slot(65, 64), 128);
+        assert_eq!(heartbeat_slot(7, 1), 7, "a slack of 1 is exact");
     }
 
     #[test]

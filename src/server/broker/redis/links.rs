@@ -6,8 +6,8 @@
 //! - **pub/sub link** ([`pubsub_link`]): subscribes and unsubscribes the topics of channels
 //!   with local subscribers, in order; after a loss it reconnects, resubscribes them all and
 //!   tells every channel task, which repairs its gap. While it is down
-//!   `tether_broker_pubsub_up` is 0, `/readyz` is 503 and `sub` is refused with `unavailable`. [`dispatch`] hands its pushes to the
-//!   channel tasks.
+//!   `tether_broker_pubsub_up` is 0, `/readyz` is 503 and `sub` is refused with
+//!   `unavailable`. [`dispatch`] hands its pushes to the channel tasks.
 
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
