@@ -10,7 +10,10 @@
 //! process, and every window measures both over the same seconds, so the noise of the shared
 //! box hits both alike), IDLE_READINESS (`io.readiness` of this build's server, default
 //! `epoll`; two values, e.g. `io_uring,epoll`, run one server of this build per value side by
-//! side in the same windows, instead of a baseline).
+//! side in the same windows, instead of a baseline), IDLE_PING_MS
+//! (`heartbeat.ping_interval_ms` of every server, default 25000; e.g. 3600000 keeps every
+//! ping out of the windows, so they measure the engine with nothing due: the clock, the
+//! readiness source, the processor).
 //!
 //! CPU comes from `/proc/PID/task/*/schedstat` (nanoseconds on a CPU, all threads); pings per
 //! second from `tether_pings_sent_total`.
@@ -63,8 +66,13 @@ fn main() {
     let baseline = std::env::var("IDLE_BASELINE").ok().map(PathBuf::from);
 
     pin_binary("idle_cpu");
+    let ping_ms: u64 = env_or("IDLE_PING_MS", 0);
     // A short drain window only keeps the end of the bench short.
-    let cfg = "[drain]\nwindow_ms = 1000\n";
+    let mut cfg = String::from("[drain]\nwindow_ms = 1000\n");
+    if ping_ms > 0 {
+        cfg.push_str(&format!("\n[heartbeat]\nping_interval_ms = {ping_ms}\n"));
+    }
+    let cfg = cfg.as_str();
     let readiness: String = env_or("IDLE_READINESS", "epoll".to_string());
     let readiness: Vec<&str> = readiness.split(',').map(str::trim).filter(|r| !r.is_empty()).collect();
     assert!(
@@ -147,6 +155,7 @@ fn main() {
         "idle_cpu",
         &json!({
             "allocator": allocator(), "cores": cores, "connections": conns, "rounds": rounds,
+            "ping_interval_ms": if ping_ms > 0 { ping_ms } else { 25_000 },
             "window_s": window, "commands": commands, "results": results, "load_reports": reports,
         }),
     );

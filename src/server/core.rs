@@ -11,6 +11,7 @@
 //! the core owns each connection's socket and closes it at [`CoreState::teardown`].
 
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering::Relaxed;
@@ -27,6 +28,7 @@ use super::bus::{ConnRef, ConnRow, CoreLoad, CoreMsg, Endpoint, PublishResult, R
 use super::local::LocalChannels;
 use super::metrics::{CoreMetrics, HandshakeFailure};
 use super::reactor::Reactor;
+use super::session::queue::Frame;
 use super::session::replay::Fetch;
 use super::session::{ConnId, Ctx, Flags, ReapReason, Session, SessionConfig, State, Tick};
 use super::timer::{heartbeat_slack, heartbeat_slot, TimerWheel, TICK_MS};
@@ -52,8 +54,15 @@ pub struct Conns {
     /// Sessions by slab key.
     pub slab: Slab<Session>,
     next_gen: u32,
-    /// Connections with frames queued in this pass, to flush at the end of it.
-    pub dirty: Vec<ConnId>,
+    /// Connections with frames queued and not yet written, in the order they were queued to
+    /// (each listed once, [`Flags::DIRTY`]); written from the front a chunk at a time
+    /// ([`CoreState::flush_some`]).
+    pub dirty: VecDeque<ConnId>,
+    /// The ids of the chunk being written (kept for its capacity).
+    pub flushing: Vec<ConnId>,
+    /// The processor is writing the dirty list a chunk at a time and yields between chunks:
+    /// the clock leaves what it queues to it rather than writing the whole list at once.
+    pub writing: bool,
     /// Publishing connections whose reads are paused until the overload clears.
     pub held: Vec<ConnId>,
 }
@@ -264,7 +273,7 @@ impl CoreState {
         notice(&mut self.reactor, id, s);
         if !s.queue.is_empty() && !s.flags.has(Flags::DIRTY) {
             s.flags.set(Flags::DIRTY);
-            self.conns.dirty.push(id);
+            self.conns.dirty.push_back(id);
         }
         Some(r)
     }
@@ -440,7 +449,7 @@ impl CoreState {
     /// Queues `frame` of local channel `chan` on `id` under `policy` at tick `now` (a fan-out
     /// delivery); returns whether it was queued. An overflow that closes the connection is
     /// logged.
-    pub fn deliver_to(&mut self, id: ConnId, now: Tick, frame: Bytes, chan: u32, policy: Overflow) -> bool {
+    pub fn deliver_to(&mut self, id: ConnId, now: Tick, frame: Frame, chan: u32, policy: Overflow) -> bool {
         let r = self.with_session_at(id, now, |s, ctx| {
             let open = s.state().can_write();
             let queued = s.enqueue(ctx, frame, chan, Some(policy));

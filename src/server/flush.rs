@@ -2,7 +2,7 @@
 //! path").
 //!
 //! [`CoreState::flush`] writes one connection at once (an answer, a replay batch, an output
-//! edge); [`CoreState::flush_dirty`] writes every connection a pass queued to, either with one
+//! edge); [`CoreState::flush_some`] writes connections of the dirty list, either with one
 //! `sendmsg(2)` per connection (`io.send_batch = "sendmsg"`) or, with `"io_uring"`, by
 //! submitting the first send of up to [`BATCH`] connections together on the core's send ring
 //! ([`SendBatch`]) and then finishing each connection exactly as [`CoreState::flush`] does,
@@ -100,15 +100,27 @@ impl CoreState {
         }
     }
 
-    /// Flushes every connection queued to in this pass: in chunks on the send ring when the
-    /// core has one, else one [`CoreState::flush`] each.
+    /// Flushes every connection queued to so far (not those queued to while flushing: a replay
+    /// refill lists its connection again), in chunks on the send ring when the core has one,
+    /// else one [`CoreState::flush`] each.
     pub fn flush_dirty(&mut self) {
+        let n = self.conns.dirty.len();
+        self.flush_some(n);
+    }
+
+    /// Flushes the first `limit` connections of the dirty list (fewer when it is shorter);
+    /// returns whether any are left. The processor writes a long list this way, a chunk
+    /// between messages, so what arrives while it writes joins the queues of the connections
+    /// not yet written and leaves with them (processor.rs).
+    pub fn flush_some(&mut self, limit: usize) -> bool {
+        let n = limit.min(self.conns.dirty.len());
         // Taken out (and given back, to keep its capacity) because flushing may queue more.
-        let mut dirty = std::mem::take(&mut self.conns.dirty);
+        let mut ids = std::mem::take(&mut self.conns.flushing);
+        ids.extend(self.conns.dirty.drain(..n));
         let now = self.clock.now();
         match self.sends.take() {
             Some(mut batch) => {
-                for chunk in dirty.chunks(BATCH) {
+                for chunk in ids.chunks(BATCH) {
                     self.flush_chunk(&mut batch, chunk, now);
                 }
                 if batch.is_broken() {
@@ -118,18 +130,17 @@ impl CoreState {
                 }
             }
             None => {
-                for &id in &dirty {
+                for &id in &ids {
                     self.flush_at(id, now, None);
                 }
             }
         }
-        dirty.clear();
-        if self.conns.dirty.is_empty() {
-            self.conns.dirty = dirty;
-        }
+        ids.clear();
+        self.conns.flushing = ids;
+        !self.conns.dirty.is_empty()
     }
 
-    /// One chunk of [`CoreState::flush_dirty`] on the send ring: the first send of every
+    /// One chunk of [`CoreState::flush_some`] on the send ring: the first send of every
     /// connection that has bytes to send and is not waiting for writability goes out in one
     /// submission, then each connection of the chunk is finished by [`CoreState::flush_at`]
     /// from its send's result (the rest of a long queue, a replay, the FIN, its deadline).

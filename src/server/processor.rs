@@ -1,7 +1,8 @@
 //! The per-core processor: the one task that changes channel state. It drains the local queue
 //! and the bus in order, walks subscriber lists in chunks (yielding between chunks so one big
-//! broadcast never stalls the core's connections), and flushes every touched connection once
-//! per pass, so several frames leave in one `sendmsg`.
+//! broadcast never stalls the core's connections), and writes the touched connections a chunk
+//! at a time, taking new messages between chunks, so the frames queued to a connection before
+//! its turn leave in one `sendmsg`.
 
 use std::cell::RefCell;
 use std::future::poll_fn;
@@ -14,12 +15,18 @@ use bytes::Bytes;
 
 use super::bus::{BusMsg, CoreMsg};
 use super::core::CoreState;
+use super::session::queue::Frame;
 use super::session::ConnId;
 
 /// Subscribers visited per chunk before the processor flushes and yields.
 pub const CHUNK: usize = 1024;
-/// Messages handled per pass before flushing and yielding.
+/// Messages handled before a chunk of the dirty list is written.
 const PASS: usize = 256;
+/// Consecutive deliveries of one channel queued to its subscribers together.
+const BATCH: usize = 64;
+/// Connections written per chunk of the dirty list, between which the processor takes the
+/// messages that arrived and yields (so the reactor reads, and the clock runs).
+const WRITE_CHUNK: usize = 512;
 
 /// Yields once to the runtime, letting other tasks on this core run.
 pub async fn yield_now() {
@@ -36,8 +43,15 @@ pub async fn yield_now() {
     .await
 }
 
+/// The next message for this core: the local queue and the bus first, then the broker's.
+fn recv(core: &Rc<RefCell<CoreState>>) -> Option<BusMsg> {
+    let st = &mut *core.borrow_mut();
+    st.router.recv().or_else(|| st.broker.recv().map(BusMsg::Core))
+}
+
 /// Runs the processor of one core until the runtime stops.
 pub async fn run(core: Rc<RefCell<CoreState>>) {
+    let mut frames: Vec<Bytes> = Vec::with_capacity(BATCH);
     let (me, shared) = {
         let st = core.borrow();
         (st.me, st.shared.clone())
@@ -54,48 +68,72 @@ pub async fn run(core: Rc<RefCell<CoreState>>) {
         } else {
             rung.await;
         }
-        {
-            let mut st = core.borrow_mut();
-            if st.router.has_spill() {
-                st.router.retry_spill();
-            }
-            if st.broker.has_backlog() {
-                let now_ms = st.clock.now_ms();
-                st.broker.sweep(now_ms);
-            }
-            if !st.drain.started && shared.draining() {
-                super::tick::start_drain(&mut st);
-            }
-            super::tick::catch_up(&mut st);
-        }
-        handle_feed_publishes(&core);
-        let mut handled = 0;
+        // A message taken while batching deliveries that did not join the batch.
+        let mut next: Option<BusMsg> = None;
+        // Messages first, then a chunk of the dirty list, until both are done: what arrives
+        // while a long list is written (the next publish, read by the reactor between chunks,
+        // or a delivery from another core) is queued to every subscriber before the next
+        // chunk, so the connections not yet written take it in the same write, and no
+        // message waits for a whole list.
         loop {
-            let msg = {
-                let st = &mut *core.borrow_mut();
-                st.router.recv().or_else(|| st.broker.recv().map(BusMsg::Core))
-            };
-            let Some(msg) = msg else { break };
-            match msg {
-                BusMsg::Core(CoreMsg::Deliver { ch, seq: _, frame }) => deliver(&core, &ch, frame).await,
-                BusMsg::Core(other) => core.borrow_mut().handle(other),
-                BusMsg::Broker(req) => {
-                    let st = &mut *core.borrow_mut();
+            {
+                let mut st = core.borrow_mut();
+                if st.router.has_spill() {
+                    st.router.retry_spill();
+                }
+                if st.broker.has_backlog() {
                     let now_ms = st.clock.now_ms();
-                    st.broker.serve(&mut st.router, now_ms, req);
+                    st.broker.sweep(now_ms);
+                }
+                if !st.drain.started && shared.draining() {
+                    super::tick::start_drain(&mut st);
+                }
+                super::tick::catch_up(&mut st);
+            }
+            handle_feed_publishes(&core);
+            let mut handled = 0;
+            while handled < PASS {
+                let Some(msg) = next.take().or_else(|| recv(&core)) else { break };
+                handled += 1;
+                match msg {
+                    BusMsg::Core(CoreMsg::Deliver { ch, seq: _, frame }) => {
+                        // The deliveries of the same channel that follow join this one (the
+                        // first message of another kind or channel is kept for next).
+                        frames.push(frame);
+                        while frames.len() < BATCH && handled < PASS {
+                            match recv(&core) {
+                                Some(BusMsg::Core(CoreMsg::Deliver { ch: c, seq: _, frame })) if c == ch => {
+                                    frames.push(frame);
+                                    handled += 1;
+                                }
+                                other => {
+                                    next = other;
+                                    break;
+                                }
+                            }
+                        }
+                        deliver(&core, &ch, &mut frames).await;
+                        frames.clear();
+                    }
+                    BusMsg::Core(other) => core.borrow_mut().handle(other),
+                    BusMsg::Broker(req) => {
+                        let st = &mut *core.borrow_mut();
+                        let now_ms = st.clock.now_ms();
+                        st.broker.serve(&mut st.router, now_ms, req);
+                    }
                 }
             }
-            handled += 1;
-            if handled % PASS == 0 {
-                {
-                    let mut st = core.borrow_mut();
-                    st.flush_dirty();
-                    super::tick::catch_up(&mut st);
-                }
-                yield_now().await;
+            let more = {
+                let mut st = core.borrow_mut();
+                let more = st.flush_some(WRITE_CHUNK);
+                st.conns.writing = more;
+                more
+            };
+            if !more && handled < PASS && next.is_none() {
+                break;
             }
+            yield_now().await;
         }
-        core.borrow_mut().flush_dirty();
     }
 }
 
@@ -113,9 +151,21 @@ fn handle_feed_publishes(core: &Rc<RefCell<CoreState>>) {
     st.shared.doorbells[st.me].ring();
 }
 
-/// Queues `frame` to every local subscriber of `ch`, in chunks of [`CHUNK`].
-async fn deliver(core: &Rc<RefCell<CoreState>>, ch: &str, frame: Bytes) {
+/// Queues `frames` (consecutive messages of `ch`, in seq order) to every local subscriber of
+/// `ch`, in chunks of [`CHUNK`] subscribers: each subscriber takes all of them at once, so its
+/// session is visited once per batch, not once per message. Each frame is shared by the
+/// subscribers of this core as one copy made here.
+async fn deliver(core: &Rc<RefCell<CoreState>>, ch: &str, frames: &mut [Bytes]) {
     let Some(chan) = core.borrow().local.find(ch) else { return };
+    // A copy of this core's own: every queued frame takes a reference, and a reference count
+    // that several cores bump for every subscriber keeps its cache line moving between them
+    // (measured: a quarter of the server's time at 8 M deliveries/s on 2 cores). Made when it
+    // costs at most 64 bytes of copying per local subscriber.
+    let subs = core.borrow().local.chans.get(chan as usize).map_or(0, |c| c.subs.len());
+    let frames: Vec<Frame> = frames
+        .iter_mut()
+        .map(|f| if subs.saturating_mul(64) >= f.len() { Frame::local(f) } else { Frame::from(std::mem::take(f)) })
+        .collect();
     core.borrow_mut().active_chan = Some(chan);
     let mut pos = 0;
     loop {
@@ -132,8 +182,13 @@ async fn deliver(core: &Rc<RefCell<CoreState>>, ch: &str, frame: Bytes) {
             let mut n = 0u64;
             let now = st.clock.now();
             for id in &ids[..end - pos] {
-                if *id != ConnId::DEAD && st.deliver_to(*id, now, frame.clone(), chan, policy) {
-                    n += 1;
+                if *id == ConnId::DEAD {
+                    continue;
+                }
+                for f in frames.iter() {
+                    if st.deliver_to(*id, now, f.clone(), chan, policy) {
+                        n += 1;
+                    }
                 }
             }
             st.metrics().delivered.fetch_add(n, Relaxed);

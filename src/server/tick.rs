@@ -151,8 +151,11 @@ pub async fn run(core: Rc<RefCell<CoreState>>) {
         let mut st = core.borrow_mut();
         catch_up(&mut st);
         // Pings and closes queued by the deadlines go out now; when the processor runs the
-        // clock instead, they leave with its next flush, batched with the fan-out.
-        st.flush_dirty();
+        // clock instead, or is writing the dirty list, they leave with its next chunks,
+        // batched with the fan-out.
+        if !st.conns.writing {
+            st.flush_dirty();
+        }
         if st.drain.done {
             return;
         }

@@ -44,7 +44,7 @@ use smallvec::SmallVec;
 use tungstenite::protocol::frame::coding::Data;
 
 use self::limits::{Limiter, Rates};
-use self::queue::OutQueue;
+use self::queue::{Frame, OutQueue};
 pub use self::reap::ReapReason;
 use self::replay::Replay;
 pub use self::token::{token_due, MAX_TOKEN_TICKS, NO_GRANT};
@@ -504,7 +504,14 @@ impl Session {
     /// Queues `frame` under the overflow policy `policy` (`None` for replies, which overflow
     /// like `disconnect`). Returns whether it was queued. With `disconnect`, an overflow
     /// closes the connection with 1013 (the queued data dropped, the close frame first).
-    pub fn enqueue(&mut self, ctx: &Ctx, frame: Bytes, chan: u32, policy: Option<crate::config::Overflow>) -> bool {
+    pub fn enqueue(
+        &mut self,
+        ctx: &Ctx,
+        frame: impl Into<Frame>,
+        chan: u32,
+        policy: Option<crate::config::Overflow>,
+    ) -> bool {
+        let frame = frame.into();
         if !self.state.can_write() {
             return false;
         }
@@ -620,5 +627,11 @@ mod size {
         let size = std::mem::size_of::<super::Session>();
         eprintln!("Session (the per-connection record): {size} bytes");
         assert!(size <= 200, "Session is {size} bytes");
+    }
+
+    #[test]
+    fn queue_entry_is_a_pointer_and_a_channel() {
+        // Written once per delivery and read back once per send: 16 bytes, not 40.
+        assert_eq!(std::mem::size_of::<super::queue::Out>(), 16);
     }
 }

@@ -4,6 +4,8 @@
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
+use std::ops::Deref;
+use std::rc::Rc;
 
 use bytes::Bytes;
 
@@ -13,11 +15,55 @@ use crate::config::Overflow;
 /// Frames handed to one `sendmsg` at most.
 pub const MAX_IOV: usize = 64;
 
+/// A complete encoded frame as queued: one thin pointer, so a queue entry ([`Out`]) is 16 bytes.
+///
+/// A fan-out frame is made once per core ([`Frame::local`]) and shared by that core's
+/// subscribers with a reference count that is not atomic. Queuing it to a subscriber is then a
+/// plain increment and an 8-byte store; with [`Bytes`] it is a locked increment, which waits for
+/// every store before it, those into thousands of other subscribers' queues (measured: an
+/// eighth of the server's time at 7.5 M deliveries/s on 2 cores, `perf record` with
+/// bench-peers at 1,000 msg/s), and a 32-byte store. Replies, history and HTTP answers are
+/// wrapped as they come ([`From<Bytes>`]).
+#[derive(Debug, Clone)]
+pub struct Frame(Rc<Body>);
+
+#[derive(Debug)]
+enum Body {
+    /// A copy owned by this core.
+    Local(Box<[u8]>),
+    /// Owned, static, or shared across cores (history).
+    Shared(Bytes),
+}
+
+impl Frame {
+    /// A copy of `bytes` to share between this core's subscribers.
+    pub fn local(bytes: &[u8]) -> Frame {
+        Frame(Rc::new(Body::Local(bytes.into())))
+    }
+}
+
+impl Deref for Frame {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match &*self.0 {
+            Body::Local(b) => b,
+            Body::Shared(b) => b,
+        }
+    }
+}
+
+impl From<Bytes> for Frame {
+    fn from(b: Bytes) -> Frame {
+        Frame(Rc::new(Body::Shared(b)))
+    }
+}
+
 /// One queued outbound frame and the local channel it belongs to (for overflow policies).
 #[derive(Debug)]
 pub struct Out {
     /// The complete encoded frame, shared with every other subscriber.
-    pub frame: Bytes,
+    pub frame: Frame,
     /// Local channel index, or [`NO_CHAN`](super::NO_CHAN).
     pub chan: u32,
 }
@@ -62,7 +108,8 @@ impl OutQueue {
     }
 
     /// Appends a frame without limit checks.
-    pub fn push(&mut self, frame: Bytes, chan: u32) {
+    pub fn push(&mut self, frame: impl Into<Frame>, chan: u32) {
+        let frame = frame.into();
         self.bytes += frame.len() as u32;
         self.frames.push_back(Out { frame, chan });
     }
@@ -75,7 +122,7 @@ impl OutQueue {
     /// Queues `frame` of local channel `chan` within `limits.queue_max_bytes` and
     /// `limits.queue_max_messages`, applying `policy` when it does not fit (`None`: a reply,
     /// which overflows like `disconnect`). Counts overflows in `tether_overflow_total`.
-    pub fn offer(&mut self, ctx: &Ctx, frame: Bytes, chan: u32, policy: Option<Overflow>) -> Offer {
+    pub fn offer(&mut self, ctx: &Ctx, frame: Frame, chan: u32, policy: Option<Overflow>) -> Offer {
         if !self.fits(ctx, frame.len()) {
             match policy.unwrap_or(Overflow::Disconnect) {
                 Overflow::Disconnect => {

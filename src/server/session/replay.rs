@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{Ctx, Session};
+use super::{Ctx, Frame, Session};
 use crate::config::Overflow;
 use crate::protocol::{self, ResetReason};
 use crate::ws::codec;
@@ -34,7 +34,7 @@ pub struct Replay {
     /// A fetch is on its way to the home.
     fetching: bool,
     /// Live frames (seq > `until`) that arrived during the replay, in order.
-    live: VecDeque<Bytes>,
+    live: VecDeque<Frame>,
     /// Bytes in `live`.
     live_bytes: usize,
 }
@@ -70,7 +70,7 @@ impl Session {
     /// Holds a live frame of `chan` behind a replay of it in progress. The held frames are
     /// bounded like the queue (`queue_max_bytes`, `queue_max_messages`), under the channel's
     /// overflow policy.
-    pub(super) fn hold_for_replay(&mut self, ctx: &Ctx, chan: u32, frame: &Bytes, policy: Option<Overflow>) -> Held {
+    pub(super) fn hold_for_replay(&mut self, ctx: &Ctx, chan: u32, frame: &Frame, policy: Option<Overflow>) -> Held {
         let Some(r) = self.replays.as_mut().and_then(|rs| rs.iter_mut().find(|r| r.chan == chan)) else {
             return Held::NotReplaying;
         };
