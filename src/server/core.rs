@@ -446,16 +446,19 @@ impl CoreState {
         }
     }
 
-    /// Queues `frame` of local channel `chan` on `id` under `policy` at tick `now` (a fan-out
-    /// delivery); returns whether it was queued. An overflow that closes the connection is
-    /// logged.
-    pub fn deliver_to(&mut self, id: ConnId, now: Tick, frame: Frame, chan: u32, policy: Overflow) -> bool {
+    /// Queues `frames` (messages of local channel `chan`, in seq order) on `id` under `policy`
+    /// at tick `now` (a fan-out delivery); returns how many were queued. The session is visited
+    /// once for all of them. An overflow that closes the connection is logged.
+    pub fn deliver_to(&mut self, id: ConnId, now: Tick, frames: &[Frame], chan: u32, policy: Overflow) -> u64 {
         let r = self.with_session_at(id, now, |s, ctx| {
             let open = s.state().can_write();
-            let queued = s.enqueue(ctx, frame, chan, Some(policy));
+            let mut queued = 0;
+            for f in frames {
+                queued += u64::from(s.enqueue(ctx, f.clone(), chan, Some(policy)));
+            }
             (queued, open && !s.state().can_write(), s.fd)
         });
-        let Some((queued, closed, fd)) = r else { return false };
+        let Some((queued, closed, fd)) = r else { return 0 };
         if closed {
             let cfg = &self.clock.cfg;
             super::events::overflow_closed(self.me, fd, cfg.queue_max_bytes, cfg.queue_max_messages);

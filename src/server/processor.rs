@@ -18,7 +18,7 @@ use super::core::CoreState;
 use super::session::queue::Frame;
 use super::session::ConnId;
 
-/// Subscribers visited per chunk before the processor flushes and yields.
+/// Subscribers a delivery visits before the processor yields.
 pub const CHUNK: usize = 1024;
 /// Messages handled before a chunk of the dirty list is written.
 const PASS: usize = 256;
@@ -185,11 +185,7 @@ async fn deliver(core: &Rc<RefCell<CoreState>>, ch: &str, frames: &mut [Bytes]) 
                 if *id == ConnId::DEAD {
                     continue;
                 }
-                for f in frames.iter() {
-                    if st.deliver_to(*id, now, f.clone(), chan, policy) {
-                        n += 1;
-                    }
-                }
+                n += st.deliver_to(*id, now, &frames, chan, policy);
             }
             st.metrics().delivered.fetch_add(n, Relaxed);
             pos = end;
