@@ -15,13 +15,12 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use common::tung::{next_json, Ws};
 use common::*;
-use futures::{SinkExt, StreamExt};
+use futures::SinkExt;
 use serde_json::{json, Value};
+use tokio_tungstenite::connect_async;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{connect_async, MaybeTlsStream, WebSocketStream};
-
-type Ws = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
 
 const SUBSCRIBERS: usize = 1200;
 const LATE: usize = 60;
@@ -48,22 +47,6 @@ fn channel_of(k: u64) -> &'static str {
         0 => CHANNELS[1],
         3 => CHANNELS[2],
         _ => CHANNELS[0],
-    }
-}
-
-/// Next text frame as JSON (pings are answered by tungstenite itself).
-async fn next_json(ws: &mut Ws) -> Value {
-    loop {
-        let m = tokio::time::timeout(STEP, ws.next())
-            .await
-            .expect("no frame within the step")
-            .expect("stream ended")
-            .expect("ws error");
-        match m {
-            Message::Text(t) => return serde_json::from_str(&t).unwrap_or_else(|e| panic!("{t}: {e}")),
-            Message::Ping(_) | Message::Pong(_) => {}
-            other => panic!("unexpected {other:?}"),
-        }
     }
 }
 

@@ -8,34 +8,17 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use common::tung::{next_json, Ws};
 use common::*;
-use futures::{SinkExt, StreamExt};
+use futures::SinkExt;
 use serde_json::{json, Value};
 use tether::client::{Client, ClientConfig, Event};
+use tokio_tungstenite::connect_async;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{connect_async, MaybeTlsStream, WebSocketStream};
-
-type Ws = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
 
 const SUBSCRIBERS: usize = 240;
 const OWN_CLIENTS: usize = 8;
 const CH: &str = "fanout.news";
-
-/// Next text frame as JSON (pings are answered by tungstenite itself).
-async fn next_json(ws: &mut Ws) -> Value {
-    loop {
-        let m = tokio::time::timeout(STEP, ws.next())
-            .await
-            .expect("no frame within the step")
-            .expect("stream ended")
-            .expect("ws error");
-        match m {
-            Message::Text(t) => return serde_json::from_str(&t).unwrap_or_else(|e| panic!("{t}: {e}")),
-            Message::Ping(_) | Message::Pong(_) => {}
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-}
 
 async fn subscriber(url: String) -> Ws {
     let (mut ws, _) =

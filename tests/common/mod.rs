@@ -13,6 +13,7 @@ pub mod raw_http;
 pub mod redis;
 pub mod redis_cluster;
 pub mod traffic;
+pub mod tung;
 pub mod upstream;
 
 use std::io::{BufRead, BufReader, Read};
