@@ -44,7 +44,8 @@
 //! The path of one publish: `reactor` (readable) → [`core::CoreState::on_bytes`] →
 //! `session` (decode, request) → `core` (publish) → `broker` (home: seq, history, fan-out to
 //! cores) → `processor` (deliver in chunks) → `session` (enqueue under the overflow policy) →
-//! [`core::CoreState::flush_some`] (`flush`, a chunk of the dirty list at a time) → `io` (`sendmsg`, or `io::batch`).
+//! [`core::CoreState::flush_some`] (`flush`, a chunk of the dirty list at a time) → `io`
+//! (`sendmsg`, or `io::batch`).
 
 pub mod authorize;
 pub mod broker;
