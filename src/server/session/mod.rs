@@ -14,8 +14,8 @@
 //! clock (`session/tests.rs`).
 //!
 //! # Layout
-//! - this file: the record, its lifecycle ([`State`], [`Flags`]), WebSocket input, output,
-//!   closes;
+//! - this file: the record, its lifecycle ([`State`]), WebSocket input, output, closes;
+//! - `flags.rs`: [`Flags`], the conditions orthogonal to the lifecycle, one bit each;
 //! - `http.rs`: plain HTTP requests in, answers and the upgrade out;
 //! - `input.rs`: the unconsumed input (a partial frame or request head), boxed;
 //! - `deadlines.rs`: the one deadline (handshake, heartbeat, token expiry, close, drain);
@@ -26,6 +26,7 @@
 //! - [`limits`]: the per-connection abuse limits (publish and control-frame rates).
 
 mod deadlines;
+mod flags;
 mod http;
 mod input;
 pub mod limits;
@@ -43,6 +44,7 @@ use bytes::Bytes;
 use smallvec::SmallVec;
 use tungstenite::protocol::frame::coding::Data;
 
+pub use self::flags::Flags;
 use self::limits::{Limiter, Rates};
 use self::queue::{Frame, OutQueue};
 pub use self::reap::ReapReason;
@@ -139,60 +141,6 @@ impl State {
     /// Whether new frames may be queued (replies, deliveries, pings).
     pub fn can_write(self) -> bool {
         self == State::Open
-    }
-}
-
-/// Conditions orthogonal to the lifecycle, one bit each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Flags(u16);
-
-impl Flags {
-    /// Queued frames wait for the socket to become writable.
-    pub const WANT_WRITE: Flags = Flags(1);
-    /// In the core's dirty list: frames were queued in this pass and await a flush.
-    pub const DIRTY: Flags = Flags(2);
-    /// `/echo`: data frames are echoed, not parsed as pub/sub requests.
-    pub const ECHO: Flags = Flags(4);
-    /// A ping is outstanding; the timer checks liveness at the pong deadline.
-    pub const AWAIT_PONG: Flags = Flags(8);
-    /// The drain scheduled this connection's close; its deadline means "close now".
-    pub const DRAIN: Flags = Flags(16);
-    /// Upgraded to WebSocket (counted in the connection gauge until reaped).
-    pub const UPGRADED: Flags = Flags(32);
-    /// The connection has published: its reads pause while the server is overloaded.
-    pub const PUBLISHER: Flags = Flags(64);
-    /// Reads paused for overload; listed in the core's held list until woken.
-    pub const HELD: Flags = Flags(128);
-    /// A heartbeat ping went out and no pong came since: the next pong answers it and is not
-    /// counted against `control_frames_rate` (unlike [`Flags::AWAIT_PONG`], which any input
-    /// clears).
-    pub const PONG_DUE: Flags = Flags(256);
-    /// The token reached its `exp`: `token_expired` was sent and the refresh grace runs
-    /// (docs/security.md).
-    pub const TOKEN_EXPIRED: Flags = Flags(512);
-    /// The socket reported input that was not read yet (its reads were held, or its read
-    /// budget ran out): read when the core's reactor revisits it unheld. Readiness is
-    /// edge-triggered, so this bit is what remembers it.
-    pub const READ_PENDING: Flags = Flags(1024);
-    /// The session asks its I/O owner to look at it (it closed, or a hold on its reads
-    /// cleared); the core hands this to its reactor after each session call.
-    pub const WAKE: Flags = Flags(2048);
-    /// Listed in the core reactor's ready list (listed once).
-    pub const READY: Flags = Flags(4096);
-
-    /// Whether every bit of `f` is set.
-    pub fn has(self, f: Flags) -> bool {
-        self.0 & f.0 == f.0
-    }
-
-    /// Sets the bits of `f`.
-    pub fn set(&mut self, f: Flags) {
-        self.0 |= f.0;
-    }
-
-    /// Clears the bits of `f`.
-    pub fn clear(&mut self, f: Flags) {
-        self.0 &= !f.0;
     }
 }
 

@@ -1,0 +1,56 @@
+//! [`Flags`]: the conditions of a connection orthogonal to its lifecycle ([`super::State`]),
+//! one bit each, kept in 2 bytes of the session record.
+
+/// Conditions orthogonal to the lifecycle, one bit each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Flags(pub(super) u16);
+
+impl Flags {
+    /// Queued frames wait for the socket to become writable.
+    pub const WANT_WRITE: Flags = Flags(1);
+    /// In the core's dirty list: frames were queued in this pass and await a flush.
+    pub const DIRTY: Flags = Flags(2);
+    /// `/echo`: data frames are echoed, not parsed as pub/sub requests.
+    pub const ECHO: Flags = Flags(4);
+    /// A ping is outstanding; the timer checks liveness at the pong deadline.
+    pub const AWAIT_PONG: Flags = Flags(8);
+    /// The drain scheduled this connection's close; its deadline means "close now".
+    pub const DRAIN: Flags = Flags(16);
+    /// Upgraded to WebSocket (counted in the connection gauge until reaped).
+    pub const UPGRADED: Flags = Flags(32);
+    /// The connection has published: its reads pause while the server is overloaded.
+    pub const PUBLISHER: Flags = Flags(64);
+    /// Reads paused for overload; listed in the core's held list until woken.
+    pub const HELD: Flags = Flags(128);
+    /// A heartbeat ping went out and no pong came since: the next pong answers it and is not
+    /// counted against `control_frames_rate` (unlike [`Flags::AWAIT_PONG`], which any input
+    /// clears).
+    pub const PONG_DUE: Flags = Flags(256);
+    /// The token reached its `exp`: `token_expired` was sent and the refresh grace runs
+    /// (docs/security.md).
+    pub const TOKEN_EXPIRED: Flags = Flags(512);
+    /// The socket reported input that was not read yet (its reads were held, or its read
+    /// budget ran out): read when the core's reactor revisits it unheld. Readiness is
+    /// edge-triggered, so this bit is what remembers it.
+    pub const READ_PENDING: Flags = Flags(1024);
+    /// The session asks its I/O owner to look at it (it closed, or a hold on its reads
+    /// cleared); the core hands this to its reactor after each session call.
+    pub const WAKE: Flags = Flags(2048);
+    /// Listed in the core reactor's ready list (listed once).
+    pub const READY: Flags = Flags(4096);
+
+    /// Whether every bit of `f` is set.
+    pub fn has(self, f: Flags) -> bool {
+        self.0 & f.0 == f.0
+    }
+
+    /// Sets the bits of `f`.
+    pub fn set(&mut self, f: Flags) {
+        self.0 |= f.0;
+    }
+
+    /// Clears the bits of `f`.
+    pub fn clear(&mut self, f: Flags) {
+        self.0 &= !f.0;
+    }
+}
