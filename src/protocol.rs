@@ -239,10 +239,7 @@ fn parse_fields(f: &Fields<'_>, id: Option<Cow<'_, str>>) -> Result<ClientOp, Re
     let ch = f.ch.ok_or_else(|| RequestError::new(codes::BAD_REQUEST, "missing ch"))?;
     let ch = json_str(ch).ok_or_else(|| RequestError::new(codes::BAD_REQUEST, "ch must be a string"))?;
     if !valid_channel(&ch) {
-        return Err(RequestError::new(
-            codes::BAD_CHANNEL,
-            "invalid channel name: must be 1-128 bytes of [A-Za-z0-9._:-]",
-        ));
+        return Err(RequestError::new(codes::BAD_CHANNEL, BAD_CHANNEL_REASON));
     }
     let ch = ch.into_owned();
     match op.as_ref() {
@@ -293,6 +290,9 @@ pub fn parse_publish_body(body: &[u8]) -> Result<Box<RawValue>, RequestError> {
 pub fn valid_message_id(id: &str) -> bool {
     (1..=MAX_ID_BYTES).contains(&id.len())
 }
+
+/// The reason of a `bad_channel` error, over WebSocket and HTTP alike (docs/protocol.md).
+pub const BAD_CHANNEL_REASON: &str = "invalid channel name: 1-128 bytes of [A-Za-z0-9._:-]";
 
 /// Channel names: 1–128 bytes of `[A-Za-z0-9._:-]` (docs/protocol.md).
 pub fn valid_channel(name: &str) -> bool {

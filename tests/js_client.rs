@@ -2,8 +2,9 @@
 //! build's `tether`: delivery across cuts and restarts, close-code classes, the backoff
 //! distribution, a 500-client drain herd, and a page in headless Chromium.
 //!
-//! Needs Node ≥ 20 with npm and Debian's `chromium` (`.ci/run` installs them when missing);
-//! without them the test fails saying which is missing. `npm ci` runs first when
+//! Needs Node ≥ 20 with npm and Debian's `chromium` (`.ci/run` installs chromium and npm when
+//! missing, and Debian's `nodejs` when there is no node at all, but Debian 12's is 18: take
+//! Node 20 from backports or NodeSource); without them the test fails saying which is missing. `npm ci` runs first when
 //! `clients/js/node_modules` is missing (the npm registry must be reachable then). The whole
 //! run is bounded in time and node's output is printed.
 
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 
 /// Bound of the `npm ci` step.
 const NPM_CI_LIMIT: Duration = Duration::from_secs(300);
-/// Bound of the whole `node --test` run (it takes about a minute on a 2-core box).
+/// Bound of the whole `node --test` run (35–60 s on a 2-core box).
 const SUITE_LIMIT: Duration = Duration::from_secs(240);
 
 /// Starts of the lines worth showing from a passing run: the figures the tests print and
@@ -98,7 +99,7 @@ fn js_client_suite_passes() {
         Some(v) if v >= 20 => {}
         Some(v) => panic!("node v{v} is too old: the JavaScript client's tests need Node >= 20"),
         None => panic!(
-            "node is not installed: the JavaScript client's tests need Node >= 20 and npm (.ci/run installs them)"
+            "node is not installed: the JavaScript client's tests need Node >= 20 and npm (Debian 12's nodejs is 18: take Node 20 from backports or NodeSource)"
         ),
     }
     let chromium = chromium().unwrap_or_else(|| {

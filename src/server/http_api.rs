@@ -176,7 +176,7 @@ impl CoreState {
         let decoded = http::percent_decode(raw_ch);
         let key = req.idempotency_key.as_deref();
         let checked = match decoded.as_deref().filter(|c| protocol::valid_channel(c)) {
-            None => Err("invalid channel name: 1-128 bytes of [A-Za-z0-9._:-]".into()),
+            None => Err(protocol::BAD_CHANNEL_REASON.into()),
             Some(ch) => match protocol::parse_publish_body(body) {
                 Err(e) => Err(std::borrow::Cow::Owned(e.reason)),
                 Ok(_) if key.is_some_and(|k| !protocol::valid_message_id(k)) => {
