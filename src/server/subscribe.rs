@@ -55,6 +55,9 @@ impl CoreState {
                 s.subs[i].pos = CANCELLED;
                 return Some(None);
             }
+            // Its frames still queued go out, but the channel's index may go to another
+            // channel, whose overflow policy must not take them for its own.
+            s.queue.release_channel(chan);
             Some(Some(s.subs.remove(i)))
         });
         match entry {

@@ -60,29 +60,44 @@ impl From<Bytes> for Frame {
     }
 }
 
-/// One queued outbound frame and the local channel it belongs to (for overflow policies).
+/// One queued outbound frame, the local channel it belongs to and its channel's overflow
+/// policy (for the policies, and for making room for a reply). 16 bytes.
 #[derive(Debug)]
 pub struct Out {
     /// The complete encoded frame, shared with every other subscriber.
     pub frame: Frame,
-    /// Local channel index, or [`NO_CHAN`](super::NO_CHAN).
+    /// Local channel index while the connection is subscribed, else
+    /// [`NO_CHAN`](super::NO_CHAN) (replies, and a channel's frames still queued when its
+    /// subscription ended: the index may then go to another channel).
     pub chan: u32,
+    /// [`POLICY_NONE`] (a reply, or `disconnect`), [`POLICY_DROP_OLDEST`] or
+    /// [`POLICY_CONFLATE`]: the frames a reply may push out when the queue is full.
+    policy: u8,
 }
+
+/// [`Out::policy`] of a frame nothing may drop: a reply, or a message of a `disconnect`
+/// channel. The values are the `policy` indexes of `tether_overflow_total`.
+const POLICY_NONE: u8 = 0;
+/// [`Out::policy`] of a message of a `drop-oldest` channel.
+const POLICY_DROP_OLDEST: u8 = 1;
+/// [`Out::policy`] of a message of a `conflate` channel.
+const POLICY_CONFLATE: u8 = 2;
 
 /// What [`OutQueue::offer`] did with a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Offer {
     /// Queued (after dropping or replacing older frames of its channel, by policy).
     Queued,
-    /// Not queued: the policy found nothing of its channel to make room (`drop-oldest`,
-    /// `conflate`); the subscriber sees the seq gap.
+    /// Not queued: `drop-oldest` found nothing of its channel to make room; the subscriber
+    /// sees the seq gap.
     Dropped,
     /// Full under `disconnect` (or a reply): the connection must close with 1013.
     Overflow,
 }
 
 /// The queue. Bounded by the caller's limits, except for HTTP answers and `/echo` frames,
-/// which are pushed directly (the reader stops reading while they wait instead).
+/// which are pushed directly (the reader stops reading while they wait instead), and for the
+/// parked frames of `conflate` channels (at most one per channel, outside the limits).
 #[derive(Debug, Default)]
 pub struct OutQueue {
     frames: VecDeque<Out>,
@@ -90,6 +105,22 @@ pub struct OutQueue {
     bytes: u32,
     /// Bytes of the front frame already written.
     offset: u32,
+    /// The newest message of each `conflate` channel that found no room in a full queue
+    /// (none of its channel's frames to replace), oldest first; queued as room appears
+    /// as writes make room. So a subscriber that reads again gets the current value of every
+    /// `conflate` channel, however many it holds. Boxed and usually absent: 8 bytes.
+    parked: Option<Box<Parked>>,
+}
+
+/// The parked frames of a queue ([`OutQueue::parked`]) and the limits they wait to fit.
+#[derive(Debug)]
+struct Parked {
+    /// At most one per channel, oldest first.
+    frames: Vec<Out>,
+    /// `limits.queue_max_messages`.
+    max_messages: usize,
+    /// `limits.queue_max_bytes`.
+    max_bytes: usize,
 }
 
 impl OutQueue {
@@ -108,11 +139,14 @@ impl OutQueue {
         self.frames.is_empty()
     }
 
-    /// Appends a frame without limit checks.
+    /// Appends a frame without limit checks (nothing may drop it).
     pub fn push(&mut self, frame: impl Into<Frame>, chan: u32) {
-        let frame = frame.into();
+        self.push_as(frame.into(), chan, POLICY_NONE);
+    }
+
+    fn push_as(&mut self, frame: Frame, chan: u32, policy: u8) {
         self.bytes += frame.len() as u32;
-        self.frames.push_back(Out { frame, chan });
+        self.frames.push_back(Out { frame, chan, policy });
     }
 
     /// Whether `extra` more bytes in one more frame stay within the limits.
@@ -121,9 +155,34 @@ impl OutQueue {
     }
 
     /// Queues `frame` of local channel `chan` within `limits.queue_max_bytes` and
-    /// `limits.queue_max_messages`, applying `policy` when it does not fit (`None`: a reply,
-    /// which overflows like `disconnect`). Counts overflows in `tether_overflow_total`.
+    /// `limits.queue_max_messages`, applying `policy` when it does not fit. `None` is a reply
+    /// (a pong, a heartbeat ping, an ack, an error): when it does not fit it takes the place of
+    /// the oldest queued messages of `drop-oldest` channels, then of `conflate` channels, which
+    /// those policies allow to drop, and overflows like `disconnect` only when that is not
+    /// enough. So a subscriber whose queue a `drop-oldest` channel keeps full is not closed by
+    /// the server's own ping. Counts overflows in `tether_overflow_total`.
     pub fn offer(&mut self, ctx: &Ctx, frame: Frame, chan: u32, policy: Option<Overflow>) -> Offer {
+        if policy.is_none() && !self.fits(ctx, frame.len()) {
+            for droppable in [POLICY_DROP_OLDEST, POLICY_CONFLATE] {
+                // The front may be partly written: never drop it.
+                let from = usize::from(self.offset > 0);
+                let removed = self.remove_where(from, |o| o.policy == droppable, |q| q.fits(ctx, frame.len()));
+                if !removed.is_empty() {
+                    ctx.metrics.overflow(droppable as usize, self.bytes as u64);
+                }
+                if droppable == POLICY_CONFLATE {
+                    // A channel's newest value waits outside the queue rather than being lost.
+                    for o in removed {
+                        self.park(ctx, o);
+                    }
+                }
+            }
+        }
+        let as_policy = match policy {
+            Some(Overflow::DropOldest) => POLICY_DROP_OLDEST,
+            Some(Overflow::Conflate) => POLICY_CONFLATE,
+            Some(Overflow::Disconnect) | None => POLICY_NONE,
+        };
         if !self.fits(ctx, frame.len()) {
             match policy.unwrap_or(Overflow::Disconnect) {
                 Overflow::Disconnect => {
@@ -133,7 +192,7 @@ impl OutQueue {
                 Overflow::DropOldest => {
                     ctx.metrics.overflow(1, self.bytes as u64);
                     // The front may be partly written: never drop it.
-                    self.remove_of_channel(chan, 1, |q| q.fits(ctx, frame.len()));
+                    self.remove_where(1, |o| o.chan == chan, |q| q.fits(ctx, frame.len()));
                     if !self.fits(ctx, frame.len()) {
                         return Offer::Dropped;
                     }
@@ -143,34 +202,88 @@ impl OutQueue {
                     // Only the newest message of the channel is worth sending: every older one
                     // still queued goes (the partly written front stays: cutting it would
                     // corrupt the stream).
-                    self.remove_of_channel(chan, usize::from(self.offset > 0), |_| false);
+                    self.remove_where(usize::from(self.offset > 0), |o| o.chan == chan, |_| false);
                     if !self.fits(ctx, frame.len()) {
-                        return Offer::Dropped;
+                        // No room left by other channels: it waits, replacing an older one.
+                        self.park(ctx, Out { frame, chan, policy: POLICY_CONFLATE });
+                        return Offer::Queued;
                     }
                 }
             }
         }
-        self.push(frame, chan);
+        if as_policy == POLICY_CONFLATE {
+            self.unpark_channel(chan);
+        }
+        self.push_as(frame, chan, as_policy);
         Offer::Queued
     }
 
-    /// Removes the frames of local channel `chan` from index `from` on, oldest first, until
-    /// `enough` says so.
-    fn remove_of_channel(&mut self, chan: u32, from: usize, enough: impl Fn(&Self) -> bool) {
+    /// Parks `o`, the newest frame of its `conflate` channel, replacing an older parked one.
+    fn park(&mut self, ctx: &Ctx, o: Out) {
+        let (max_messages, max_bytes) = (ctx.cfg.queue_max_messages, ctx.cfg.queue_max_bytes);
+        let p = self.parked.get_or_insert_with(|| Box::new(Parked { frames: Vec::new(), max_messages, max_bytes }));
+        p.frames.retain(|q| q.chan != o.chan);
+        p.frames.push(o);
+    }
+
+    /// Forgets the parked frame of `chan` (a newer one was queued, or the channel left).
+    fn unpark_channel(&mut self, chan: u32) {
+        if let Some(p) = self.parked.as_mut() {
+            p.frames.retain(|o| o.chan != chan);
+            if p.frames.is_empty() {
+                self.parked = None;
+            }
+        }
+    }
+
+    /// Queues the parked frames, oldest first, while they fit the limits (after a write made
+    /// room).
+    fn unpark(&mut self) {
+        let Some(mut p) = self.parked.take() else { return };
+        while let Some(len) = p.frames.first().map(|o| o.frame.len()) {
+            if self.frames.len() >= p.max_messages || self.bytes() + len > p.max_bytes {
+                break;
+            }
+            let o = p.frames.remove(0);
+            self.push_as(o.frame, o.chan, o.policy);
+        }
+        if !p.frames.is_empty() {
+            self.parked = Some(p);
+        }
+    }
+
+    /// The connection's subscription to local channel `chan` ended: its frames still queued
+    /// are sent as they are, but no longer belong to `chan`, whose index may go to another
+    /// channel (whose overflow policy must not remove them).
+    /// Its parked frame, if any, is forgotten: the client asked to stop.
+    pub fn release_channel(&mut self, chan: u32) {
+        for o in self.frames.iter_mut().filter(|o| o.chan == chan) {
+            o.chan = super::NO_CHAN;
+        }
+        self.unpark_channel(chan);
+    }
+
+    /// Removes the frames `which` selects from index `from` on, oldest first, until `enough`
+    /// says so; returns them.
+    fn remove_where(&mut self, from: usize, which: impl Fn(&Out) -> bool, enough: impl Fn(&Self) -> bool) -> Vec<Out> {
+        let mut removed = Vec::new();
         let mut i = from;
         while i < self.frames.len() && !enough(self) {
-            if self.frames[i].chan == chan {
+            if which(&self.frames[i]) {
                 let o = self.frames.remove(i).expect("index checked");
                 self.bytes -= o.frame.len() as u32;
+                removed.push(o);
             } else {
                 i += 1;
             }
         }
+        removed
     }
 
     /// Drops every queued frame except the unwritten rest of a partly written front frame
     /// (cutting a frame in half would corrupt the stream).
     pub fn clear(&mut self) {
+        self.parked = None;
         let keep = if self.offset > 0 { self.frames.pop_front() } else { None };
         self.frames.clear();
         self.bytes = 0;
@@ -204,7 +317,7 @@ impl OutQueue {
         n
     }
 
-    /// `written` bytes from the front were sent.
+    /// `written` bytes from the front were sent; parked frames take the room it made.
     pub fn advance(&mut self, mut written: usize) {
         self.bytes -= written as u32;
         while written > 0 {
@@ -217,6 +330,9 @@ impl OutQueue {
                 self.offset += written as u32;
                 written = 0;
             }
+        }
+        if self.parked.is_some() {
+            self.unpark();
         }
     }
 }
