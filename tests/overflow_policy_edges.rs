@@ -162,7 +162,7 @@ async fn a_conflate_non_reader_gets_the_newest_value_of_every_channel() {
     srv.wait_metric("tether_overflow_total", &["policy=\"conflate\""], STEP, |v| v >= 1.0).await;
 
     // Reading now: every channel's values increase and end at its newest.
-    let mut last = vec![0u64; CHANNELS];
+    let mut last = [0u64; CHANNELS];
     let mut got = 0;
     while last.iter().any(|&l| l < ROUNDS) {
         let f = ws.frame_skip_pings(STEP).await;
