@@ -19,6 +19,21 @@ async fn pong(ws: &mut RawWs) {
     ws.send(OP_PONG, true, b"").await;
 }
 
+/// A subscriber of `channels` with a 4 KiB receive buffer, which then reads nothing until the
+/// test says so.
+async fn non_reader(srv: &Server, channels: &[&str]) -> RawWs {
+    let mut ws = RawWs::upgrade(connect_small_rcvbuf(srv.addr, 4096).await, srv.addr, "/ws").await;
+    for ch in channels {
+        ws.subscribe(ch).await;
+    }
+    ws
+}
+
+/// The `data` of message `k`: a JSON string of `len` bytes starting with `k`.
+fn body(k: u64, len: usize) -> String {
+    format!("\"{k:06}{}\"", "p".repeat(len - 8))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drop_oldest_non_reader_is_not_closed_by_the_heartbeat() {
     let _serial = serial().await;
@@ -27,16 +42,14 @@ async fn a_drop_oldest_non_reader_is_not_closed_by_the_heartbeat() {
     let config = "[limits]\nqueue_max_messages = 64\n\n[heartbeat]\nping_interval_ms = 200\n\
                   pong_timeout_ms = 60000\n\n[[channels]]\npattern = \"*\"\noverflow = \"drop-oldest\"\n";
     let srv = Server::start(config, &["--cores", "2"]);
-    let mut ws = RawWs::upgrade(connect_small_rcvbuf(srv.addr, 4096).await, srv.addr, "/ws").await;
-    ws.subscribe("d.ch").await;
+    let mut ws = non_reader(&srv, &["d.ch"]).await;
 
     const N: u64 = 3000;
     let mut http = HttpConn::new(srv.addr).await;
     for k in 1..=N {
         // 4 KiB each: 12 MiB in all, more than the kernel's buffers take (tcp_wmem's maximum
         // is 4 MiB), so the queue fills.
-        let body = format!("\"{k:06}{}\"", "d".repeat(4090));
-        assert_eq!(http.publish("d.ch", body.as_bytes()).await, k);
+        assert_eq!(http.publish("d.ch", body(k, 4096).as_bytes()).await, k);
         if k % 200 == 0 {
             pong(&mut ws).await;
         }
@@ -88,16 +101,14 @@ async fn messages_queued_before_unsub_survive_the_overflow_of_the_next_channel()
     let config = "[limits]\nqueue_max_messages = 4096\nqueue_max_bytes = 67108864\n\n\
                   [[channels]]\npattern = \"y.*\"\noverflow = \"conflate\"\n";
     let srv = Server::start(config, &["--cores", "1"]);
-    let mut ws = RawWs::upgrade(connect_small_rcvbuf(srv.addr, 4096).await, srv.addr, "/ws").await;
-    ws.subscribe("x.1").await;
+    let mut ws = non_reader(&srv, &["x.1"]).await;
 
     // 3,000 messages of 4 KiB: 12 MiB, more than the kernel's buffers take (tcp_wmem's
     // maximum is 4 MiB), so most of them wait in the connection's queue.
     const N: u64 = 3000;
     let mut http = HttpConn::new(srv.addr).await;
     for k in 1..=N {
-        let body = format!("\"{k:06}{}\"", "x".repeat(4090));
-        assert_eq!(http.publish("x.1", body.as_bytes()).await, k);
+        assert_eq!(http.publish("x.1", body(k, 4096).as_bytes()).await, k);
     }
     ws.send_json(&serde_json::json!({"op": "unsub", "ch": "x.1"})).await;
     ws.send_json(&serde_json::json!({"op": "sub", "ch": "y.1"})).await;
@@ -144,19 +155,15 @@ async fn a_conflate_non_reader_gets_the_newest_value_of_every_channel() {
     let _serial = serial().await;
     let config = "[limits]\nqueue_max_messages = 16\n\n[[channels]]\npattern = \"*\"\noverflow = \"conflate\"\n";
     let srv = Server::start(config, &["--cores", "2"]);
-    let mut ws = RawWs::upgrade(connect_small_rcvbuf(srv.addr, 4096).await, srv.addr, "/ws").await;
     const CHANNELS: usize = 20;
     const ROUNDS: u64 = 200;
     let names: Vec<String> = (0..CHANNELS).map(|c| format!("c.{c}")).collect();
-    for name in &names {
-        ws.subscribe(name).await;
-    }
+    let mut ws = non_reader(&srv, &names.iter().map(String::as_str).collect::<Vec<_>>()).await;
     // 4,000 messages of 2 KiB: 8 MiB, more than the kernel's buffers take, into a queue of 16.
     let mut http = HttpConn::new(srv.addr).await;
     for round in 1..=ROUNDS {
         for name in &names {
-            let body = format!("\"{round:06}{}\"", "c".repeat(2040));
-            assert_eq!(http.publish(name, body.as_bytes()).await, round);
+            assert_eq!(http.publish(name, body(round, 2048).as_bytes()).await, round);
         }
     }
     srv.wait_metric("tether_overflow_total", &["policy=\"conflate\""], STEP, |v| v >= 1.0).await;

@@ -70,18 +70,10 @@ pub struct Out {
     /// [`NO_CHAN`](super::NO_CHAN) (replies, and a channel's frames still queued when its
     /// subscription ended: the index may then go to another channel).
     pub chan: u32,
-    /// [`POLICY_NONE`] (a reply, or `disconnect`), [`POLICY_DROP_OLDEST`] or
-    /// [`POLICY_CONFLATE`]: the frames a reply may push out when the queue is full.
-    policy: u8,
+    /// The channel's overflow policy; `Disconnect` (nothing may drop it) for a reply. Tells
+    /// which frames a reply may push out of a full queue.
+    policy: Overflow,
 }
-
-/// [`Out::policy`] of a frame nothing may drop: a reply, or a message of a `disconnect`
-/// channel. The values are the `policy` indexes of `tether_overflow_total`.
-const POLICY_NONE: u8 = 0;
-/// [`Out::policy`] of a message of a `drop-oldest` channel.
-const POLICY_DROP_OLDEST: u8 = 1;
-/// [`Out::policy`] of a message of a `conflate` channel.
-const POLICY_CONFLATE: u8 = 2;
 
 /// What [`OutQueue::offer`] did with a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,8 +98,8 @@ pub struct OutQueue {
     /// Bytes of the front frame already written.
     offset: u32,
     /// The newest message of each `conflate` channel that found no room in a full queue
-    /// (none of its channel's frames to replace), oldest first; queued as room appears
-    /// as writes make room. So a subscriber that reads again gets the current value of every
+    /// (none of its channel's frames to replace), oldest first; queued as writes make room
+    /// ([`OutQueue::advance`]). So a subscriber that reads again gets the current value of every
     /// `conflate` channel, however many it holds. Boxed and usually absent: 8 bytes.
     parked: Option<Box<Parked>>,
 }
@@ -141,10 +133,10 @@ impl OutQueue {
 
     /// Appends a frame without limit checks (nothing may drop it).
     pub fn push(&mut self, frame: impl Into<Frame>, chan: u32) {
-        self.push_as(frame.into(), chan, POLICY_NONE);
+        self.push_as(frame.into(), chan, Overflow::Disconnect);
     }
 
-    fn push_as(&mut self, frame: Frame, chan: u32, policy: u8) {
+    fn push_as(&mut self, frame: Frame, chan: u32, policy: Overflow) {
         self.bytes += frame.len() as u32;
         self.frames.push_back(Out { frame, chan, policy });
     }
@@ -163,26 +155,33 @@ impl OutQueue {
     /// the server's own ping. Counts overflows in `tether_overflow_total`.
     pub fn offer(&mut self, ctx: &Ctx, frame: Frame, chan: u32, policy: Option<Overflow>) -> Offer {
         if policy.is_none() && !self.fits(ctx, frame.len()) {
-            for droppable in [POLICY_DROP_OLDEST, POLICY_CONFLATE] {
-                // The front may be partly written: never drop it.
-                let from = usize::from(self.offset > 0);
-                let removed = self.remove_where(from, |o| o.policy == droppable, |q| q.fits(ctx, frame.len()));
-                if !removed.is_empty() {
-                    ctx.metrics.overflow(droppable as usize, self.bytes as u64);
-                }
-                if droppable == POLICY_CONFLATE {
-                    // A channel's newest value waits outside the queue rather than being lost.
-                    for o in removed {
-                        self.park(ctx, o);
-                    }
-                }
+            // The front may be partly written: never drop it.
+            let from = usize::from(self.offset > 0);
+            let mut dropped = 0;
+            self.remove_where(
+                from,
+                |o| o.policy == Overflow::DropOldest,
+                |q| q.fits(ctx, frame.len()),
+                |_| dropped += 1,
+            );
+            if dropped > 0 {
+                ctx.metrics.overflow(1, self.bytes as u64);
+            }
+            // A conflate channel's newest value waits beside the queue rather than being lost.
+            let mut conflated = Vec::new();
+            self.remove_where(
+                from,
+                |o| o.policy == Overflow::Conflate,
+                |q| q.fits(ctx, frame.len()),
+                |o| conflated.push(o),
+            );
+            if !conflated.is_empty() {
+                ctx.metrics.overflow(2, self.bytes as u64);
+            }
+            for o in conflated {
+                self.park(ctx, o);
             }
         }
-        let as_policy = match policy {
-            Some(Overflow::DropOldest) => POLICY_DROP_OLDEST,
-            Some(Overflow::Conflate) => POLICY_CONFLATE,
-            Some(Overflow::Disconnect) | None => POLICY_NONE,
-        };
         if !self.fits(ctx, frame.len()) {
             match policy.unwrap_or(Overflow::Disconnect) {
                 Overflow::Disconnect => {
@@ -192,7 +191,7 @@ impl OutQueue {
                 Overflow::DropOldest => {
                     ctx.metrics.overflow(1, self.bytes as u64);
                     // The front may be partly written: never drop it.
-                    self.remove_where(1, |o| o.chan == chan, |q| q.fits(ctx, frame.len()));
+                    self.remove_where(1, |o| o.chan == chan, |q| q.fits(ctx, frame.len()), drop);
                     if !self.fits(ctx, frame.len()) {
                         return Offer::Dropped;
                     }
@@ -202,19 +201,20 @@ impl OutQueue {
                     // Only the newest message of the channel is worth sending: every older one
                     // still queued goes (the partly written front stays: cutting it would
                     // corrupt the stream).
-                    self.remove_where(usize::from(self.offset > 0), |o| o.chan == chan, |_| false);
+                    self.remove_where(usize::from(self.offset > 0), |o| o.chan == chan, |_| false, drop);
                     if !self.fits(ctx, frame.len()) {
                         // No room left by other channels: it waits, replacing an older one.
-                        self.park(ctx, Out { frame, chan, policy: POLICY_CONFLATE });
+                        self.park(ctx, Out { frame, chan, policy: Overflow::Conflate });
                         return Offer::Queued;
                     }
                 }
             }
         }
-        if as_policy == POLICY_CONFLATE {
+        let policy = policy.unwrap_or(Overflow::Disconnect);
+        if policy == Overflow::Conflate {
             self.unpark_channel(chan);
         }
-        self.push_as(frame, chan, as_policy);
+        self.push_as(frame, chan, policy);
         Offer::Queued
     }
 
@@ -254,8 +254,8 @@ impl OutQueue {
 
     /// The connection's subscription to local channel `chan` ended: its frames still queued
     /// are sent as they are, but no longer belong to `chan`, whose index may go to another
-    /// channel (whose overflow policy must not remove them).
-    /// Its parked frame, if any, is forgotten: the client asked to stop.
+    /// channel (whose overflow policy must not remove them); its parked frame, if any, is
+    /// forgotten (the client asked to stop).
     pub fn release_channel(&mut self, chan: u32) {
         for o in self.frames.iter_mut().filter(|o| o.chan == chan) {
             o.chan = super::NO_CHAN;
@@ -264,20 +264,24 @@ impl OutQueue {
     }
 
     /// Removes the frames `which` selects from index `from` on, oldest first, until `enough`
-    /// says so; returns them.
-    fn remove_where(&mut self, from: usize, which: impl Fn(&Out) -> bool, enough: impl Fn(&Self) -> bool) -> Vec<Out> {
-        let mut removed = Vec::new();
+    /// says so, handing each to `removed`.
+    fn remove_where(
+        &mut self,
+        from: usize,
+        which: impl Fn(&Out) -> bool,
+        enough: impl Fn(&Self) -> bool,
+        mut removed: impl FnMut(Out),
+    ) {
         let mut i = from;
         while i < self.frames.len() && !enough(self) {
             if which(&self.frames[i]) {
                 let o = self.frames.remove(i).expect("index checked");
                 self.bytes -= o.frame.len() as u32;
-                removed.push(o);
+                removed(o);
             } else {
                 i += 1;
             }
         }
-        removed
     }
 
     /// Drops every queued frame except the unwritten rest of a partly written front frame
