@@ -545,7 +545,7 @@ impl Config {
 /// An origin in the RFC 6454 §6.2 serialization with scheme and host lowercased and a
 /// default port removed (`HTTPS://App.Example:443` → `https://app.example`). Anything that
 /// is not `scheme://host[:port]` (the opaque `null`, say) is only lowercased.
-fn normalize_origin(o: &str) -> String {
+pub(crate) fn normalize_origin(o: &str) -> String {
     let lower = o.to_ascii_lowercase();
     let Some((scheme, rest)) = lower.split_once("://") else { return lower };
     let default = match scheme {

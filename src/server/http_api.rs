@@ -119,8 +119,7 @@ impl CoreState {
         }
         let admin_only = path == "/connections" || (path == "/metrics" && self.shared.config.admin.protect_metrics);
         if admin_only {
-            let peer = self.conn(id).and_then(|s| s.peer()).map(|a| a.ip());
-            if let Err(r) = http_auth::check_admin(&self.shared.config, req, peer) {
+            if let Err(r) = self.check_admin(id, req) {
                 return self.refuse_auth(id, Guarded::Admin, r, keep_alive);
             }
         }
@@ -159,13 +158,27 @@ impl CoreState {
         self.send(id, resp, keep_alive);
     }
 
-    /// Answers 401 to a request refused by a credentials guard (the connection stays open
-    /// when the request asked for keep-alive: a client may retry with the right token).
+    /// [`http_auth::check_admin`] for a request on connection `id`, with the connection's two
+    /// addresses.
+    pub(super) fn check_admin(&mut self, id: ConnId, req: &Request) -> Result<(), Refusal> {
+        let s = self.conn(id);
+        let ends = http_auth::Ends {
+            peer: s.as_ref().and_then(|s| s.peer()).map(|a| a.ip()),
+            local: s.and_then(|s| s.local()).map(|a| a.ip()),
+        };
+        http_auth::check_admin(&self.shared.config, req, ends)
+    }
+
+    /// Answers a request refused by a guard with the refusal's status (401 with
+    /// `WWW-Authenticate`, 403 or 421). The connection stays open when the request asked for
+    /// keep-alive: a client may retry with the right token.
     pub(super) fn refuse_auth(&mut self, id: ConnId, what: Guarded, r: Refusal, keep_alive: bool) {
         self.metrics().http_auth_failures[what as usize].fetch_add(1, Relaxed);
         let fd = self.conn(id).map(|s| s.fd);
         super::events::http_auth_failed(self.me, fd, http_auth::GUARDED_NAMES[what as usize], r.reason);
-        let resp = http::error_response(401, r.reason, &[("WWW-Authenticate", r.challenge)], keep_alive);
+        let challenge = [("WWW-Authenticate", r.challenge)];
+        let headers: &[(&str, &str)] = if r.status == 401 { &challenge } else { &[] };
+        let resp = http::error_response(r.status, r.reason, headers, keep_alive);
         self.send(id, resp, keep_alive);
     }
 

@@ -5,7 +5,7 @@
 //! [`super::feed_port`] and is written then, so a core never waits on the lease store.
 
 use super::core::CoreState;
-use super::http_auth::{self, Guarded};
+use super::http_auth::Guarded;
 use super::session::ConnId;
 use crate::feeds::admin::{AdminReply, AdminRequest};
 use crate::feeds::runtime::Command;
@@ -41,8 +41,7 @@ impl CoreState {
     /// `/feeds…`: checks the admin token (401), routes (404, 405), then asks the feeds thread.
     pub(super) fn feeds_api(&mut self, id: ConnId, req: &Request, body: &[u8]) {
         let keep_alive = req.keep_alive;
-        let peer = self.conn(id).and_then(|s| s.peer()).map(|a| a.ip());
-        if let Err(r) = http_auth::check_admin(&self.shared.config, req, peer) {
+        if let Err(r) = self.check_admin(id, req) {
             return self.refuse_auth(id, Guarded::Admin, r, keep_alive);
         }
         let ask = match route(req.method, &req.path["/feeds".len()..], body) {

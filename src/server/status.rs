@@ -20,7 +20,7 @@ use serde_json::{json, Map, Value};
 
 use super::bus::{ConnRow, CoreLoad};
 use super::core::CoreState;
-use super::http_auth::{self, Guarded};
+use super::http_auth::Guarded;
 use super::inspect::Gather;
 use super::metrics::OVERFLOW_POLICIES;
 use super::session::{ConnId, ReapReason};
@@ -73,8 +73,10 @@ impl CoreState {
             let resp = http::error_response(405, "use GET or HEAD", &[("Allow", "GET, HEAD")], keep_alive);
             return self.send(id, resp, keep_alive);
         }
-        let peer = self.conn(id).and_then(|s| s.peer()).map(|a| a.ip());
-        let guard = || http_auth::check_admin(&self.shared.config, req, peer);
+        let guard = match what {
+            Resource::Page | Resource::Json => self.check_admin(id, req),
+            Resource::Script | Resource::Style => Ok(()),
+        };
         let nosniff = ("X-Content-Type-Options", "nosniff");
         let resp = match what {
             Resource::Script => {
@@ -89,9 +91,10 @@ impl CoreState {
                 // Refused, the page is still what the browser needs: it carries no data, and
                 // its script gets the token to `/status.json`. Not counted as an auth failure:
                 // every browser that opens the page with a token gets this 401 first.
-                let (status, challenge) = match guard() {
+                let (status, challenge) = match guard {
                     Ok(()) => (200, None),
-                    Err(r) => (401, Some(("WWW-Authenticate", r.challenge))),
+                    Err(r) if r.status == 401 => (401, Some(("WWW-Authenticate", r.challenge))),
+                    Err(r) => return self.refuse_auth(id, Guarded::Admin, r, keep_alive),
                 };
                 let mut headers = vec![
                     ("Cache-Control", "no-store"),
@@ -103,7 +106,7 @@ impl CoreState {
                 http::response(status, "text/html; charset=utf-8", PAGE.as_bytes(), &headers, keep_alive)
             }
             Resource::Json => {
-                if let Err(r) = guard() {
+                if let Err(r) = guard {
                     return self.refuse_auth(id, Guarded::Admin, r, keep_alive);
                 }
                 if let Some(s) = self.conn(id) {

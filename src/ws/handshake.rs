@@ -61,6 +61,9 @@ pub struct Request {
     pub host: Option<String>,
     /// `Origin` (RFC 6454), as sent; compared by `Config::origin_allowed`.
     pub origin: Option<String>,
+    /// `Sec-Fetch-Site` (W3C Fetch Metadata: `cross-site`, `same-site`, `same-origin`,
+    /// `none`), as sent by browsers; the admin guard refuses cross-site and same-site ones.
+    pub fetch_site: Option<String>,
     /// `Idempotency-Key` (draft-ietf-httpapi-idempotency-key-header), with one pair of
     /// surrounding double quotes removed (the draft makes it a structured-field string).
     pub idempotency_key: Option<String>,
@@ -191,6 +194,7 @@ pub fn parse_request(buf: &[u8], max_head_bytes: usize) -> Result<Option<Request
         keep_alive: false,
         host: None,
         origin: None,
+        fetch_site: None,
         idempotency_key: None,
         upgrade_websocket: false,
         connection_upgrade: false,
@@ -247,6 +251,8 @@ pub fn parse_request(buf: &[u8], max_head_bytes: usize) -> Result<Option<Request
             }
         } else if name.eq_ignore_ascii_case("origin") {
             combine(&mut req.origin, utf8(value)?);
+        } else if name.eq_ignore_ascii_case("sec-fetch-site") {
+            combine(&mut req.fetch_site, utf8(value)?);
         } else if name.eq_ignore_ascii_case("idempotency-key") {
             combine(&mut req.idempotency_key, unquote(utf8(value)?));
         } else if name.eq_ignore_ascii_case("sec-websocket-key") {

@@ -95,6 +95,14 @@ pub fn peer_addr(fd: RawFd) -> Option<SocketAddr> {
     socket2::SockRef::from(&fd).peer_addr().ok()?.as_socket()
 }
 
+/// The local address of the connected socket `fd` (`getsockname`): the address the peer
+/// connected to. `None` when the kernel no longer knows it.
+pub fn local_addr(fd: RawFd) -> Option<SocketAddr> {
+    // SAFETY: fd as in `recv`; the borrow does not outlive this call.
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    socket2::SockRef::from(&fd).local_addr().ok()?.as_socket()
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::Write;

@@ -320,6 +320,11 @@ impl Session {
         super::io::peer_addr(self.fd)
     }
 
+    /// The address this connection's peer connected to (`getsockname`), if still known.
+    pub fn local(&self) -> Option<SocketAddr> {
+        super::io::local_addr(self.fd)
+    }
+
     /// Asks the connection's I/O owner to look at it ([`Flags::WAKE`]).
     pub fn wake(&mut self) {
         self.flags.set(Flags::WAKE);
