@@ -7,6 +7,7 @@
 //! Which requirement of RFC 9110/9112 is met where: `docs/http.md`.
 
 mod date;
+pub mod json;
 
 use crate::ws::handshake::{HttpError, Request};
 
@@ -198,6 +199,13 @@ pub fn percent_decode(s: &str) -> Option<String> {
 /// decoded the same way before comparing. A key without `=` has the value `""`. `None` when
 /// the key is absent or its value does not decode.
 pub fn query_param(query: &str, key: &str) -> Option<String> {
+    query_values(query, key).into_iter().flatten().next()
+}
+
+/// Every value of `key` in a query string, in order, decoded as [`query_param`] decodes
+/// them: `None` for an occurrence whose value does not decode. Empty when `key` is absent;
+/// more than one element when it is repeated (`?token=a&token=b`).
+pub fn query_values(query: &str, key: &str) -> Vec<Option<String>> {
     let form_decode = |s: &str| {
         if s.contains('+') {
             percent_decode(&s.replace('+', " "))
@@ -205,10 +213,13 @@ pub fn query_param(query: &str, key: &str) -> Option<String> {
             percent_decode(s)
         }
     };
-    query.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        (form_decode(k)? == key).then(|| form_decode(v))?
-    })
+    query
+        .split('&')
+        .filter_map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (form_decode(k)?.as_str() == key).then(|| form_decode(v))
+        })
+        .collect()
 }
 
 /// Decodes a `Transfer-Encoding: chunked` body (RFC 9112 §7.1) that starts at `buf[0]` (the

@@ -19,29 +19,6 @@ async fn upgrade(addr: std::net::SocketAddr, path: &str, extra: &[(&str, &str)])
     (status, head, body)
 }
 
-/// [`upgrade`], also returning the connection (open after a 101).
-async fn upgrade_keep(
-    addr: std::net::SocketAddr,
-    path: &str,
-    extra: &[(&str, &str)],
-) -> (u16, String, String, tokio::net::TcpStream) {
-    let mut s = connect(addr).await;
-    let mut req = upgrade_request(addr, path, SAMPLE_KEY);
-    req.truncate(req.len() - 2);
-    for (k, v) in extra {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    tokio::io::AsyncWriteExt::write_all(&mut s, req.as_bytes()).await.expect("send upgrade");
-    let (status, head, rest) = read_head(&mut s).await;
-    if status == 101 {
-        return (status, head, String::new(), s);
-    }
-    let mut body = rest;
-    let _ = tokio::time::timeout(STEP, tokio::io::AsyncReadExt::read_to_end(&mut s, &mut body)).await;
-    (status, head, String::from_utf8_lossy(&body).trim().to_string(), s)
-}
-
 fn b64(v: &Value) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
 }

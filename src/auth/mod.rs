@@ -60,6 +60,9 @@ pub enum AuthError {
     /// A claim is missing or has the wrong shape: `sub` (a non-empty string of at most
     /// [`MAX_SUB_BYTES`]), `exp`/`nbf` (NumericDate, RFC 7519 §2), `channels`.
     Claims,
+    /// The upgrade carries more than one token: `token` repeated in the query, or a token in
+    /// both the query and `Authorization` (answered 400, not 401).
+    Ambiguous,
 }
 
 impl AuthError {
@@ -76,6 +79,7 @@ impl AuthError {
             AuthError::Issuer => "wrong issuer",
             AuthError::Audience => "wrong audience",
             AuthError::Claims => "bad claims",
+            AuthError::Ambiguous => "more than one token: send one, in ?token= or in Authorization",
         }
     }
 }
@@ -133,6 +137,10 @@ struct Claims {
     nbf: Option<u64>,
     #[serde(default)]
     channels: ChannelClaims,
+    /// Checked by `jsonwebtoken` against `jwt_issuer`, which also accepts an array holding
+    /// it; tether wants one string (RFC 7519 §4.1.1 makes `iss` a StringOrURI).
+    #[serde(default)]
+    iss: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize, Default)]
@@ -259,6 +267,9 @@ impl Verifier {
         }
         let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).map_err(|e| map_error(&e))?;
         let c = data.claims;
+        if self.validation.iss.is_some() && !c.iss.as_ref().is_some_and(serde_json::Value::is_string) {
+            return Err(AuthError::Issuer);
+        }
         if now_ms > c.exp.saturating_add(self.leeway_ms) {
             return Err(AuthError::Expired);
         }

@@ -64,12 +64,25 @@ impl TokenSource {
     }
 }
 
-/// `url` with `token=<token, percent-encoded>` added to its query (`?` or `&`), before any
-/// `#fragment`.
+/// `url` with `token=<token, percent-encoded>` as its only `token` query parameter (any
+/// `token` already in the URL is dropped: the server refuses a repeated one with 400), added
+/// before any `#fragment`.
 pub(super) fn url_with_token(url: &str, token: &str) -> String {
     let (base, fragment) = url.split_once('#').map_or((url, None), |(b, f)| (b, Some(f)));
-    let sep = if base.contains('?') { '&' } else { '?' };
-    let mut out = format!("{base}{sep}token={}", utf8_percent_encode(token, QUERY_VALUE));
+    let (path, query) = base.split_once('?').map_or((base, ""), |(p, q)| (p, q));
+    let mut out = path.to_owned();
+    let mut sep = '?';
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let key = pair.split_once('=').map_or(pair, |(k, _)| k);
+        if crate::http::percent_decode(&key.replace('+', " ")).as_deref() == Some("token") {
+            continue;
+        }
+        out.push(sep);
+        out.push_str(pair);
+        sep = '&';
+    }
+    out.push(sep);
+    out.push_str(&format!("token={}", utf8_percent_encode(token, QUERY_VALUE)));
     if let Some(f) = fragment {
         out.push('#');
         out.push_str(f);
@@ -85,6 +98,7 @@ mod tests {
     fn token_goes_into_the_query_percent_encoded() {
         assert_eq!(url_with_token("ws://h:1/ws", "a.b-c_d"), "ws://h:1/ws?token=a.b-c_d");
         assert_eq!(url_with_token("ws://h:1/ws?x=1", "t"), "ws://h:1/ws?x=1&token=t");
+        assert_eq!(url_with_token("ws://h:1/ws?token=old&x=1&tok%65n=o2", "t"), "ws://h:1/ws?x=1&token=t");
         assert_eq!(url_with_token("ws://h:1/ws#f", "a b&c=d+/"), "ws://h:1/ws?token=a%20b%26c%3Dd%2B%2F#f");
         // What the server decodes is what was sent.
         let q = url_with_token("ws://h/ws", "x&y=z é+").split_once('?').map(|(_, q)| q.to_string()).expect("query");

@@ -129,7 +129,7 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
         def.validate().map_err(|e| {
             let value = match e.field {
                 "id" => format!("{:?}", def.id),
-                "url" => format!("{:?}", def.url),
+                "url" => format!("{:?}", crate::logging::redact_url(&def.url)),
                 "channel" => format!("{:?}", def.channel),
                 "resume_query" => format!("{:?}", def.resume_query),
                 "seq_pointer" => format!("{:?}", def.seq_pointer),

@@ -114,7 +114,7 @@ pub(super) fn validate_redis(b: &super::Broker) -> Result<(), ConfigError> {
         let want = if b.cluster { "redis:// or rediss://" } else { "redis://, rediss:// or unix://" };
         return Err(ConfigError::new(
             "broker.url",
-            quoted(&b.url),
+            quoted(&crate::logging::redact_url(&b.url)),
             format!("must start with {want} when broker.kind = \"redis\""),
         ));
     }
@@ -122,7 +122,7 @@ pub(super) fn validate_redis(b: &super::Broker) -> Result<(), ConfigError> {
         if !scheme_ok(u, false) {
             return Err(ConfigError::new(
                 format!("broker.urls[{i}]"),
-                quoted(u),
+                quoted(&crate::logging::redact_url(u)),
                 "a cluster seed node must start with redis:// or rediss://",
             ));
         }

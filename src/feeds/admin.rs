@@ -67,9 +67,16 @@ impl AdminReply {
 }
 
 /// Parses a `PUT /feeds/{id}` body: a JSON object of the [`FeedDef`] fields, unknown fields
-/// refused, `id` taken from the path. Errors name the field.
+/// refused, a repeated key refused (naming it), `id` taken from the path. Errors name the
+/// field.
 pub fn parse_put(id: &str, body: &[u8]) -> Result<FeedDef, AdminReply> {
-    let mut v: Value = serde_json::from_slice(body).map_err(|e| AdminReply::bad("body", format!("not JSON: {e}")))?;
+    let mut v: Value = crate::http::json::parse_unique(body).map_err(|e| {
+        let msg = e.to_string();
+        match msg.strip_prefix("duplicate field `").and_then(|m| m.split('`').next()) {
+            Some(field) => AdminReply::bad(field, format!("{msg}: a field may appear once")),
+            None => AdminReply::bad("body", format!("not JSON: {msg}")),
+        }
+    })?;
     let Some(obj) = v.as_object_mut() else { return Err(AdminReply::bad("body", "must be a JSON object")) };
     match obj.get("id") {
         None => {

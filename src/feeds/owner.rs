@@ -25,6 +25,7 @@ use super::metrics::FeedProgress;
 use super::record::{validate_seq, FeedDef};
 use crate::client::backoff::{Backoff, BackoffConfig};
 use crate::client::close::{classify_close, retry_hint, CloseAction};
+use crate::logging::redact_url;
 use crate::protocol::codes;
 use crate::server::bus::{Fence, PublishResult};
 use crate::server::feed_port::FeedPublish;
@@ -177,7 +178,7 @@ impl Owner {
                     }
                     first = false;
                     self.progress.connected.store(true, Relaxed);
-                    tracing::info!(feed = %id, url = %url, "upstream connected");
+                    tracing::info!(feed = %id, url = %redact_url(&url), "upstream connected");
                     let (ended, delivered) = self.serve(ws, last.as_deref()).await;
                     self.progress.connected.store(false, Relaxed);
                     if delivered {
@@ -202,11 +203,11 @@ impl Owner {
                     }
                 }
                 Ok(Err(e)) => {
-                    tracing::warn!(feed = %id, url = %url, error = %e, "cannot connect upstream");
+                    tracing::warn!(feed = %id, url = %redact_url(&url), error = %e, "cannot connect upstream");
                     (None, false)
                 }
                 Err(_) => {
-                    tracing::warn!(feed = %id, url = %url, "upstream connect timed out");
+                    tracing::warn!(feed = %id, url = %redact_url(&url), "upstream connect timed out");
                     (None, false)
                 }
             };

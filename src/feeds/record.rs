@@ -1,6 +1,7 @@
 //! The feed record (DESIGN §6, §7 `[[feeds.static]]`): a definition written by an operator
 //! ([`FeedDef`]) and the lease fields written by the lease store ([`Lease`]).
 
+use crate::logging::redact_url;
 use serde::{Deserialize, Serialize};
 
 /// Longest feed id, in bytes.
@@ -129,15 +130,22 @@ fn quote(v: &str) -> String {
     format!("{:?}{more}", head)
 }
 
-/// Checks a feed id: 1–[`MAX_ID_BYTES`] bytes of `[A-Za-z0-9._-]`. Errors name `id`.
+/// Checks a feed id: 1–[`MAX_ID_BYTES`] bytes of `[A-Za-z0-9._-]`, and not `.` or `..`: those
+/// are dot-segments, which a standard HTTP client removes from `/feeds/{id}` before sending
+/// (RFC 3986 §5.2.4), so such a feed could never be addressed again. Errors name `id`.
 pub fn validate_id(id: &str) -> Result<(), FeedError> {
     let ok = (1..=MAX_ID_BYTES).contains(&id.len())
         && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(bad("id", format!("{} is not 1–{MAX_ID_BYTES} bytes of [A-Za-z0-9._-]", quote(id))))
+    if !ok {
+        return Err(bad("id", format!("{} is not 1–{MAX_ID_BYTES} bytes of [A-Za-z0-9._-]", quote(id))));
     }
+    if matches!(id, "." | "..") {
+        return Err(bad(
+            "id",
+            format!("{} is a dot-segment (RFC 3986 §3.3): /feeds/{id} cannot be addressed", quote(id)),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks a node id used as `lease_owner`: 1–[`MAX_OWNER_BYTES`] printable ASCII bytes, no
@@ -169,13 +177,14 @@ pub fn validate_url(url: &str) -> Result<(), FeedError> {
     let rest = url
         .strip_prefix("ws://")
         .or_else(|| url.strip_prefix("wss://"))
-        .ok_or_else(|| bad("url", format!("{} must start with ws:// or wss://", quote(url))))?;
-    let uri: tungstenite::http::Uri = url.parse().map_err(|e| bad("url", format!("{}: {e}", quote(url))))?;
+        .ok_or_else(|| bad("url", format!("{} must start with ws:// or wss://", quote(&redact_url(url)))))?;
+    let uri: tungstenite::http::Uri =
+        url.parse().map_err(|e| bad("url", format!("{}: {e}", quote(&redact_url(url)))))?;
     if uri.host().is_none_or(str::is_empty) || rest.starts_with(['/', '?', ':']) {
-        return Err(bad("url", format!("{} has no host", quote(url))));
+        return Err(bad("url", format!("{} has no host", quote(&redact_url(url)))));
     }
     if url.contains('#') {
-        return Err(bad("url", format!("{} has a fragment (RFC 6455 §3 forbids it)", quote(url))));
+        return Err(bad("url", format!("{} has a fragment (RFC 6455 §3 forbids it)", quote(&redact_url(url)))));
     }
     Ok(())
 }

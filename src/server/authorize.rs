@@ -34,15 +34,26 @@ pub fn www_authenticate(e: AuthError) -> &'static str {
 impl CoreState {
     /// The token of an upgrade request, verified: `Ok(None)` without JWT auth. The token is
     /// `?token=` on the request target (percent-decoded; browsers cannot set headers on a
-    /// WebSocket) or else `Authorization: Bearer`.
+    /// WebSocket) or `Authorization: Bearer`, exactly one of them: `token` appears at most
+    /// once in the query, and a lone empty `?token=` counts as absent.
     ///
     /// # Errors
-    /// The [`AuthError`] to answer with 401.
+    /// The [`AuthError`] to answer with 401, or [`AuthError::Ambiguous`] (answered 400) when
+    /// `token` is repeated in the query or sent both in the query and in `Authorization`:
+    /// which one would count is ambiguous, and a proxy in front may have checked the other.
     pub fn verify_upgrade(&self, req: &Request) -> Result<Option<Verified>, AuthError> {
         let shared = self.shared.clone();
         let Some(verifier) = &shared.auth else { return Ok(None) };
-        let from_query = req.query.as_deref().and_then(|q| crate::http::query_param(q, "token"));
-        let token = from_query.filter(|t| !t.is_empty()).or_else(|| req.bearer.clone()).unwrap_or_default();
+        let mut in_query = req.query.as_deref().map(|q| crate::http::query_values(q, "token")).unwrap_or_default();
+        if in_query.len() > 1 {
+            return Err(AuthError::Ambiguous);
+        }
+        in_query.retain(|v| v.as_deref() != Some(""));
+        let token = match (in_query.len(), &req.bearer) {
+            (0, bearer) => bearer.clone().unwrap_or_default(),
+            (1, None) => in_query.pop().flatten().ok_or(AuthError::Malformed)?,
+            _ => return Err(AuthError::Ambiguous),
+        };
         verifier.verify(&token, unix_now_ms()).map(Some)
     }
 

@@ -233,6 +233,10 @@ impl CoreState {
         }
         let verified = match self.verify_upgrade(req) {
             Ok(v) => v,
+            Err(crate::auth::AuthError::Ambiguous) => {
+                let e = HttpError::new(400, crate::auth::AuthError::Ambiguous.reason());
+                return self.reject(id, e, HandshakeFailure::BadRequest, &[]);
+            }
             Err(e) => {
                 let challenge = [("WWW-Authenticate", super::authorize::www_authenticate(e))];
                 return self.reject(id, HttpError::new(401, e.reason()), HandshakeFailure::Unauthorized, &challenge);

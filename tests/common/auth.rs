@@ -52,3 +52,27 @@ pub fn pem_token(key_pem: &str, claims: &TokenClaims) -> String {
 pub fn ws_url_with(addr: std::net::SocketAddr, token: &str) -> String {
     format!("ws://{addr}/ws?token={token}")
 }
+
+/// Sends an upgrade for `path` with `extra` header lines; returns the status, the head, the
+/// body (read to the close unless 101) and the connection (open after a 101).
+pub async fn upgrade_keep(
+    addr: std::net::SocketAddr,
+    path: &str,
+    extra: &[(&str, &str)],
+) -> (u16, String, String, tokio::net::TcpStream) {
+    let mut s = super::connect(addr).await;
+    let mut req = super::upgrade_request(addr, path, super::SAMPLE_KEY);
+    req.truncate(req.len() - 2);
+    for (k, v) in extra {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    tokio::io::AsyncWriteExt::write_all(&mut s, req.as_bytes()).await.expect("send upgrade");
+    let (status, head, rest) = super::read_head(&mut s).await;
+    if status == 101 {
+        return (status, head, String::new(), s);
+    }
+    let mut body = rest;
+    let _ = tokio::time::timeout(super::STEP, tokio::io::AsyncReadExt::read_to_end(&mut s, &mut body)).await;
+    (status, head, String::from_utf8_lossy(&body).trim().to_string(), s)
+}

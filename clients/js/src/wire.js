@@ -75,10 +75,23 @@ export function checkUrls(arg) {
   });
 }
 
-/** `url` with `token=<token, percent-encoded>` added to its query (docs/security.md). */
+/**
+ * `url` with `token=<token, percent-encoded>` as its only `token` query parameter: one already
+ * in the URL is dropped, since the server refuses a repeated one with 400 (docs/security.md).
+ */
 export function urlWithToken(url, token) {
   const [base, fragment] = url.split('#', 2);
-  const t = `${base}${base.includes('?') ? '&' : '?'}token=${encodeURIComponent(token)}`;
+  const [path, query = ''] = base.split(/\?(.*)/s, 2);
+  const isToken = (pair) => {
+    try {
+      return decodeURIComponent(pair.split('=', 1)[0].replace(/\+/g, ' ')) === 'token';
+    } catch {
+      return false;
+    }
+  };
+  const kept = query.split('&').filter((p) => p !== '' && !isToken(p));
+  kept.push(`token=${encodeURIComponent(token)}`);
+  const t = `${path}?${kept.join('&')}`;
   return fragment == null ? t : `${t}#${fragment}`;
 }
 

@@ -61,3 +61,11 @@ test('a fixed token that expires gets 4001, and the client reconnects', async (t
   assert.equal(events[0].willRetry, true);
   assert.notEqual(client.state, 'stopped');
 });
+
+test('the token is the only token parameter of the URL', async () => {
+  const { urlWithToken } = await import('../src/wire.js');
+  assert.equal(urlWithToken('ws://h/ws', 'a b'), 'ws://h/ws?token=a%20b');
+  assert.equal(urlWithToken('ws://h/ws?x=1#f', 't'), 'ws://h/ws?x=1&token=t#f');
+  // A token already in the URL is replaced, not repeated (the server answers 400 to two).
+  assert.equal(urlWithToken('ws://h/ws?token=old&x=1&tok%65n=o2', 't'), 'ws://h/ws?x=1&token=t');
+});

@@ -91,13 +91,10 @@ async fn load_scripts(ctx: &Ctx, link: &mut Link) -> redis::RedisResult<()> {
 
 /// The Redis URL(s) without credentials, for logs.
 fn redacted(cfg: &BrokerConfig) -> String {
-    let strip = |u: &str| match (u.find("://"), u.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://…@{}", &u[..s], &u[at + 1..]),
-        _ => u.to_owned(),
-    };
+    use crate::logging::redact_url;
     match cfg.cluster_urls() {
-        Some(urls) => urls.iter().map(|u| strip(u)).collect::<Vec<_>>().join(","),
-        None => strip(&cfg.url),
+        Some(urls) => urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>().join(","),
+        None => redact_url(&cfg.url),
     }
 }
 
