@@ -281,8 +281,7 @@ mod tests {
 
     #[test]
     fn a_browser_cannot_change_state_from_elsewhere_token_or_not() {
-        let mut cfg = Config::default();
-        cfg.allowed_origins = vec!["https://ops.example".into()];
+        let mut cfg = Config { allowed_origins: vec!["https://ops.example".into()], ..Config::default() };
         let lo: IpAddr = "127.0.0.1".parse().unwrap();
         let host = "Host: 127.0.0.1:8080\r\n";
         for token in ["", "admin-0123456789abcdef"] {
