@@ -28,9 +28,10 @@ enum Cmd {
         /// TOML config file (every key: docs/configuration.md); every key is optional.
         #[arg(long)]
         config: Option<PathBuf>,
-        /// Listen address, e.g. 0.0.0.0:8080 (port 0 picks a free port).
+        /// Listen address, IP:PORT, e.g. 0.0.0.0:8080 (port 0 picks a free port); a name such
+        /// as localhost:8080 is resolved once at start (IPv4 preferred).
         #[arg(long)]
-        listen: Option<SocketAddr>,
+        listen: Option<String>,
         /// Cores (threads); 0 = one per available CPU.
         #[arg(long)]
         cores: Option<usize>,
@@ -145,16 +146,38 @@ fn client_main<E: std::fmt::Display>(fut: impl std::future::Future<Output = Resu
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(fut) {
+    let result = rt.block_on(fut);
+    // Tasks still running (the client's, a DNS lookup) must not hold the exit back.
+    rt.shutdown_timeout(std::time::Duration::from_millis(20));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tether: {e}");
+            tether::client::notice(&format!("tether: {e}"));
             ExitCode::FAILURE
         }
     }
 }
 
-fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>, cores: Option<usize>, echo: bool) -> ExitCode {
+/// `--listen`: `IP:PORT`, or `NAME:PORT` resolved once here (`localhost:8098`), its first
+/// IPv4 address preferred.
+///
+/// # Errors
+/// A message saying to use an IP address when the value is neither.
+fn listen_addr(arg: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = arg.parse() {
+        return Ok(a);
+    }
+    let use_ip = "use IP:PORT, e.g. 127.0.0.1:8080 or 0.0.0.0:8080 ([::]:8080 for IPv6)";
+    let resolved: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(arg)
+        .map_err(|e| format!("--listen {arg}: not IP:PORT and does not resolve ({e}); {use_ip}"))?
+        .collect();
+    let first = resolved.iter().find(|a| a.is_ipv4()).or(resolved.first()).copied();
+    let addr = first.ok_or_else(|| format!("--listen {arg}: resolves to no address; {use_ip}"))?;
+    tracing::info!(listen = arg, addr = %addr, "--listen resolved");
+    Ok(addr)
+}
+
+fn serve(config: Option<PathBuf>, listen: Option<String>, cores: Option<usize>, echo: bool) -> ExitCode {
     let source = config.as_ref().map_or_else(|| "built-in defaults".to_owned(), |p| p.display().to_string());
     let mut cfg = match config {
         Some(path) => match Config::load(&path) {
@@ -167,7 +190,13 @@ fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>, cores: Option<usiz
         None => Config::default(),
     };
     if let Some(l) = listen {
-        cfg.listen = l;
+        match listen_addr(&l) {
+            Ok(a) => cfg.listen = a,
+            Err(e) => {
+                eprintln!("tether: {e}");
+                return ExitCode::from(2);
+            }
+        }
     }
     if let Some(c) = cores {
         cfg.cores = c;

@@ -105,7 +105,8 @@ pub enum ClientOp {
 ///
 /// `code` is one of [`codes`]; `reason` is for humans; `id` is the request's `id` when it
 /// could be read (a string of at most [`MAX_ID_BYTES`]), so the client can match the refusal
-/// to its publish.
+/// to its publish; `ch` likewise the request's channel (a string of at most
+/// [`MAX_CHANNEL_BYTES`], valid or not), so a refused `sub` or `pub` names its channel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestError {
     /// One of [`codes`].
@@ -114,6 +115,8 @@ pub struct RequestError {
     pub reason: String,
     /// The request's `id`, when it could be read.
     pub id: Option<String>,
+    /// The request's `ch`, when it could be read (set by [`parse_client_op`] only).
+    pub ch: Option<String>,
     /// For a refusal that a later retry can overcome ([`codes::UNAVAILABLE`], a
     /// [`codes::LIMIT`] of a rate or of `max_channels`): how long to wait first, in
     /// milliseconds.
@@ -122,12 +125,18 @@ pub struct RequestError {
 
 impl RequestError {
     fn new(code: &'static str, reason: impl Into<String>) -> Self {
-        Self { code, reason: reason.into(), id: None, retry_after_ms: None }
+        Self { code, reason: reason.into(), id: None, ch: None, retry_after_ms: None }
     }
 
     /// A [`codes::UNAVAILABLE`] refusal: retry after `retry_after_ms` milliseconds.
     pub fn unavailable(reason: impl Into<String>, retry_after_ms: u64) -> Self {
-        Self { code: codes::UNAVAILABLE, reason: reason.into(), id: None, retry_after_ms: Some(retry_after_ms) }
+        Self {
+            code: codes::UNAVAILABLE,
+            reason: reason.into(),
+            id: None,
+            ch: None,
+            retry_after_ms: Some(retry_after_ms),
+        }
     }
 
     /// A [`codes::FENCED`] refusal of a publish for `feed` with the stale fencing `token`
@@ -138,12 +147,17 @@ impl RequestError {
 
     /// A [`codes::LIMIT`] refusal; `retry_after_ms` (milliseconds) when waiting can help.
     pub fn limit(reason: impl Into<String>, retry_after_ms: Option<u64>) -> Self {
-        Self { code: codes::LIMIT, reason: reason.into(), id: None, retry_after_ms }
+        Self { code: codes::LIMIT, reason: reason.into(), id: None, ch: None, retry_after_ms }
     }
 
-    /// The `error` reply for this refusal ([`error_json`], plus `retry_after_ms` when set).
+    /// The `error` reply for this refusal ([`error_json`], plus `retry_after_ms` and `ch`
+    /// when set).
     pub fn to_json(&self) -> Vec<u8> {
-        error_json_retry(self.code, &self.reason, self.id.as_deref(), self.retry_after_ms)
+        let json = error_json_retry(self.code, &self.reason, self.id.as_deref(), self.retry_after_ms);
+        match &self.ch {
+            Some(ch) => with_channel(json, ch),
+            None => json,
+        }
     }
 }
 
@@ -193,7 +207,9 @@ fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::
 /// - `pub`: `bad_request` when `id` is missing, not a string, empty or longer than
 ///   [`MAX_ID_BYTES`], or `data` is missing (`null` is valid data).
 ///
-/// The `id` field, when it is a string of at most [`MAX_ID_BYTES`], is copied into every error.
+/// The `id` field, when it is a string of at most [`MAX_ID_BYTES`], is copied into every error,
+/// and so is the `ch` field when it is a string of at most [`MAX_CHANNEL_BYTES`] (also when it
+/// is not a valid name: the `bad_channel` answer repeats what it refuses).
 /// `data` is returned compacted ([`compact_json`]), so it can be framed verbatim.
 pub fn parse_client_op(text: &[u8]) -> Result<ClientOp, RequestError> {
     let first = text.iter().find(|b| !b.is_ascii_whitespace());
@@ -214,8 +230,10 @@ pub fn parse_client_op(text: &[u8]) -> Result<ClientOp, RequestError> {
     })?;
     let id = fields.id.and_then(json_str);
     let echo_id = id.as_ref().filter(|id| id.len() <= MAX_ID_BYTES).map(|id| id.to_string());
+    let echo_ch = fields.ch.and_then(json_str).filter(|ch| ch.len() <= MAX_CHANNEL_BYTES).map(Cow::into_owned);
     parse_fields(&fields, id).map_err(|mut e| {
         e.id = echo_id;
+        e.ch = echo_ch;
         e
     })
 }
@@ -456,6 +474,15 @@ pub fn with_channel(mut json: Vec<u8>, ch: &str) -> Vec<u8> {
         json.push(b'}');
     }
     json
+}
+
+/// `{"op":"unsubscribed","ch":CH}`: the answer to an `unsub` that ended a subscription.
+pub fn unsubscribed_json(ch: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(40 + ch.len());
+    out.extend_from_slice(b"{\"op\":\"unsubscribed\",\"ch\":");
+    push_channel(&mut out, ch);
+    out.push(b'}');
+    out
 }
 
 /// `{"op":"refreshed","exp":EXP}`: the answer to a `refresh` whose token verified; `exp` is the

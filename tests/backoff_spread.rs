@@ -1,7 +1,7 @@
 //! Reconnect spread (issue 4, "Backoff spread"; docs/protocol.md): 500 `tether::client` clients
 //! dropped by a drain with a short window, the server restarted on the same port, come back
 //! spread out by full jitter: no 100 ms slot holds more than 10 % of the reconnects (going by
-//! the clients' own `Event::Connected` timestamps).
+//! the clients' own `Event::Connected { .. }` timestamps).
 
 mod common;
 
@@ -49,7 +49,7 @@ async fn drained_clients_reconnect_spread_out() {
             while let Ok(ev) = client.next_event().await {
                 let mut l = log.lock().unwrap();
                 match ev {
-                    Event::Connected => l.connects[i].push(Instant::now()),
+                    Event::Connected { .. } => l.connects[i].push(Instant::now()),
                     Event::Disconnected { .. } => {
                         l.disconnects += 1;
                         l.closes[i].get_or_insert_with(Instant::now);

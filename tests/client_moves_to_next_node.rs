@@ -22,7 +22,7 @@ async fn next_data(c: &mut Client) -> Event {
     loop {
         let ev = tokio::time::timeout(STEP, c.next_event()).await.expect("no client event in time").expect("event");
         match ev {
-            Event::Connected | Event::Disconnected { .. } => {}
+            Event::Connected { .. } | Event::Disconnected { .. } => {}
             ev => return ev,
         }
     }
@@ -62,7 +62,7 @@ async fn a_dead_node_becomes_a_resume_on_the_next() {
         let ev = tokio::time::timeout(STEP, client.next_event()).await.expect("reconnect in time").expect("event");
         match ev {
             Event::Disconnected { .. } => {}
-            Event::Connected => break,
+            Event::Connected { .. } => break,
             other => panic!("expected the switch to the second node, got {other:?}"),
         }
     }

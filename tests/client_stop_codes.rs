@@ -25,7 +25,7 @@ async fn message_too_big_stops_the_client_with_1009() {
     assert!(matches!(err, ClientError::Closed { code: 1009, .. }), "{err:?}");
     let end = loop {
         match tokio::time::timeout(STEP, client.next_event()).await.expect("client ended in time") {
-            Ok(Event::Connected) => {}
+            Ok(Event::Connected { .. }) => {}
             Ok(other) => panic!("unexpected event {other:?}"),
             Err(e) => break e,
         }

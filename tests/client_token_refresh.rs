@@ -37,7 +37,7 @@ async fn subscribed(client: &mut Client) {
         let ev = tokio::time::timeout(STEP, client.next_event()).await.expect("subscribed in time").expect("event");
         match ev {
             Event::Subscribed { seq: 0, .. } => return,
-            Event::Connected => {}
+            Event::Connected { .. } => {}
             other => panic!("expected subscribed, got {other:?}"),
         }
     }
@@ -60,7 +60,7 @@ async fn receive(client: &mut Client) -> (Vec<u64>, Vec<Option<u16>>) {
                 client.commit(&ch, seq).await.expect("commit");
             }
             Event::Disconnected { code, .. } => disconnects.push(code),
-            Event::Connected | Event::Subscribed { .. } => {}
+            Event::Connected { .. } | Event::Subscribed { .. } => {}
             other => panic!("unexpected {other:?}"),
         }
     }

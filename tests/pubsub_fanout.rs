@@ -66,7 +66,7 @@ async fn every_subscriber_gets_every_seq_once_in_order() {
                     assert_eq!((ch.as_str(), seq), (CH, 0));
                     break;
                 }
-                Event::Connected => {}
+                Event::Connected { .. } => {}
                 other => panic!("tether client: unexpected {other:?}"),
             }
         }

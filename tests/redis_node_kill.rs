@@ -110,7 +110,7 @@ async fn client_subscriber(
                 }
                 log.subscribed.push((at, seq, epoch, recovered));
             }
-            Ok(Event::Connected | Event::Disconnected { .. }) => {}
+            Ok(Event::Connected { .. } | Event::Disconnected { .. }) => {}
             Ok(other) => log.unexpected.push(format!("{other:?}")),
             Err(e) => {
                 log.unexpected.push(format!("client stopped: {e}"));

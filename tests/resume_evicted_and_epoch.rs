@@ -206,7 +206,7 @@ async fn next_non_status(c: &mut Client) -> Event {
         let ev =
             tokio::time::timeout(STEP, c.next_event()).await.expect("no client event in time").expect("client event");
         match ev {
-            Event::Connected | Event::Disconnected { .. } | Event::Subscribed { .. } => {}
+            Event::Connected { .. } | Event::Disconnected { .. } | Event::Subscribed { .. } => {}
             ev => return ev,
         }
     }

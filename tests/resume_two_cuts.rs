@@ -83,7 +83,7 @@ async fn client_resumes_after_each_cut_without_gap_or_duplicate() {
         loop {
             match client.next_event().await.expect("event") {
                 Event::Subscribed { .. } => break,
-                Event::Connected => {}
+                Event::Connected { .. } => {}
                 other => panic!("before subscribed: {other:?}"),
             }
         }
@@ -128,7 +128,7 @@ async fn client_resumes_after_each_cut_without_gap_or_duplicate() {
                 next += 1;
             }
             Event::Disconnected { retry_in, .. } => retries.push(retry_in),
-            Event::Connected => connects.push(Instant::now()),
+            Event::Connected { .. } => connects.push(Instant::now()),
             Event::Subscribed { recovered, .. } => assert_eq!(recovered, Some(true), "resume refused"),
             other => panic!("unexpected {other:?}"),
         }

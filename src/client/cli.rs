@@ -79,16 +79,49 @@ pub async fn run_sub(args: SubArgs) -> Result<(), ClientError> {
 /// [`ClientError::InvalidUrl`] (naming the `URL` argument), all before connecting; [`ClientError::Refused`] when the server refuses the publish;
 /// [`ClientError::Closed`] on a stop close code.
 pub async fn run_pub(args: PubArgs) -> Result<(), ClientError> {
-    let ack = publish_once(&args).await?;
+    run_pub_until(args, shutdown_signal()).await
+}
+
+/// `run_pub` with the stop condition supplied by the caller: it ends the wait for the ack
+/// (`Err(ClientError::Shutdown)`: the publish may or may not have been stored).
+pub(super) async fn run_pub_until(args: PubArgs, shutdown: impl Future<Output = ()>) -> Result<(), ClientError> {
+    let ack = tokio::select! {
+        ack = publish_once(&args) => ack?,
+        () = shutdown => return Err(ClientError::Shutdown),
+    };
     let mut out = tokio::io::stdout();
-    write_line(&mut out, &ack.raw).await
+    quiet_on_closed_pipe(write_line(&mut out, &ack.raw).await)
 }
 
 pub(super) async fn publish_once(args: &PubArgs) -> Result<Ack, ClientError> {
-    let data: Box<RawValue> =
-        serde_json::from_str(&args.data).map_err(|e| ClientError::InvalidData(format!("DATA is not JSON: {e}")))?;
+    let data: Box<RawValue> = serde_json::from_str(&args.data).map_err(|e| {
+        let hint = if args.data.trim_start().starts_with(['{', '[', '"']) {
+            ""
+        } else {
+            "; to send a string, quote it as JSON, e.g. '\"hello\"'"
+        };
+        ClientError::InvalidData(format!("DATA is not JSON: {e}{hint}"))
+    })?;
     check_channel(&args.channel)?;
-    publish_with(url_config(&args.url, args.token.clone())?, args, &data).await
+    let args = PubArgs { id: Some(args.id.clone().unwrap_or_else(super::new_publish_id)), ..args.clone() };
+    publish_with(url_config(&args.url, args.token.clone())?, &args, &data).await
+}
+
+/// A write to a closed pipe (`tether sub … | head -1`) ends the command quietly: the reader
+/// has all it wanted.
+fn quiet_on_closed_pipe(r: Result<(), ClientError>) -> Result<(), ClientError> {
+    match r {
+        Err(ClientError::Io(e)) if e.contains("Broken pipe") => Ok(()),
+        other => other,
+    }
+}
+
+/// Writes one line on stderr, ignoring a closed or failing stderr (never a panic, unlike
+/// `eprintln!`).
+pub fn notice(line: &str) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(line.as_bytes()).and_then(|()| err.write_all(b"\n"));
 }
 
 /// The defaults for a command's `URL` argument (one URL, or several separated by commas) and
@@ -100,15 +133,62 @@ fn url_config(arg: &str, token: Option<TokenSource>) -> Result<ClientConfig, Cli
     Ok(cfg)
 }
 
+/// Publishes and waits for the ack, writing every server answer met on the way (retries,
+/// disconnects, reconnects, the refusal) as a JSON line on stderr ([`stderr_line`]).
 pub(super) async fn publish_with(cfg: ClientConfig, args: &PubArgs, data: &RawValue) -> Result<Ack, ClientError> {
-    let client = Client::connect(cfg)?;
-    let sent = client.publisher().send(&args.channel, args.id.clone(), data).await;
-    let ack = match sent {
-        Ok(handle) => handle.await,
-        Err(e) => Err(e),
-    };
-    client.close().await;
+    let mut client = Client::connect(cfg)?;
+    let publisher = client.publisher();
+    let mut lines = Lines::default();
+    let ack = async {
+        let handle = publisher.send(&args.channel, args.id.clone(), data).await?;
+        tokio::pin!(handle);
+        loop {
+            tokio::select! {
+                ack = &mut handle => return ack,
+                ev = client.next_event() => match ev {
+                    Ok(ev) => lines.print(&ev),
+                    Err(e) => return Err(e),
+                },
+            }
+        }
+    }
+    .await;
+    if let Err(ClientError::Refused { code, reason }) = &ack {
+        let (code, reason, id, ch) = (code.clone(), reason.clone(), args.id.clone(), Some(args.channel.clone()));
+        lines.print(&Event::Error { code, reason, id, ch });
+    }
+    close_quickly(client).await;
     ack
+}
+
+/// How long a command waits for the server's close reply at its end (SIGINT / SIGTERM
+/// included), so that it exits within 200 ms.
+const CLOSE_BOUND: std::time::Duration = std::time::Duration::from_millis(150);
+
+async fn close_quickly(client: Client) {
+    let _ = tokio::time::timeout(CLOSE_BOUND, client.close()).await;
+}
+
+/// Which stderr lines a command prints: every event [`stderr_line`] renders, except the
+/// first `connected`: one is printed for every connection after a disconnect (where the
+/// client resumed).
+#[derive(Default)]
+struct Lines {
+    disconnected: bool,
+}
+
+impl Lines {
+    fn print(&mut self, ev: &Event) {
+        match ev {
+            Event::Connected { .. } if !self.disconnected => return,
+            Event::Connected { .. } => self.disconnected = false,
+            Event::Disconnected { .. } => self.disconnected = true,
+            _ => {}
+        }
+        if let Some(line) = stderr_line(ev) {
+            notice(&line);
+        }
+    }
 }
 
 async fn shutdown_signal() {
@@ -171,6 +251,7 @@ pub(super) async fn run_sub_with(
         None => client.subscribe(ch, args.from)?,
     }
     tokio::pin!(shutdown);
+    let mut lines = Lines::default();
     let result = loop {
         let ev = tokio::select! {
             () = &mut shutdown => break Ok(()),
@@ -179,37 +260,32 @@ pub(super) async fn run_sub_with(
         match ev {
             Ok(Event::Message { ch, seq, raw, .. }) => {
                 if let Err(e) = write_line(&mut out, &raw).await {
-                    break Err(e);
+                    break quiet_on_closed_pipe(Err(e));
                 }
                 if let Err(e) = client.commit(&ch, seq).await {
                     break Err(e);
                 }
             }
-            Ok(ev @ (Event::Reset { .. } | Event::Disconnected { .. })) => {
-                if let Some(line) = stderr_line(&ev) {
-                    eprintln!("{line}");
-                }
-            }
-            Ok(ev @ Event::Error { .. }) => {
-                if let Some(line) = stderr_line(&ev) {
-                    eprintln!("{line}");
-                }
-                let Event::Error { code, reason, .. } = ev else { unreachable!("matched above") };
+            Ok(Event::Error { code, reason, id, ch }) => {
+                lines.print(&Event::Error { code: code.clone(), reason: reason.clone(), id, ch });
                 break Err(ClientError::Refused { code, reason });
             }
-            Ok(Event::Connected | Event::Subscribed { .. }) => {}
+            Ok(ev) => lines.print(&ev),
             Err(e) => break Err(e),
         }
     };
-    client.close().await;
+    close_quickly(client).await;
     result
 }
 
-/// The JSON line `tether sub` writes on stderr for a reset, a disconnect or a refusal, with
-/// its keys in the order of the wire protocol (docs/protocol.md), e.g.
-/// `{"op":"reset","ch":"news","seq":42,"epoch":"…","reason":"epoch","oldest":1}` and
-/// `{"event":"disconnected","code":1012,"reason":"…","retry_in_ms":850}`. `None` for events
-/// that print nothing.
+/// The JSON line `tether sub` and `tether pub` write on stderr for a reset, a refusal, a
+/// request the client retries, a disconnect and a connection, with its keys in the order of
+/// the wire protocol (docs/protocol.md), e.g.
+/// `{"op":"reset","ch":"news","seq":42,"epoch":"…","reason":"epoch","oldest":1}`,
+/// `{"op":"error","code":"forbidden","reason":"…","id":null,"ch":"admin.x"}`,
+/// `{"event":"retrying","code":"unavailable","reason":"…","id":"p1","ch":"news","retry_in_ms":1000}`,
+/// `{"event":"disconnected","code":1012,"reason":"…","retry_in_ms":850}` and
+/// `{"event":"connected","url":"ws://b:8080/ws"}`. `None` for events that print nothing.
 pub(super) fn stderr_line(ev: &Event) -> Option<String> {
     #[derive(Serialize)]
     struct Reset<'a> {
@@ -233,7 +309,23 @@ pub(super) fn stderr_line(ev: &Event) -> Option<String> {
         code: &'a str,
         reason: &'a str,
         id: Option<&'a str>,
+        ch: Option<&'a str>,
     }
+    #[derive(Serialize)]
+    struct Retrying<'a> {
+        event: &'static str,
+        code: &'a str,
+        reason: &'a str,
+        id: Option<&'a str>,
+        ch: Option<&'a str>,
+        retry_in_ms: u64,
+    }
+    #[derive(Serialize)]
+    struct Connected<'a> {
+        event: &'static str,
+        url: &'a str,
+    }
+    let ms = |d: &std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     let text = match ev {
         Event::Reset { ch, seq, epoch, reason, oldest } => {
             serde_json::to_string(&Reset { op: "reset", ch, seq: *seq, epoch, reason, oldest: *oldest })
@@ -242,11 +334,20 @@ pub(super) fn stderr_line(ev: &Event) -> Option<String> {
             event: "disconnected",
             code: *code,
             reason,
-            retry_in_ms: u64::try_from(retry_in.as_millis()).unwrap_or(u64::MAX),
+            retry_in_ms: ms(retry_in),
         }),
-        Event::Error { code, reason, id, .. } => {
-            serde_json::to_string(&Refused { op: "error", code, reason, id: id.as_deref() })
+        Event::Error { code, reason, id, ch } => {
+            serde_json::to_string(&Refused { op: "error", code, reason, id: id.as_deref(), ch: ch.as_deref() })
         }
+        Event::Retrying { code, reason, id, ch, retry_in } => serde_json::to_string(&Retrying {
+            event: "retrying",
+            code,
+            reason,
+            id: id.as_deref(),
+            ch: ch.as_deref(),
+            retry_in_ms: ms(retry_in),
+        }),
+        Event::Connected { url } => serde_json::to_string(&Connected { event: "connected", url }),
         _ => return None,
     };
     text.ok()

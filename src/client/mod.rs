@@ -65,7 +65,7 @@ use std::time::Duration;
 use serde_json::value::RawValue;
 
 pub use backoff::{Backoff, BackoffConfig};
-pub use cli::{run_pub, run_sub, PubArgs, SubArgs};
+pub use cli::{notice, run_pub, run_sub, PubArgs, SubArgs};
 pub use close::{classify_close, retry_hint, CloseAction};
 pub use offsets::{OffsetStore, Position};
 pub use session::{AckHandle, Client, Publisher};
@@ -154,7 +154,11 @@ impl From<std::io::Error> for ClientError {
 #[derive(Debug, Clone)]
 pub enum Event {
     /// A WebSocket connection is open; subscriptions and the outbox have been (re)sent on it.
-    Connected,
+    Connected {
+        /// The node it is open to: one of [`ClientConfig::urls`], its userinfo and query
+        /// values redacted (`crate::logging::redact_url`), the token never included.
+        url: String,
+    },
     /// The server confirmed a subscription (`subscribed`, docs/protocol.md).
     Subscribed {
         /// Channel name.
@@ -203,6 +207,21 @@ pub enum Event {
         id: Option<String>,
         /// The channel, when the refusal names one (a refused `sub`).
         ch: Option<String>,
+    },
+    /// The server refused a request for now and the client sends it again by itself after
+    /// `retry_in` (code `unavailable`: the server's broker cannot reach Redis, nothing was
+    /// stored). The request stays pending: a publish keeps its id, a subscription its place.
+    Retrying {
+        /// The server's `code` (`unavailable`).
+        code: String,
+        /// The server's `reason`.
+        reason: String,
+        /// The publish id, for a publish.
+        id: Option<String>,
+        /// The channel, when the answer names one.
+        ch: Option<String>,
+        /// When the request is sent again: the server's `retry_after_ms`, or 1 s without one.
+        retry_in: Duration,
     },
     /// The connection (or a connection attempt) ended with a reconnectable code or an I/O
     /// error; the client reconnects after `retry_in`, to the next of [`ClientConfig::urls`]

@@ -64,7 +64,7 @@ impl Future for AckHandle {
 impl Client {
     /// Starts the client: validates the URLs, loads the offset file, and spawns the
     /// connection task on the current tokio runtime. Returns at once; the connection is
-    /// made in the background and reported as [`Event::Connected`].
+    /// made in the background and reported as [`Event::Connected { .. }`].
     ///
     /// # Errors
     /// [`ClientError::InvalidUrl`] when [`ClientConfig::urls`] is empty or an entry is not

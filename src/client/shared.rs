@@ -96,7 +96,7 @@ pub(crate) struct Outq {
 }
 
 pub(crate) fn is_status(ev: &Event) -> bool {
-    matches!(ev, Event::Connected | Event::Disconnected { .. })
+    matches!(ev, Event::Connected { .. } | Event::Disconnected { .. } | Event::Retrying { .. })
 }
 
 impl Outq {

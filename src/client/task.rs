@@ -135,7 +135,7 @@ impl Task {
                         Ok(Ok(Ok((ws, _response)))) => {
                             self.shared.counters.connects.fetch_add(1, Ordering::Relaxed);
                             let opened = Instant::now();
-                            let ended = self.session(ws).await;
+                            let ended = self.session(ws, &url).await;
                             (ended, Some(opened.elapsed()))
                         }
                     }
@@ -265,8 +265,8 @@ impl Task {
         conn.chans.insert(ch.to_string(), ChanConn { from, last: None });
     }
 
-    /// One open connection, from resubscribe to close.
-    async fn session(&mut self, ws: Ws) -> Ended {
+    /// One open connection to `url`, from resubscribe to close.
+    async fn session(&mut self, ws: Ws, url: &str) -> Ended {
         let (sink, mut stream) = ws.split();
         let (writes, queued) = mpsc::unbounded_channel();
         let mut writer: JoinHandle<()> = tokio::spawn(write_loop(sink, queued));
@@ -278,7 +278,8 @@ impl Task {
         for p in &self.outbox {
             conn.send(p.frame.clone());
         }
-        self.out.push_status(Event::Connected, &self.shared.counters);
+        let url = crate::logging::redact_url(url);
+        self.out.push_status(Event::Connected { url }, &self.shared.counters);
 
         let far = Duration::from_secs(86_400 * 365);
         let idle_limit = self.idle_timeout;
@@ -452,6 +453,8 @@ impl Task {
                 }
             }
             "error" if f.code.as_deref() == Some("token_expired") => self.refresh_token(conn),
+            // The answer to an `unsub` (its channel was dropped from `subs` when it was sent).
+            "unsubscribed" => {}
             "refreshed" => {
                 if let Some(t) = self.refreshing.take() {
                     self.held_token = Some(t);
@@ -460,12 +463,26 @@ impl Task {
             "error" if f.code.as_deref() == Some("unavailable") => {
                 // The server's broker cannot reach Redis: the request is safe to repeat (a
                 // publish keeps its id), so it is sent again after the hint, not failed.
-                let at = Instant::now() + f.retry_after_ms.map_or(UNAVAILABLE_RETRY, Duration::from_millis);
-                if let Some(id) = f.id.filter(|id| self.outbox.iter().any(|p| p.id == *id)) {
+                let retry_in = f.retry_after_ms.map_or(UNAVAILABLE_RETRY, Duration::from_millis);
+                let at = Instant::now() + retry_in;
+                let mut ch = f.ch.clone();
+                let retried = if let Some(id) = f.id.clone().filter(|id| self.outbox.iter().any(|p| p.id == *id)) {
+                    if let Some(p) = self.outbox.iter().find(|p| p.id == id) {
+                        ch.get_or_insert_with(|| p.ch.clone());
+                    }
                     self.retries.push((at, Retry::Pub(id)));
-                } else if let Some(ch) = f.ch.filter(|ch| self.subs.contains(ch)) {
+                    true
+                } else if let Some(ch) = f.ch.clone().filter(|ch| self.subs.contains(ch)) {
                     conn.chans.remove(&ch);
                     self.retries.push((at, Retry::Sub(ch)));
+                    true
+                } else {
+                    false
+                };
+                if retried {
+                    let (code, reason) = ("unavailable".to_owned(), f.reason.unwrap_or_default());
+                    let ev = Event::Retrying { code, reason, id: f.id, ch, retry_in };
+                    self.out.push_status(ev, &self.shared.counters);
                 }
             }
             "error" => {

@@ -236,7 +236,27 @@ fn stderr_lines_keep_the_protocol_key_order() {
     let refused = Event::Error { code: "bad_channel".into(), reason: "invalid channel".into(), id: None, ch: None };
     assert_eq!(
         stderr_line(&refused).unwrap(),
-        r#"{"op":"error","code":"bad_channel","reason":"invalid channel","id":null}"#
+        r#"{"op":"error","code":"bad_channel","reason":"invalid channel","id":null,"ch":null}"#
     );
-    assert_eq!(stderr_line(&Event::Connected), None);
+    let forbidden =
+        Event::Error { code: "forbidden".into(), reason: "no".into(), id: None, ch: Some("admin.x".into()) };
+    assert_eq!(
+        stderr_line(&forbidden).unwrap(),
+        r#"{"op":"error","code":"forbidden","reason":"no","id":null,"ch":"admin.x"}"#
+    );
+    let retrying = Event::Retrying {
+        code: "unavailable".into(),
+        reason: "redis down".into(),
+        id: Some("p1".into()),
+        ch: Some("news".into()),
+        retry_in: Duration::from_millis(1000),
+    };
+    assert_eq!(
+        stderr_line(&retrying).unwrap(),
+        r#"{"event":"retrying","code":"unavailable","reason":"redis down","id":"p1","ch":"news","retry_in_ms":1000}"#
+    );
+    assert_eq!(
+        stderr_line(&Event::Connected { url: "ws://a/ws".into() }).unwrap(),
+        r#"{"event":"connected","url":"ws://a/ws"}"#
+    );
 }

@@ -85,7 +85,7 @@ pub(super) async fn next(c: &mut Client) -> Event {
 pub(super) async fn next_data(c: &mut Client) -> Event {
     loop {
         match next(c).await {
-            Event::Connected | Event::Disconnected { .. } => continue,
+            Event::Connected { .. } | Event::Disconnected { .. } => continue,
             ev => return ev,
         }
     }
@@ -132,7 +132,7 @@ async fn resubscribes_from_committed_seq_after_1012() {
 
         let mut c = Client::connect(fast(&url)).expect("client");
         c.subscribe("news", None).expect("subscribe");
-        assert!(matches!(next(&mut c).await, Event::Connected));
+        assert!(matches!(next(&mut c).await, Event::Connected { .. }));
         match next(&mut c).await {
             Event::Subscribed { ch, seq: 0, epoch, recovered: None } => {
                 assert_eq!((ch.as_str(), epoch.as_str()), ("news", "e1"));
@@ -157,7 +157,7 @@ async fn resubscribes_from_committed_seq_after_1012() {
             }
             other => panic!("{other:?}"),
         }
-        assert!(matches!(next(&mut c).await, Event::Connected));
+        assert!(matches!(next(&mut c).await, Event::Connected { .. }));
         assert!(matches!(next(&mut c).await, Event::Subscribed { seq: 3, recovered: Some(true), .. }));
         expect_msg(next(&mut c).await, "news", 3);
         expect_msg(next(&mut c).await, "news", 4);
@@ -241,7 +241,7 @@ async fn stop_code_ends_the_client_and_fails_publishes() {
         let closed = ClientError::Closed { code: 1008, reason: "not allowed".into() };
         let err = loop {
             match timeout(Duration::from_secs(5), c.next_event()).await.expect("in time") {
-                Ok(Event::Connected) => continue,
+                Ok(Event::Connected { .. }) => continue,
                 Ok(other) => panic!("{other:?}"),
                 Err(e) => break e,
             }
@@ -289,7 +289,7 @@ async fn reset_is_surfaced_and_becomes_the_resume_point() {
             Event::Disconnected { code: Some(1013), reason, .. } => assert_eq!(reason, "queue_max_bytes"),
             other => panic!("{other:?}"),
         }
-        assert!(matches!(next(&mut c).await, Event::Connected));
+        assert!(matches!(next(&mut c).await, Event::Connected { .. }));
         c.close().await;
         server.await.expect("server");
     })
@@ -354,9 +354,9 @@ async fn silent_server_trips_the_idle_timeout() {
         cfg.idle_timeout = Some(Duration::from_millis(200));
         let mut c = Client::connect(cfg).expect("client");
         c.subscribe("c", None).expect("sub");
-        assert!(matches!(next(&mut c).await, Event::Connected));
+        assert!(matches!(next(&mut c).await, Event::Connected { .. }));
         assert!(matches!(next(&mut c).await, Event::Disconnected { code: None, .. }));
-        assert!(matches!(next(&mut c).await, Event::Connected));
+        assert!(matches!(next(&mut c).await, Event::Connected { .. }));
         c.close().await;
         server.await.expect("server");
     })
@@ -403,7 +403,7 @@ async fn each_reconnect_moves_to_the_next_url_and_resumes_there() {
         let mut c = Client::connect(fast(&format!("{url_a}, {url_b}"))).expect("client");
         c.subscribe("c", None).expect("subscribe");
         let acked = c.publisher().send("c", Some("p1".into()), &json!({"k":1})).await.expect("send");
-        assert!(matches!(next(&mut c).await, Event::Connected));
+        assert!(matches!(next(&mut c).await, Event::Connected { .. }));
         assert!(matches!(next(&mut c).await, Event::Subscribed { seq: 0, recovered: None, .. }));
         for seq in [1, 2] {
             expect_msg(next(&mut c).await, "c", seq);
@@ -416,7 +416,7 @@ async fn each_reconnect_moves_to_the_next_url_and_resumes_there() {
             }
             other => panic!("{other:?}"),
         }
-        assert!(matches!(next(&mut c).await, Event::Connected));
+        assert!(matches!(next(&mut c).await, Event::Connected { .. }));
         assert!(matches!(next(&mut c).await, Event::Subscribed { seq: 3, recovered: Some(true), .. }));
         expect_msg(next(&mut c).await, "c", 3);
         c.commit("c", 3).await.expect("commit");
@@ -424,7 +424,7 @@ async fn each_reconnect_moves_to_the_next_url_and_resumes_there() {
         assert_eq!((ack.id.as_str(), ack.seq), ("p1", 4));
         cut_b.send(()).expect("cut b");
         assert!(matches!(next(&mut c).await, Event::Disconnected { code: None, .. }));
-        assert!(matches!(next(&mut c).await, Event::Connected));
+        assert!(matches!(next(&mut c).await, Event::Connected { .. }));
         assert_eq!(c.stats().connects, 3);
         c.close().await;
         let (on_a, on_b) = (node_a.await.expect("node a"), node_b.await.expect("node b"));

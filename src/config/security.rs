@@ -140,11 +140,36 @@ pub struct PerConnection {
     /// unlimited. Trade-off: each ping costs the server a pong; a browser sends none, a client
     /// library a few per minute.
     pub control_frames_rate: u32,
+    /// `sub` and `unsub` requests per second (token bucket; burst the rate, and at least 2 ×
+    /// `max_subscriptions`, so a client can drop and retake all it may hold at once). Beyond
+    /// it: `error` `limit` with `ch` and `retry_after_ms`; more than 10 × the burst refused in
+    /// one second closes with 1008. Default 500, 0 = unlimited. Trade-off: each costs a
+    /// channel lookup and a broker request; a client subscribes a few times per connection.
+    pub subscribe_rate: u32,
+    /// `refresh` requests per second (burst = rate), every one counted, also one that sends the
+    /// token already held. Beyond it: `error` `limit` with `retry_after_ms`; more than 10 ×
+    /// the rate refused in one second closes with 1008. Default 2, 0 = unlimited. Trade-off:
+    /// each costs a signature verification (about 0.4 ms for ES256); a client refreshes once
+    /// per token lifetime.
+    pub refresh_rate: u32,
+    /// Malformed or unknown requests per second (burst = rate): those answered `bad_json`,
+    /// `bad_request`, `bad_op` or `bad_channel`, and binary frames. Within it each gets its
+    /// own error; beyond it `error` `limit`; more than 10 × the rate refused in one second
+    /// closes with 1008. Default 20, 0 = unlimited.
+    pub bad_request_rate: u32,
 }
 
 impl Default for PerConnection {
     fn default() -> Self {
-        PerConnection { max_subscriptions: 1024, publish_rate: 0, publish_bytes_rate: 0, control_frames_rate: 100 }
+        PerConnection {
+            max_subscriptions: 1024,
+            publish_rate: 0,
+            publish_bytes_rate: 0,
+            control_frames_rate: 100,
+            subscribe_rate: 500,
+            refresh_rate: 2,
+            bad_request_rate: 20,
+        }
     }
 }
 

@@ -9,8 +9,8 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use super::{MAX_BODY_BYTES, MAX_HEAD_BYTES, MAX_MESSAGE_BYTES};
-use crate::protocol::ClientOp;
 use crate::server::metrics::CoreMetrics;
+use crate::server::requests::Inbound;
 use crate::server::session::{queue, Ctx, Session, SessionConfig, State};
 use crate::ws::handshake::{self, HttpError, Method, Request};
 
@@ -81,7 +81,7 @@ impl Sim {
         for piece in pieces {
             s.handle_bytes(&self.ctx(), piece, &mut ops);
             self.serve_pending(s, &mut ops, &mut t);
-            record_ops(&mut ops, &mut t);
+            record_ops(s, &self.ctx(), &mut ops, &mut t);
             write_all(s, &mut t.output);
         }
         t.end = format!("{:?} {:?}", s.state(), s.reap_reason());
@@ -91,7 +91,7 @@ impl Sim {
     /// `CoreState::serve_pending` + `route` reduced to what the parsers decide: every complete
     /// request is answered (an upgrade on `/ws`, a marker answer otherwise) until one is refused
     /// or the connection stops speaking HTTP.
-    fn serve_pending(&mut self, s: &mut Session, ops: &mut Vec<ClientOp>, t: &mut Transcript) {
+    fn serve_pending(&mut self, s: &mut Session, ops: &mut Vec<Inbound>, t: &mut Transcript) {
         while let State::Http(_) = s.state() {
             let Some(next) = s.next_request(&self.cfg) else { return };
             match next {
@@ -150,9 +150,15 @@ fn derived(req: &Request) -> String {
     format!("{path:?} {top:?} {token:?} {:?}", crate::http::expectation(req))
 }
 
-fn record_ops(ops: &mut Vec<ClientOp>, t: &mut Transcript) {
+fn record_ops(s: &mut Session, ctx: &Ctx, ops: &mut Vec<Inbound>, t: &mut Transcript) {
     for op in ops.drain(..) {
-        t.events.push(format!("op {op:?}"));
+        match op {
+            Inbound::Op(op) => t.events.push(format!("op {op:?}")),
+            // Answered by the session itself: the core queues it as it serves it.
+            Inbound::Answered { frame, .. } => {
+                s.reply(ctx, frame);
+            }
+        }
     }
 }
 

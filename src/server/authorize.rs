@@ -126,7 +126,7 @@ impl CoreState {
         let (exp_ms, remaining) = (v.exp_ms, self.remaining_ms(v.exp_ms));
         let g = self.acquire_grant(v.grant);
         for ch in self.no_longer_allowed(id, g) {
-            self.client_unsub(id, &ch);
+            self.end_subscription(id, &ch);
             let reason = format!("the refreshed token does not allow to subscribe to {ch}: unsubscribed");
             let e = protocol::with_channel(protocol::error_json(codes::FORBIDDEN, &reason, None), &ch);
             self.reply(id, codec::text_frame(&e));

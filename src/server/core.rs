@@ -22,12 +22,12 @@ use std::time::Instant;
 use bytes::Bytes;
 use slab::Slab;
 
-use super::authorize::Right;
 use super::broker::{memory::MemoryBroker, Broker, Request};
 use super::bus::{ConnRef, ConnRow, CoreLoad, CoreMsg, Endpoint, PublishResult, Router};
 use super::local::LocalChannels;
 use super::metrics::{CoreMetrics, HandshakeFailure};
 use super::reactor::Reactor;
+use super::requests::{Held, Inbound};
 use super::session::queue::Frame;
 use super::session::replay::Fetch;
 use super::session::{ConnId, Ctx, Flags, ReapReason, Session, SessionConfig, State, Tick};
@@ -35,7 +35,7 @@ use super::timer::{heartbeat_slack, heartbeat_slot, TimerWheel, TICK_MS};
 use super::{io as sock, Shared};
 use crate::auth::grants::Grants;
 use crate::config::Overflow;
-use crate::protocol::{self, ClientOp};
+use crate::protocol;
 use crate::ws::codec::{self, CloseCode};
 
 /// Size of the per-core read buffer. Reads never go to per-connection memory.
@@ -200,7 +200,9 @@ pub struct CoreState {
     /// `sendmsg(2)` per connection.
     pub(super) sends: Option<super::io::batch::SendBatch>,
     /// Pub/sub requests handed up by a session (kept to reuse its allocation).
-    requests: Vec<ClientOp>,
+    requests: Vec<Inbound>,
+    /// Requests held behind a `sub` that waits for its answer (`server::requests`).
+    pub held: Held,
     /// Token bucket for `accept_rate` (tokens, last refill in ms).
     rate: (f64, u64),
 }
@@ -240,6 +242,7 @@ impl CoreState {
             feeds: super::feed_port::FeedInbox::new(&shared.feed_ports, me),
             sends: super::flush::send_ring(me, cfg.io.send_batch),
             requests: Vec::new(),
+            held: Held::default(),
             rate: (cfg.accept_rate as f64, 0),
             shared,
         }
@@ -302,6 +305,13 @@ impl CoreState {
     /// [`Flags::READ_PENDING`] and read on the reactor's next pass).
     pub fn on_readable(&mut self, id: ConnId) {
         let Some(fd) = self.conn(id).map(|s| s.fd) else { return };
+        // What the last turn left undecoded ([`MESSAGES_PER_TURN`](super::session::MESSAGES_PER_TURN)) goes first.
+        if self.conn(id).is_some_and(|s| s.has_input() && !matches!(s.state(), State::Http(_))) {
+            self.on_bytes(id, &[]);
+            if self.turn_ended(id) {
+                return;
+            }
+        }
         SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
             for _ in 0..READS_PER_WAKE {
@@ -312,6 +322,9 @@ impl CoreState {
                     Err(_) => return self.end(id, ReapReason::Reset),
                 };
                 self.on_bytes(id, &scratch[..n]);
+                if self.turn_ended(id) {
+                    return;
+                }
                 // A short read took everything: a later arrival is a new edge.
                 if self.conn(id).is_none_or(|s| s.is_closed()) || n < scratch.len() {
                     return;
@@ -322,6 +335,18 @@ impl CoreState {
                 self.reactor.schedule(id, s);
             }
         })
+    }
+
+    /// Whether `id`'s session stopped decoding for [`MESSAGES_PER_TURN`](super::session::MESSAGES_PER_TURN): it is then listed
+    /// for the reactor's next pass, and its socket not read further now.
+    fn turn_ended(&mut self, id: ConnId) -> bool {
+        match session(&mut self.conns.slab, id) {
+            Some(s) if s.flags.has(Flags::READ_PENDING) && !s.is_closed() => {
+                self.reactor.schedule(id, s);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Reads the input waiting for `id` when its deadline would judge the peer silent
@@ -370,30 +395,16 @@ impl CoreState {
         if let State::Http(_) = state {
             self.serve_pending(id);
         }
-        for op in requests.drain(..) {
-            self.dispatch(id, op);
+        for req in requests.drain(..) {
+            // A connection this server is closing (a limit, an error) serves no more
+            // requests; those sent before the peer's own close still count.
+            if self.conn(id).is_none_or(|s| matches!(s.state(), State::ClosingByUs | State::Closed)) {
+                break;
+            }
+            self.serve_request(id, req);
         }
         self.requests = requests;
         self.flush(id);
-    }
-
-    /// One pub/sub request of connection `id`.
-    fn dispatch(&mut self, id: ConnId, op: ClientOp) {
-        match op {
-            ClientOp::Sub { ch, from, epoch } => {
-                if self.authorize(id, Right::Subscribe, &ch, None) {
-                    self.client_sub(id, &ch, from, epoch);
-                }
-            }
-            ClientOp::Unsub { ch } => self.client_unsub(id, &ch),
-            ClientOp::Pub { ch, id: pub_id, data } => {
-                if self.authorize(id, Right::Publish, &ch, Some(&pub_id)) {
-                    let data = Bytes::copy_from_slice(data.get().as_bytes());
-                    self.publish(id, &ch, Some(pub_id.into_boxed_str()), data);
-                }
-            }
-            ClientOp::Refresh { token } => self.client_refresh(id, &token),
-        }
     }
 
     /// A publish by connection `reply` (a WebSocket `pub` or an HTTP publish).
@@ -495,6 +506,7 @@ impl CoreState {
         for e in s.subs {
             self.drop_sub(e);
         }
+        self.held.forget(id);
         // Last: the log lines above name the peer, asked of the socket.
         self.reactor.deregister(s.fd, id);
         sock::close(s.fd);
@@ -537,14 +549,18 @@ impl CoreState {
                 }
                 let json = match &result {
                     PublishResult::Stored { seq } => protocol::ack_json(id.as_deref().unwrap_or(""), &ch, *seq),
-                    PublishResult::Refused(e) => {
-                        protocol::error_json_retry(e.code, &e.reason, id.as_deref(), e.retry_after_ms)
-                    }
+                    PublishResult::Refused(e) => protocol::with_channel(
+                        protocol::error_json_retry(e.code, &e.reason, id.as_deref(), e.retry_after_ms),
+                        &ch,
+                    ),
                 };
                 // Queued, not written: the processor flushes every touched connection once per
                 // pass, so the acks of one broker batch leave in one `sendmsg` per connection.
                 let frame = codec::text_frame(&json);
                 self.with_session(reply.id, |s, ctx| s.reply(ctx, frame));
+                if self.held.pub_answered(reply.id) {
+                    self.serve_held(reply.id, None);
+                }
             }
             CoreMsg::Subscribed { ch, conn, head, epoch, resume } => self.subscribed(&ch, conn, head, &epoch, resume),
             CoreMsg::Reset { ch, head, epoch, reason, oldest, until } => {

@@ -34,6 +34,15 @@ impl CoreState {
             match next {
                 None => return,
                 Some(Ok((req, body))) => self.route(id, &req, &body),
+                Some(Err(e)) if e.status == 413 => {
+                    // Name the limit and its value, so the sender knows what to change.
+                    let max = cfg.max_publish_bytes;
+                    self.metrics().handshake_failure(HandshakeFailure::BadRequest);
+                    let fd = self.conn(id).map(|s| s.fd);
+                    super::events::handshake_failed(self.me, fd, HandshakeFailure::BadRequest, 413, e.reason);
+                    let reason = format!("request body larger than limits.max_publish_bytes = {max} bytes");
+                    return self.send(id, http::error_response(413, &reason, &[], false), false);
+                }
                 Some(Err(e)) => {
                     let why = match e.status {
                         431 => HandshakeFailure::HeadTooLarge,
@@ -189,7 +198,12 @@ impl CoreState {
         let decoded = http::percent_decode(raw_ch);
         let key = req.idempotency_key.as_deref();
         let checked = match decoded.as_deref().filter(|c| protocol::valid_channel(c)) {
-            None => Err(protocol::BAD_CHANNEL_REASON.into()),
+            None => {
+                let sent = decoded.as_deref().unwrap_or(raw_ch);
+                let name = crate::logging::Escaped(sent.as_bytes());
+                Err(format!("invalid channel name \"{name}\" (after percent-decoding): 1-128 bytes of [A-Za-z0-9._:-]")
+                    .into())
+            }
             Some(ch) => match protocol::parse_publish_body(body) {
                 Err(e) => Err(std::borrow::Cow::Owned(e.reason)),
                 Ok(_) if key.is_some_and(|k| !protocol::valid_message_id(k)) => {

@@ -76,10 +76,28 @@ pub enum Limit {
     ControlFrames,
     /// `limits.max_channels`: a `sub` or publish that would create one channel too many.
     MaxChannels,
+    /// `limits.per_connection.subscribe_rate`: a `sub` or `unsub` beyond it.
+    SubscribeRate,
+    /// `limits.per_connection.refresh_rate`: a `refresh` beyond it.
+    RefreshRate,
+    /// `limits.per_connection.bad_request_rate`: a malformed or unknown request beyond it.
+    BadRequestRate,
+    /// More requests held behind unanswered ones than `server::requests::MAX_HELD` (closes
+    /// the connection with 1008).
+    HeldRequests,
 }
 
-const LIMIT_NAMES: [&str; 5] =
-    ["max_subscriptions", "publish_rate", "publish_bytes_rate", "control_frames", "max_channels"];
+const LIMIT_NAMES: [&str; 9] = [
+    "max_subscriptions",
+    "publish_rate",
+    "publish_bytes_rate",
+    "control_frames",
+    "max_channels",
+    "subscribe_rate",
+    "refresh_rate",
+    "bad_request_rate",
+    "held_requests",
+];
 
 impl Limit {
     /// The metric label.

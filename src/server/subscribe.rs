@@ -33,7 +33,7 @@ impl CoreState {
         let Some(s) = self.conn(id) else { return };
         if s.subs.iter().any(|e| e.chan == chan && e.pos != CANCELLED) {
             let e = protocol::error_json(codes::ALREADY_SUBSCRIBED, &format!("already subscribed to {ch}"), None);
-            return self.reply(id, codec::text_frame(&e));
+            return self.reply(id, codec::text_frame(&protocol::with_channel(e, ch)));
         }
         s.subs.push(SubEntry { chan, pos: PENDING });
         let lc = &mut self.local.chans[chan as usize];
@@ -43,8 +43,23 @@ impl CoreState {
         self.broker.request(&mut self.router, Request::Subscribe { ch, conn, from, epoch: epoch.map(Into::into) });
     }
 
-    /// A client `unsub`.
+    /// A client `unsub`: answered `unsubscribed`, or `error` `not_subscribed`, naming `ch`.
+    /// (A `sub` of `ch` still waiting for its answer holds the `unsub` behind it:
+    /// `server::requests`.)
     pub fn client_unsub(&mut self, id: ConnId, ch: &str) {
+        let e = if self.end_subscription(id, ch) {
+            protocol::unsubscribed_json(ch)
+        } else {
+            let e = protocol::error_json(codes::NOT_SUBSCRIBED, &format!("not subscribed to {ch}"), None);
+            protocol::with_channel(e, ch)
+        };
+        self.reply(id, codec::text_frame(&e));
+    }
+
+    /// Ends `id`'s subscription to `ch` without an answer (a `refresh` whose grant no longer
+    /// allows it says why itself); one still waiting for the broker is marked cancelled, and
+    /// its answer absorbed. Returns whether there was one.
+    pub(crate) fn end_subscription(&mut self, id: ConnId, ch: &str) -> bool {
         let chan = self.local.find(ch);
         let entry = chan.and_then(|chan| {
             let s = self.conns.get(id)?;
@@ -63,11 +78,9 @@ impl CoreState {
         match entry {
             Some(Some(e)) => self.drop_sub(e),
             Some(None) => {}
-            None => {
-                let e = protocol::error_json(codes::NOT_SUBSCRIBED, &format!("not subscribed to {ch}"), None);
-                self.reply(id, codec::text_frame(&e));
-            }
+            None => return false,
         }
+        true
     }
 
     /// Ends one subscription entry (already removed from its connection).
@@ -101,8 +114,14 @@ impl CoreState {
         });
     }
 
-    /// The broker confirmed a subscription: activate it and tell the client.
+    /// The broker answered a subscription: activate it (or not) and tell the client; then the
+    /// requests `id` sent about `ch` behind it are served (`server::requests`).
     pub(crate) fn subscribed(&mut self, ch: &Arc<str>, id: ConnId, head: u64, epoch: &str, resume: Resume) {
+        self.answer_subscription(ch, id, head, epoch, resume);
+        self.serve_held(id, Some(ch.as_ref()));
+    }
+
+    fn answer_subscription(&mut self, ch: &Arc<str>, id: ConnId, head: u64, epoch: &str, resume: Resume) {
         let chan = self.local.find(ch);
         // Answers from one home come back in request order, so this one answers the oldest
         // request still waiting for this channel (pending or cancelled).
@@ -130,10 +149,13 @@ impl CoreState {
             if !cancelled {
                 let e = match resume {
                     Resume::Unavailable(e) | Resume::Refused(e) => protocol::with_channel(e.to_json(), ch),
-                    _ => protocol::error_json(
-                        codes::BAD_REQUEST,
-                        &format!("from is beyond the head of {ch} ({head})"),
-                        None,
+                    _ => protocol::with_channel(
+                        protocol::error_json(
+                            codes::BAD_REQUEST,
+                            &format!("from is beyond the head of {ch} ({head})"),
+                            None,
+                        ),
+                        ch,
                     ),
                 };
                 self.reply(id, codec::text_frame(&e));

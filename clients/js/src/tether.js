@@ -374,6 +374,8 @@ export class Tether {
         }
         break;
       }
+      case 'unsubscribed': // the answer to an unsub: the subscription was dropped when it was sent
+        break;
       case 'refreshed':
         if (this.refreshing) this.heldToken = this.refreshing;
         this.refreshing = null;

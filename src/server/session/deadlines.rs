@@ -112,6 +112,7 @@ impl Session {
             return;
         }
         self.queue.shrink_idle();
+        self.rest_limiter(ctx);
         if !awaiting && reached(now, self.ping_sent.wrapping_add(interval)) {
             self.ping_sent = now;
             self.flags.set(Flags::AWAIT_PONG);

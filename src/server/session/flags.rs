@@ -39,6 +39,25 @@ impl Flags {
     /// Listed in the core reactor's ready list (listed once).
     pub const READY: Flags = Flags(4096);
 
+    /// The top two bits: requests counted against the per-connection op rates while no
+    /// [`super::limits::Limiter`] exists ([`Flags::free_ops`]).
+    const FREE_OPS_SHIFT: u16 = 14;
+
+    /// Requests (`sub`, `unsub`, `refresh`, malformed ones) counted since the connection last
+    /// had no limiter, up to [`Flags::MAX_FREE_OPS`]: the first few cost no allocation.
+    pub fn free_ops(self) -> u16 {
+        self.0 >> Self::FREE_OPS_SHIFT
+    }
+
+    /// The most [`Flags::free_ops`] can count.
+    pub const MAX_FREE_OPS: u16 = 3;
+
+    /// Sets [`Flags::free_ops`] to `n` (at most [`Flags::MAX_FREE_OPS`]).
+    pub fn set_free_ops(&mut self, n: u16) {
+        let mask = Self::MAX_FREE_OPS << Self::FREE_OPS_SHIFT;
+        self.0 = (self.0 & !mask) | ((n.min(Self::MAX_FREE_OPS)) << Self::FREE_OPS_SHIFT);
+    }
+
     /// Whether every bit of `f` is set.
     pub fn has(self, f: Flags) -> bool {
         self.0 & f.0 == f.0

@@ -1,7 +1,7 @@
 //! Per-connection abuse limits, sans-IO (`[limits.per_connection]`, docs/security.md,
 //! "Per-connection limits"): token buckets on the core's clock for WebSocket `pub` messages,
-//! `pub` bytes and control frames, and the rule that closes a connection which goes on far
-//! past its rate.
+//! `pub` bytes, control frames, `sub`/`unsub` requests, `refresh` requests and malformed
+//! requests, and the rule that closes a connection which goes on far past its rate.
 //!
 //! Each bucket holds at most its burst and refills continuously at its rate; a request that
 //! finds too few tokens is refused (`error` `limit` with `retry_after_ms` for a `pub`, no pong
@@ -10,16 +10,15 @@
 //! [`CLOSE_AFTER_BURSTS`] times the bucket's burst, the connection is closed with 1008.
 //!
 //! The state ([`Limiter`]) lives behind an `Option<Box<_>>` in the session, made the first
-//! time a configured limit has something to count: a connection that never publishes under a
-//! rate and never pings costs nothing here. Time is the session's tick ([`TICK_MS`]), never a
+//! time a configured limit has something to count beyond the few requests the session's
+//! flags count for free (`Flags::free_ops`), and dropped again at a heartbeat that finds every
+//! bucket full: a connection that subscribes to a few channels, never publishes under a rate
+//! and never pings costs nothing here. Time is the session's tick ([`TICK_MS`]), never a
 //! clock read per message.
 
-use super::{Ctx, ReapReason, Session, Tick};
-use crate::protocol::close::{CloseCode, CloseReason};
-use crate::protocol::{self, codes};
+use super::Tick;
 use crate::server::metrics::Limit;
 use crate::server::timer::TICK_MS;
-use crate::ws::codec;
 
 /// Ticks in one second: the length of a refusal window.
 pub const SECOND: Tick = (1000 / TICK_MS) as Tick;
@@ -42,6 +41,49 @@ pub struct Rates {
     pub publish_bytes_burst: u64,
     /// Control frames (pings, unsolicited pongs) per second; the burst is the same number.
     pub control_frames_rate: u64,
+    /// `sub` and `unsub` requests per second.
+    pub subscribe_rate: u64,
+    /// Burst of the `sub`/`unsub` bucket: the rate, and at least twice
+    /// `max_subscriptions`, so a client can drop and take again every subscription it may hold
+    /// at once (a reconnect, a refreshed grant).
+    pub subscribe_burst: u64,
+    /// `refresh` requests per second (burst = rate), each counted, also one whose token is
+    /// the one already held.
+    pub refresh_rate: u64,
+    /// Requests answered with an error of the request itself (`bad_json`, `bad_request`,
+    /// `bad_op`, `bad_channel`, binary frames) per second (burst = rate).
+    pub bad_request_rate: u64,
+}
+
+/// The requests counted by the op buckets of a [`Limiter`] (besides `pub` and control frames).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// A `sub` or an `unsub` (`subscribe_rate`).
+    Subscribe = 0,
+    /// A `refresh` (`refresh_rate`).
+    Refresh,
+    /// A malformed or unknown request (`bad_request_rate`).
+    BadRequest,
+}
+
+impl Op {
+    /// The limit this op counts against.
+    pub fn limit(self) -> Limit {
+        match self {
+            Op::Subscribe => Limit::SubscribeRate,
+            Op::Refresh => Limit::RefreshRate,
+            Op::BadRequest => Limit::BadRequestRate,
+        }
+    }
+
+    /// Its rate and burst under `r` (0: unlimited).
+    pub fn rate(self, r: &Rates) -> (u64, u64) {
+        match self {
+            Op::Subscribe => (r.subscribe_rate, r.subscribe_burst),
+            Op::Refresh => (r.refresh_rate, r.refresh_rate),
+            Op::BadRequest => (r.bad_request_rate, r.bad_request_rate),
+        }
+    }
 }
 
 impl Rates {
@@ -54,6 +96,14 @@ impl Rates {
             publish_bytes_rate: bytes,
             publish_bytes_burst: if bytes == 0 { 0 } else { bytes.max(max_message_bytes as u64) },
             control_frames_rate: p.control_frames_rate as u64,
+            subscribe_rate: p.subscribe_rate as u64,
+            subscribe_burst: if p.subscribe_rate == 0 {
+                0
+            } else {
+                (p.subscribe_rate as u64).max(2 * p.max_subscriptions as u64)
+            },
+            refresh_rate: p.refresh_rate as u64,
+            bad_request_rate: p.bad_request_rate as u64,
         }
     }
 
@@ -142,7 +192,7 @@ pub enum Verdict {
     },
 }
 
-/// One connection's buckets and refusal windows (about 100 bytes, boxed, made on first use).
+/// One connection's buckets and refusal windows (about 200 bytes, boxed, made on first use).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limiter {
     messages: TokenBucket,
@@ -151,6 +201,9 @@ pub struct Limiter {
     refused_messages: Refusals,
     refused_bytes: Refusals,
     refused_control: Refusals,
+    /// One bucket per [`Op`], in its order.
+    ops: [TokenBucket; 3],
+    refused_ops: [Refusals; 3],
 }
 
 impl Limiter {
@@ -163,7 +216,48 @@ impl Limiter {
             refused_messages: Refusals::default(),
             refused_bytes: Refusals::default(),
             refused_control: Refusals::default(),
+            ops: [Op::Subscribe, Op::Refresh, Op::BadRequest].map(|op| TokenBucket::full(now, op.rate(r).1)),
+            refused_ops: [Refusals::default(); 3],
         }
+    }
+
+    /// One request of kind `op` at tick `now`, taking `cost` tokens (more than 1 when the
+    /// session counted some for free before this limiter existed). Refused when its bucket
+    /// holds fewer than 1; then nothing is taken.
+    pub fn op(&mut self, now: Tick, r: &Rates, op: Op, cost: u64) -> Verdict {
+        let (rate, burst) = op.rate(r);
+        let i = op as usize;
+        self.ops[i].refill(now, rate, burst);
+        let wait = self.ops[i].wait_ms(1, rate);
+        if wait == 0 {
+            self.ops[i].take(cost);
+            return Verdict::Allow;
+        }
+        let over = self.refused_ops[i].add(now, 1) > CLOSE_AFTER_BURSTS.saturating_mul(burst);
+        Verdict::Refuse { limit: op.limit(), retry_after_ms: wait, close: over.then(|| op.limit()) }
+    }
+
+    /// Whether, at tick `now`, every bucket is full and no refusal window is open: the
+    /// limiter holds nothing a fresh one would not, and can be dropped.
+    pub fn is_rested(&mut self, now: Tick, r: &Rates) -> bool {
+        self.messages.refill(now, r.publish_rate, r.publish_rate);
+        self.bytes.refill(now, r.publish_bytes_rate, r.publish_bytes_burst);
+        self.control.refill(now, r.control_frames_rate, r.control_frames_rate);
+        let full = |b: &TokenBucket, burst: u64| b.milli >= burst.saturating_mul(1000);
+        let mut rested = full(&self.messages, r.publish_rate)
+            && full(&self.bytes, r.publish_bytes_burst)
+            && full(&self.control, r.control_frames_rate);
+        for op in [Op::Subscribe, Op::Refresh, Op::BadRequest] {
+            let (rate, burst) = op.rate(r);
+            self.ops[op as usize].refill(now, rate, burst);
+            rested &= full(&self.ops[op as usize], burst);
+        }
+        let quiet = |w: &Refusals| w.count == 0 || now.wrapping_sub(w.start) >= SECOND;
+        rested
+            && quiet(&self.refused_messages)
+            && quiet(&self.refused_bytes)
+            && quiet(&self.refused_control)
+            && self.refused_ops.iter().all(quiet)
     }
 
     /// A `pub` whose `data` is `len` bytes, at tick `now`. It takes one message token and
@@ -227,66 +321,18 @@ impl Limiter {
     }
 }
 
-impl Session {
-    /// A `pub` with id `id` and `len` bytes of `data` at `ctx.now`, under `publish_rate` and
-    /// `publish_bytes_rate`. Returns whether it goes on to the broker; a refused one is
-    /// answered here with `error` `limit` (its `id`, `retry_after_ms`), and when it takes the
-    /// connection past [`CLOSE_AFTER_BURSTS`] the close (1008) follows the answer.
-    pub(super) fn admit_publish(&mut self, ctx: &Ctx, id: &str, len: usize) -> bool {
-        let r = &ctx.cfg.rates;
-        if !r.limits_publish() {
-            return true;
-        }
-        let now = ctx.now;
-        let v = self.limiter.get_or_insert_with(|| Box::new(Limiter::new(now, r))).publish(now, r, len as u64);
-        self.apply(ctx, v, Some(id))
-    }
-
-    /// A control frame that counts against `control_frames_rate` (a ping, or a pong that
-    /// answers none of our pings) at `ctx.now`. Returns whether it is within the rate (a ping
-    /// is then answered); beyond it nothing is answered, and past [`CLOSE_AFTER_BURSTS`] the
-    /// connection is closed with 1008.
-    pub(super) fn admit_control(&mut self, ctx: &Ctx) -> bool {
-        let r = &ctx.cfg.rates;
-        if r.control_frames_rate == 0 {
-            return true;
-        }
-        let now = ctx.now;
-        let v = self.limiter.get_or_insert_with(|| Box::new(Limiter::new(now, r))).control(now, r);
-        self.apply(ctx, v, None)
-    }
-
-    /// Counts a refusal in `tether_limit_refusals_total`, answers a refused `pub`
-    /// (`publish_id`) and closes with 1008 when the verdict says so. Returns whether `v`
-    /// allowed the request.
-    fn apply(&mut self, ctx: &Ctx, v: Verdict, publish_id: Option<&str>) -> bool {
-        let Verdict::Refuse { limit, retry_after_ms, close } = v else { return true };
-        ctx.metrics.limit_refused(limit);
-        if let Some(id) = publish_id {
-            let r = &ctx.cfg.rates;
-            let reason = match limit {
-                Limit::PublishBytesRate => {
-                    format!("publish_bytes_rate ({} data bytes per second) exceeded", r.publish_bytes_rate)
-                }
-                _ => format!("publish_rate ({} per second) exceeded", r.publish_rate),
-            };
-            let e = protocol::error_json_retry(codes::LIMIT, &reason, Some(id), Some(retry_after_ms));
-            self.reply(ctx, codec::text_frame(&e));
-        }
-        if let Some(over) = close {
-            let reason = CloseReason::limit(over.key()).to_json();
-            self.close(ctx, CloseCode::Policy, &reason, ReapReason::Limit);
-        }
-        false
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn rates(publish_rate: u64, publish_bytes_rate: u64, burst: u64, control: u64) -> Rates {
-        Rates { publish_rate, publish_bytes_rate, publish_bytes_burst: burst, control_frames_rate: control }
+        Rates {
+            publish_rate,
+            publish_bytes_rate,
+            publish_bytes_burst: burst,
+            control_frames_rate: control,
+            ..Rates::default()
+        }
     }
 
     #[test]

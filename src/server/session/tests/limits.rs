@@ -7,7 +7,13 @@ use crate::server::session::limits::{Rates, SECOND};
 fn rated(publish_rate: u64, publish_bytes_rate: u64, control_frames_rate: u64) -> SessionConfig {
     let burst = if publish_bytes_rate == 0 { 0 } else { publish_bytes_rate.max(1 << 16) };
     SessionConfig {
-        rates: Rates { publish_rate, publish_bytes_rate, publish_bytes_burst: burst, control_frames_rate },
+        rates: Rates {
+            publish_rate,
+            publish_bytes_rate,
+            publish_bytes_burst: burst,
+            control_frames_rate,
+            ..Rates::default()
+        },
         ..cfg()
     }
 }

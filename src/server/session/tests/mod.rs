@@ -14,7 +14,9 @@ use super::replay::Fetch;
 use super::*;
 use crate::config::Overflow;
 use crate::protocol::close::CloseReason;
+use crate::protocol::ClientOp;
 use crate::server::metrics::render;
+use crate::server::requests::Inbound;
 use crate::ws::codec::{decode_server_frame, encode_client_frame};
 
 const MASK: [u8; 4] = [0x37, 0xfa, 0x21, 0x3d];
@@ -155,10 +157,21 @@ fn client(opcode: u8, payload: &[u8]) -> Vec<u8> {
     encode_client_frame(opcode, true, payload, MASK)
 }
 
+/// Feeds `bytes` and returns the requests handed up; the answers the session made itself are
+/// queued on it, as the core does when it serves them.
 fn feed(s: &mut Session, ctx: &Ctx, bytes: &[u8]) -> Vec<ClientOp> {
     let mut requests = Vec::new();
     s.handle_bytes(ctx, bytes, &mut requests);
-    requests
+    let mut ops = Vec::new();
+    for r in requests {
+        match r {
+            Inbound::Op(op) => ops.push(op),
+            Inbound::Answered { frame, .. } => {
+                s.reply(ctx, frame);
+            }
+        }
+    }
+    ops
 }
 
 // ---- handshake and HTTP deadlines ----

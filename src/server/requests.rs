@@ -1,0 +1,252 @@
+//! A connection's pub/sub requests, served in request order (docs/protocol.md, "Answers").
+//!
+//! A session hands up what one read held, in order: the requests that parsed and passed its
+//! per-connection rates, and the `error` answers it made itself for those that did not
+//! ([`Inbound`]). The core serves them one by one, except that a request about a channel
+//! whose earlier `sub` (of the same connection) still waits for the broker's answer is held
+//! behind it, and so is any request but a `pub` that comes after an unanswered `pub` of the
+//! connection; each is served when the answers it waits for have gone out. So every request gets exactly one
+//! answer, and the answers about one channel leave in the order their requests came:
+//! `sub x, sub x` answers `subscribed` then `error already_subscribed`; `sub x, unsub x`
+//! answers `subscribed` then `unsubscribed`.
+//!
+//! Held requests live in one map of the core, keyed by connection: a connection that holds
+//! none (nearly all of them, nearly always) pays nothing for it. A connection may have at
+//! most [`MAX_HELD`] requests held; one more closes it with 1008 (reason `limit`,
+//! `held_requests`): a client that pipelines that much behind a `sub` still unanswered (the
+//! broker is slow, Redis is away) is not served at the cost of unbounded memory.
+
+use std::collections::{HashMap, VecDeque};
+
+use bytes::Bytes;
+
+use super::authorize::Right;
+use super::core::CoreState;
+use super::metrics::Limit;
+use super::session::{ConnId, ReapReason, PENDING};
+use crate::protocol::close::{CloseCode, CloseReason};
+use crate::protocol::ClientOp;
+
+/// Requests one connection may have held at once (see the module docs).
+pub const MAX_HELD: usize = 1024;
+
+/// One request of a connection, as its session hands it up.
+#[derive(Debug)]
+pub enum Inbound {
+    /// A request that parsed and passed the connection's rates: the core serves it.
+    Op(ClientOp),
+    /// A request the session answered itself (malformed, or over one of the
+    /// `limits.per_connection` rates): `frame` is its `error` frame, `ch` the channel it
+    /// named, when it named one.
+    Answered {
+        /// The channel the request named (as sent, at most 128 bytes).
+        ch: Option<Box<str>>,
+        /// The encoded `error` text frame.
+        frame: Bytes,
+    },
+}
+
+impl Inbound {
+    /// The channel this request is about, if any (`refresh` is about none).
+    fn channel(&self) -> Option<&str> {
+        match self {
+            Inbound::Op(ClientOp::Sub { ch, .. } | ClientOp::Unsub { ch } | ClientOp::Pub { ch, .. }) => Some(ch),
+            Inbound::Op(ClientOp::Refresh { .. }) => None,
+            Inbound::Answered { ch, .. } => ch.as_deref(),
+        }
+    }
+
+    fn is_pub(&self) -> bool {
+        matches!(self, Inbound::Op(ClientOp::Pub { .. }))
+    }
+}
+
+/// One connection's held requests: per channel, in request order, each with its ticket
+/// (how many of the connection's `pub`s came before it, all of which must be answered before
+/// it is served, unless it is a `pub` too).
+#[derive(Debug, Default)]
+struct ConnHeld {
+    by_ch: HashMap<Box<str>, VecDeque<(u64, Inbound)>>,
+    /// Requests held, over every channel.
+    count: usize,
+    /// The smallest ticket a channel's first held request waits for (`u64::MAX`: none).
+    wants: u64,
+}
+
+/// Requests held per connection, and the `pub`s they wait for.
+#[derive(Debug, Default)]
+pub struct Held {
+    by_conn: HashMap<ConnId, ConnHeld>,
+    /// `pub`s received and answered, per connection with one unanswered or a request held.
+    pubs: HashMap<ConnId, (u64, u64)>,
+}
+
+impl Held {
+    /// `pub`s of `id` received so far, and answered so far.
+    fn pubs(&self, id: ConnId) -> (u64, u64) {
+        self.pubs.get(&id).copied().unwrap_or((0, 0))
+    }
+
+    /// A `pub` of `id` was answered (by the broker, or refused here). Returns whether a
+    /// request held by `id` may go now.
+    pub fn pub_answered(&mut self, id: ConnId) -> bool {
+        let Some((received, answered)) = self.pubs.get_mut(&id) else { return false };
+        *answered += 1;
+        let answered = *answered;
+        match self.by_conn.get(&id) {
+            Some(h) => answered >= h.wants,
+            None => {
+                if answered >= *received {
+                    self.pubs.remove(&id);
+                }
+                false
+            }
+        }
+    }
+
+    /// Forgets what `id` held (it left).
+    pub fn forget(&mut self, id: ConnId) {
+        self.by_conn.remove(&id);
+        self.pubs.remove(&id);
+    }
+
+    /// Requests held on this core.
+    pub fn len(&self) -> usize {
+        self.by_conn.values().map(|h| h.count).sum()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.by_conn.is_empty()
+    }
+}
+
+impl CoreState {
+    /// Serves request `req` of connection `id`, or holds it: when it is about a channel
+    /// whose earlier `sub` by `id` waits for its answer or which has requests held already,
+    /// and (unless it is a `pub` itself: the broker answers those in order) while a `pub` of
+    /// `id` that came before it is unanswered.
+    pub(crate) fn serve_request(&mut self, id: ConnId, req: Inbound) {
+        let Some(ch) = req.channel() else { return self.serve_now(id, req) };
+        let is_pub = req.is_pub();
+        let (received, answered) = self.held.pubs(id);
+        let behind_pub = answered < received && !is_pub;
+        let holds = self.held.by_conn.get(&id).is_some_and(|h| h.by_ch.contains_key(ch));
+        if is_pub {
+            self.held.pubs.entry(id).or_insert((0, 0)).0 += 1;
+        }
+        if behind_pub || holds || self.sub_pending(id, ch) {
+            let h = self.held.by_conn.entry(id).or_insert_with(|| ConnHeld { wants: u64::MAX, ..ConnHeld::default() });
+            if h.count >= MAX_HELD {
+                self.metrics().limit_refused(Limit::HeldRequests);
+                let reason = CloseReason::limit(Limit::HeldRequests.key()).to_json();
+                self.with_session(id, |s, ctx| s.close(ctx, CloseCode::Policy, &reason, ReapReason::Limit));
+                return self.flush(id);
+            }
+            let q = h.by_ch.entry(ch.into()).or_default();
+            if q.is_empty() && behind_pub {
+                h.wants = h.wants.min(received);
+            }
+            q.push_back((received, req));
+            h.count += 1;
+            return;
+        }
+        self.serve_now(id, req);
+        if is_pub && self.held.by_conn.get(&id).is_some_and(|h| self.held.pubs(id).1 >= h.wants) {
+            self.serve_held(id, None); // a `pub` refused here may have been what others waited for
+        }
+    }
+
+    /// An answer to one of `id`'s requests went out (`ch`: a `sub`'s, or `None`: a `pub`'s):
+    /// serves, per channel in request order, the held requests that nothing holds any more.
+    pub(crate) fn serve_held(&mut self, id: ConnId, ch: Option<&str>) {
+        if self.conns.get(id).is_none() {
+            return self.held.forget(id);
+        }
+        let chans: Vec<Box<str>> = match (ch, self.held.by_conn.get(&id)) {
+            (_, None) => return,
+            (Some(ch), Some(h)) if h.by_ch.contains_key(ch) => vec![ch.into()],
+            (Some(_), Some(_)) => return,
+            (None, Some(h)) => h.by_ch.keys().cloned().collect(),
+        };
+        for ch in chans {
+            self.serve_channel(id, &ch);
+        }
+        let (received, answered) = self.held.pubs(id);
+        match self.held.by_conn.get_mut(&id) {
+            Some(h) if h.by_ch.is_empty() => {
+                self.held.by_conn.remove(&id);
+            }
+            Some(h) => {
+                // What the first held request of each channel still waits for.
+                h.wants = h
+                    .by_ch
+                    .values()
+                    .filter_map(|q| q.front())
+                    .filter(|(ticket, r)| answered < *ticket && !r.is_pub())
+                    .map(|(ticket, _)| *ticket)
+                    .min()
+                    .unwrap_or(u64::MAX);
+            }
+            None => {}
+        }
+        if answered >= received && !self.held.by_conn.contains_key(&id) {
+            self.held.pubs.remove(&id);
+        }
+    }
+
+    /// Serves `id`'s held requests about `ch` from the first on, until one must wait.
+    fn serve_channel(&mut self, id: ConnId, ch: &str) {
+        loop {
+            let (_, answered) = self.held.pubs(id);
+            let Some(h) = self.held.by_conn.get_mut(&id) else { return };
+            let Some(q) = h.by_ch.get_mut(ch) else { return };
+            let Some((ticket, req)) = q.front() else { return };
+            if answered < *ticket && !req.is_pub() {
+                return;
+            }
+            if self.sub_pending(id, ch) {
+                return;
+            }
+            let h = self.held.by_conn.get_mut(&id).expect("held");
+            let q = h.by_ch.get_mut(ch).expect("held channel");
+            let (_, req) = q.pop_front().expect("held request");
+            if q.is_empty() {
+                h.by_ch.remove(ch);
+            }
+            h.count -= 1;
+            self.serve_now(id, req);
+        }
+    }
+
+    /// Whether `id` has a `sub` of `ch` waiting for the broker's answer.
+    fn sub_pending(&mut self, id: ConnId, ch: &str) -> bool {
+        let Some(chan) = self.local.find(ch) else { return false };
+        self.conns.get(id).is_some_and(|s| s.subs.iter().any(|e| e.chan == chan && e.pos == PENDING))
+    }
+
+    /// One request of `id`, now (never serves held ones itself).
+    fn serve_now(&mut self, id: ConnId, req: Inbound) {
+        let op = match req {
+            Inbound::Op(op) => op,
+            Inbound::Answered { frame, .. } => return self.reply(id, frame),
+        };
+        match op {
+            ClientOp::Sub { ch, from, epoch } => {
+                if self.authorize(id, Right::Subscribe, &ch, None) {
+                    self.client_sub(id, &ch, from, epoch);
+                }
+            }
+            ClientOp::Unsub { ch } => self.client_unsub(id, &ch),
+            ClientOp::Pub { ch, id: pub_id, data } => {
+                if self.authorize(id, Right::Publish, &ch, Some(&pub_id)) {
+                    let data = Bytes::copy_from_slice(data.get().as_bytes());
+                    self.publish(id, &ch, Some(pub_id.into_boxed_str()), data);
+                } else {
+                    self.held.pub_answered(id);
+                }
+            }
+            ClientOp::Refresh { token } => self.client_refresh(id, &token),
+        }
+    }
+}
