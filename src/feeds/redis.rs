@@ -15,6 +15,13 @@
 //! Time: the scripts compare the caller's `now_ms`, not Redis `TIME`, so that the memory and
 //! Redis stores follow one rule and tests can step a simulated clock. The price is the clock
 //! assumption of [`crate::feeds`]: nodes' clocks agree within the skew margin.
+//!
+//! Deadlines: every write script takes, as its last argument, a deadline on Redis's clock
+//! (the request timeout after the call, through the offset measured with `TIME` at connect)
+//! and first checks it against Redis `TIME`: a script that Redis runs late (it slept, or was
+//! busy) writes nothing and fails with `LATE`. The reply is awaited up to
+//! [`REPLY_GRACE`] longer, so a `LATE` or an error reply means nothing was written
+//! ([`LeaseError::Store`]); only a write with no reply in time is [`LeaseError::Unknown`].
 
 use std::sync::Arc;
 
@@ -27,26 +34,47 @@ use super::releases::{pubsub_url, released_topic, subscribe};
 use super::store::{check_lease_args, check_renewals, merge_chunks, LeaseError, LeaseStore, Renewal};
 use crate::config::Broker as BrokerConfig;
 use crate::server::broker::redis::link::Link;
+use crate::server::broker::redis::thread::{clock_offset_ms, local_ms, REPLY_GRACE};
 
-/// `put`: KEYS feed, index; ARGV id then the six definition fields. Returns 1 if created.
-const PUT_LUA: &str = r#"
+/// The start of every write script: past the deadline (its last argument, milliseconds since
+/// the Unix epoch on Redis's clock) it writes nothing and fails with `LATE`.
+macro_rules! deadline_check {
+    () => {
+        "local clock = redis.call('TIME')
+if tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000) > tonumber(ARGV[#ARGV]) then
+  return redis.error_reply('LATE the write reached redis past its deadline; nothing was written')
+end
+"
+    };
+}
+
+/// `put`: KEYS feed, index; ARGV id, the six definition fields, deadline. Returns 1 if created.
+const PUT_LUA: &str = concat!(
+    deadline_check!(),
+    r#"
 local created = redis.call('EXISTS', KEYS[1]) == 0 and 1 or 0
 redis.call('HSET', KEYS[1], 'url', ARGV[2], 'channel', ARGV[3], 'desired_state', ARGV[4],
   'subscribe', ARGV[5], 'resume_query', ARGV[6], 'seq_pointer', ARGV[7])
 redis.call('SADD', KEYS[2], ARGV[1])
 return created
-"#;
+"#
+);
 
-/// `delete`: KEYS feed, index; ARGV id. Returns 1 if it existed.
-const DELETE_LUA: &str = r#"
+/// `delete`: KEYS feed, index; ARGV id, deadline. Returns 1 if it existed.
+const DELETE_LUA: &str = concat!(
+    deadline_check!(),
+    r#"
 local n = redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[2], ARGV[1])
 return n
-"#;
+"#
+);
 
-/// `acquire`: KEYS feed; ARGV owner, now_ms, lease_ms. Returns `{'ok', token}`,
+/// `acquire`: KEYS feed; ARGV owner, now_ms, lease_ms, deadline. Returns `{'ok', token}`,
 /// `{'held', owner, expires}` or `{'missing'}`.
-const ACQUIRE_LUA: &str = r#"
+const ACQUIRE_LUA: &str = concat!(
+    deadline_check!(),
+    r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
 local m = redis.call('HMGET', KEYS[1], 'lease_owner', 'lease_expires_at_ms')
 local now = tonumber(ARGV[2])
@@ -56,11 +84,14 @@ local t = redis.call('HINCRBY', KEYS[1], 'fencing_token', 1)
 redis.call('HSET', KEYS[1], 'lease_owner', ARGV[1],
   'lease_expires_at_ms', string.format('%d', now + tonumber(ARGV[3])))
 return {'ok', string.format('%d', t)}
-"#;
+"#
+);
 
-/// `renew`: KEYS feed; ARGV owner, token, now_ms, lease_ms, has_seq (0/1), last_seq.
+/// `renew`: KEYS feed; ARGV owner, token, now_ms, lease_ms, has_seq (0/1), last_seq, deadline.
 /// Returns `{'ok'}`, `{'lost', owner, token, expires}` or `{'missing'}`.
-const RENEW_LUA: &str = r#"
+const RENEW_LUA: &str = concat!(
+    deadline_check!(),
+    r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
 local m = redis.call('HMGET', KEYS[1], 'lease_owner', 'fencing_token', 'lease_expires_at_ms')
 local now = tonumber(ARGV[3])
@@ -70,12 +101,15 @@ end
 redis.call('HSET', KEYS[1], 'lease_expires_at_ms', string.format('%d', now + tonumber(ARGV[4])))
 if ARGV[5] == '1' then redis.call('HSET', KEYS[1], 'last_seq', ARGV[6]) end
 return {'ok'}
-"#;
+"#
+);
 
 /// `renew_many`: KEYS the feeds; ARGV owner, now_ms, lease_ms, then per feed token, has_seq
-/// (0/1), last_seq. Returns one `renew` reply per key, in order; each feed follows `renew`'s
+/// (0/1), last_seq; then the deadline. Returns one `renew` reply per key, in order; each feed follows `renew`'s
 /// rule, all in one atomic step.
-const RENEW_MANY_LUA: &str = r#"
+const RENEW_MANY_LUA: &str = concat!(
+    deadline_check!(),
+    r#"
 local owner, now = ARGV[1], tonumber(ARGV[2])
 local exp = string.format('%d', now + tonumber(ARGV[3]))
 local out = {}
@@ -98,15 +132,18 @@ for i = 1, #KEYS do
   end
 end
 return out
-"#;
+"#
+);
 
 /// Most leases in one `renew_many` script call: bounds the script's run (Redis serves nothing
 /// else meanwhile) and its argument list (3 + 3 × 500 values).
 pub const RENEW_CHUNK: usize = 500;
 
-/// `release`: KEYS feed; ARGV owner, token, has_seq (0/1), last_seq, topic, id. Returns
+/// `release`: KEYS feed; ARGV owner, token, has_seq (0/1), last_seq, topic, id, deadline. Returns
 /// `{'ok'}`, `{'lost', owner, token, expires}` or `{'missing'}`; publishes the id on `ok`.
-const RELEASE_LUA: &str = r#"
+const RELEASE_LUA: &str = concat!(
+    deadline_check!(),
+    r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
 local m = redis.call('HMGET', KEYS[1], 'lease_owner', 'fencing_token', 'lease_expires_at_ms')
 if m[1] ~= ARGV[1] or m[2] ~= ARGV[2] then
@@ -116,7 +153,8 @@ redis.call('HSET', KEYS[1], 'lease_expires_at_ms', '0')
 if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'last_seq', ARGV[4]) end
 redis.call('PUBLISH', ARGV[5], ARGV[6])
 return {'ok'}
-"#;
+"#
+);
 
 /// `get_many`: KEYS the feeds. Returns one entry per key: the [`FIELDS`] values, or nil for
 /// a missing feed.
@@ -162,10 +200,25 @@ pub struct RedisLeaseStore {
     release: Script,
     get_many: Script,
     requests: Arc<StoreRequests>,
+    /// `request_timeout_ms`: a write's deadline is this long after it is sent.
+    timeout: std::time::Duration,
+    /// Redis's clock minus this node's, in milliseconds (`TIME` at connect).
+    clock_offset_ms: i64,
 }
 
 fn store_err(e: impl std::fmt::Display) -> LeaseError {
     LeaseError::Store(e.to_string())
+}
+
+/// A failed write script call: an error reply (`LATE`: run past its deadline; or refused
+/// before it ran) wrote nothing ([`LeaseError::Store`]); no reply in time, or a connection
+/// that failed while the call was out, may have written ([`LeaseError::Unknown`]).
+fn write_err(e: redis::RedisError) -> LeaseError {
+    if e.code().is_some() {
+        LeaseError::Store(e.to_string())
+    } else {
+        LeaseError::Unknown(e.to_string())
+    }
 }
 
 fn num(s: Option<&String>) -> u64 {
@@ -214,8 +267,13 @@ impl RedisLeaseStore {
     /// connection.
     pub async fn connect(cfg: &BrokerConfig) -> Result<RedisLeaseStore, LeaseError> {
         let timeout = std::time::Duration::from_millis(cfg.request_timeout_ms);
-        let link = Link::open(cfg, None, timeout).await.map_err(store_err)?;
+        let mut link = Link::open_with(cfg, None, timeout, timeout + REPLY_GRACE).await.map_err(store_err)?;
+        let before = local_ms();
+        let time = redis::cmd("TIME").query_async(&mut link).await.map_err(store_err)?;
+        let clock_offset_ms = clock_offset_ms(before, time, local_ms());
         Ok(RedisLeaseStore {
+            timeout,
+            clock_offset_ms,
             link,
             pubsub_url: pubsub_url(cfg),
             prefix: cfg.key_prefix.clone(),
@@ -262,12 +320,19 @@ impl RedisLeaseStore {
             inv.key(self.feed_key(r.id));
             inv.arg(r.token).arg(if r.last_seq.is_some() { "1" } else { "0" }).arg(r.last_seq.unwrap_or(""));
         }
+        inv.arg(self.deadline());
         self.requests.add(StoreOp::RenewMany, 1);
-        let replies: Vec<Vec<String>> = inv.invoke_async(&mut self.link.clone()).await.map_err(store_err)?;
+        let replies: Vec<Vec<String>> = inv.invoke_async(&mut self.link.clone()).await.map_err(write_err)?;
         if replies.len() != leases.len() {
             return Err(store_err(format!("renew_many: {} replies for {} leases", replies.len(), leases.len())));
         }
         Ok(replies.into_iter().map(outcome).collect())
+    }
+
+    /// A write's deadline, the last argument of every write script: the request timeout from
+    /// now, in milliseconds since the Unix epoch on Redis's clock.
+    fn deadline(&self) -> u64 {
+        (local_ms() + self.clock_offset_ms).max(0) as u64 + self.timeout.as_millis() as u64
     }
 
     /// The hash of feed `id`: `PREFIX{feeds}:feed:ID`.
@@ -292,8 +357,9 @@ impl LeaseStore for RedisLeaseStore {
         let mut inv = self.put.key(self.feed_key(&def.id));
         inv.key(self.index_key()).arg(&def.id).arg(&def.url).arg(&def.channel);
         inv.arg(def.desired_state.as_str()).arg(&def.subscribe).arg(&def.resume_query).arg(&def.seq_pointer);
+        inv.arg(self.deadline());
         self.requests.add(StoreOp::Put, 1);
-        let created: i64 = inv.invoke_async(&mut self.link.clone()).await.map_err(store_err)?;
+        let created: i64 = inv.invoke_async(&mut self.link.clone()).await.map_err(write_err)?;
         Ok(created == 1)
     }
 
@@ -306,9 +372,9 @@ impl LeaseStore for RedisLeaseStore {
     async fn delete(&self, id: &str) -> Result<bool, LeaseError> {
         validate_id(id)?;
         let mut inv = self.delete.key(self.feed_key(id));
-        inv.key(self.index_key()).arg(id);
+        inv.key(self.index_key()).arg(id).arg(self.deadline());
         self.requests.add(StoreOp::Delete, 1);
-        let n: i64 = inv.invoke_async(&mut self.link.clone()).await.map_err(store_err)?;
+        let n: i64 = inv.invoke_async(&mut self.link.clone()).await.map_err(write_err)?;
         Ok(n == 1)
     }
 
@@ -316,9 +382,9 @@ impl LeaseStore for RedisLeaseStore {
         check_lease_args(id, owner, Some(lease_ms), None)?;
         check_time(now_ms, lease_ms)?;
         let mut inv = self.acquire.key(self.feed_key(id));
-        inv.arg(owner).arg(now_ms).arg(lease_ms);
+        inv.arg(owner).arg(now_ms).arg(lease_ms).arg(self.deadline());
         self.requests.add(StoreOp::Acquire, 1);
-        let reply: Vec<String> = inv.invoke_async(&mut self.link.clone()).await.map_err(store_err)?;
+        let reply: Vec<String> = inv.invoke_async(&mut self.link.clone()).await.map_err(write_err)?;
         match reply.first().map(String::as_str) {
             Some("ok") => {
                 reply.get(1).and_then(|t| t.parse().ok()).ok_or_else(|| store_err(format!("acquire reply {reply:?}")))
@@ -346,8 +412,9 @@ impl LeaseStore for RedisLeaseStore {
         let mut inv = self.renew.key(self.feed_key(id));
         inv.arg(owner).arg(token).arg(now_ms).arg(lease_ms);
         inv.arg(if last_seq.is_some() { "1" } else { "0" }).arg(last_seq.unwrap_or(""));
+        inv.arg(self.deadline());
         self.requests.add(StoreOp::Renew, 1);
-        outcome(inv.invoke_async(&mut self.link.clone()).await.map_err(store_err)?)
+        outcome(inv.invoke_async(&mut self.link.clone()).await.map_err(write_err)?)
     }
 
     async fn renew_many(
@@ -369,9 +436,9 @@ impl LeaseStore for RedisLeaseStore {
         let mut inv = self.release.key(self.feed_key(id));
         inv.arg(owner).arg(token);
         inv.arg(if last_seq.is_some() { "1" } else { "0" }).arg(last_seq.unwrap_or(""));
-        inv.arg(self.released_topic()).arg(id);
+        inv.arg(self.released_topic()).arg(id).arg(self.deadline());
         self.requests.add(StoreOp::Release, 1);
-        outcome(inv.invoke_async(&mut self.link.clone()).await.map_err(store_err)?)
+        outcome(inv.invoke_async(&mut self.link.clone()).await.map_err(write_err)?)
     }
 
     async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<Feed>>, LeaseError> {

@@ -36,9 +36,16 @@ pub enum LeaseError {
         /// The expiry now recorded (ms).
         expires_at_ms: u64,
     },
-    /// The store failed (connection, timeout, unexpected reply); the outcome of a write is
-    /// unknown. Retry; for a renew, treat the lease as lost once its margin passes.
+    /// The store failed (not connected, refused the request, a read failed). The Redis store
+    /// answers a write so only when it certainly did not happen (not sent, refused before it
+    /// ran, or run past its deadline); a store that cannot tell may answer so too. Retry;
+    /// for a renew, treat the lease as lost once its margin passes.
     Store(String),
+    /// A write was sent and no answer came in time, or the connection failed while it was
+    /// out: it may or may not have taken effect (admin endpoints answer 504 with
+    /// `"outcome":"unknown"`). Read the feed to learn; retrying is safe (every write is a
+    /// compare-and-set or an overwrite); for a renew, as [`LeaseError::Store`].
+    Unknown(String),
 }
 
 impl std::fmt::Display for LeaseError {
@@ -55,6 +62,9 @@ impl std::fmt::Display for LeaseError {
                 owner.as_deref().unwrap_or("(none)")
             ),
             LeaseError::Store(e) => write!(f, "lease store failed: {e}"),
+            LeaseError::Unknown(e) => {
+                write!(f, "lease store did not answer in time ({e}); the write may or may not have happened")
+            }
         }
     }
 }

@@ -537,9 +537,10 @@ impl CoreState {
                 }
                 let json = match &result {
                     PublishResult::Stored { seq } => protocol::ack_json(id.as_deref().unwrap_or(""), &ch, *seq),
-                    PublishResult::Refused(e) => {
-                        protocol::error_json_retry(e.code, &e.reason, id.as_deref(), e.retry_after_ms)
-                    }
+                    PublishResult::Refused(e) => protocol::with_channel(
+                        protocol::error_json_retry(e.code, &e.reason, id.as_deref(), e.retry_after_ms),
+                        &ch,
+                    ),
                 };
                 // Queued, not written: the processor flushes every touched connection once per
                 // pass, so the acks of one broker batch leave in one `sendmsg` per connection.

@@ -63,7 +63,9 @@ impl RedisProc {
             .arg(&self.sock)
             .args(["--unixsocketperm", "700", "--save", "", "--dir"])
             .arg(&self.dir)
-            .args(["--appendonly", if self.appendonly { "yes" } else { "no" }]);
+            .args(["--appendonly", if self.appendonly { "yes" } else { "no" }])
+            // `DEBUG SLEEP` (tests/redis_unknown_outcome.rs) from this socket.
+            .args(["--enable-debug-command", "local"]);
         if self.appendonly {
             cmd.args(["--appendfsync", "always"]);
         }

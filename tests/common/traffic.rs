@@ -132,7 +132,9 @@ pub struct Ack {
 #[derive(Debug, Default)]
 pub struct Tally {
     pub acks: Mutex<Vec<Ack>>,
-    /// 503 (HTTP) or `error` (WS) answers, each followed by a retry with the same id.
+    /// 503 / 504 (HTTP) or `unavailable` / `unknown_outcome` (WS) answers, each followed by a
+    /// retry with the same id (a 504's publish may be stored: the retry is then a duplicate,
+    /// answered with the original seq).
     pub refused: AtomicU64,
     /// Connection errors and timeouts, each followed by a retry with the same id.
     pub failed: AtomicU64,
@@ -383,7 +385,7 @@ pub async fn http_publisher_at(
                     tally.ack(ch, seq, &tag);
                     break;
                 }
-                Ok((503, _)) => drop(tally.refused.fetch_add(1, Relaxed)),
+                Ok((503 | 504, _)) => drop(tally.refused.fetch_add(1, Relaxed)),
                 Ok((status, reply)) => panic!("publish {tag} to {ch}: {status} {}", String::from_utf8_lossy(&reply)),
                 Err(_) => drop(tally.failed.fetch_add(1, Relaxed)),
             }
@@ -437,7 +439,7 @@ pub async fn ws_publisher(
                         tally.ack(ch, seq, &tag);
                         break 'publish;
                     }
-                    Some("error") if v["code"] == "unavailable" => {
+                    Some("error") if v["code"] == "unavailable" || v["code"] == "unknown_outcome" => {
                         tally.refused.fetch_add(1, Relaxed);
                         break;
                     }

@@ -9,7 +9,7 @@
 //! - the command link, the pub/sub link and its dispatch, and the health check
 //!   ([`links`]).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -26,7 +26,7 @@ use super::channel::{self, ChanEvent};
 use super::keys::{self, Keys};
 use super::link::Link;
 use super::links;
-use super::publish::{batch_end, publish_batch, Pub};
+use super::publish::{batch_end, publish_batch, Deadline, Pub};
 use crate::config::Broker as BrokerConfig;
 use crate::log_limit::{Admit, LogLimiter};
 use crate::protocol::RequestError;
@@ -52,6 +52,12 @@ const DRAIN_PER_CORE: usize = 1024;
 /// The `retry_after_ms` of an `unavailable` answer: how long a client should wait before
 /// retrying a publish or a `sub` while the broker reconnects.
 pub const UNAVAILABLE_RETRY_MS: u64 = 1_000;
+/// How much longer than `request_timeout_ms` a publish waits for its script's reply. The
+/// script stores nothing past the request timeout (its deadline, checked against Redis
+/// `TIME`), so a reply within this grace is a definite answer: stored, or `LATE` (not
+/// stored, `unavailable`). Only without any reply by then is the outcome unknown (HTTP 504,
+/// `unknown_outcome`); the answer still comes within `request_timeout_ms` + 1 s.
+pub const REPLY_GRACE: Duration = Duration::from_millis(500);
 
 /// Error kinds, indexes into `metrics::BROKER_ERROR_KINDS`.
 const ERR_TIMEOUT: usize = 0;
@@ -104,6 +110,10 @@ pub struct Ctx {
     pub(super) publish_command: &'static str,
     /// Redis is a Redis Cluster: a script call must stay within one hash slot.
     pub(super) cluster: bool,
+    /// Redis's clock minus this node's, in milliseconds (measured with `TIME` on connect and
+    /// by every health check): scripts' deadlines are written on Redis's clock, so a node
+    /// whose clock is off does not see every publish come back late.
+    pub(super) clock_offset_ms: Cell<i64>,
 }
 
 /// The queues to the cores and their spill lists (a full queue never blocks the thread).
@@ -187,13 +197,32 @@ impl Ctx {
         gen: u64,
         f: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> redis::RedisResult<T> {
+        self.measured_until(gen, tokio::time::Instant::now() + self.timeout, f).await
+    }
+
+    /// [`Ctx::measured`] with the wait ending at `until` rather than after the request timeout.
+    pub(super) async fn measured_until<T>(
+        &self,
+        gen: u64,
+        until: tokio::time::Instant,
+        f: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> redis::RedisResult<T> {
         let t0 = Instant::now();
-        let r = timed(self, f).await;
+        let r = match tokio::time::timeout_at(until, f).await {
+            Ok(r) => r,
+            Err(_) => Err(timed_out()),
+        };
         self.shared.broker.request(t0.elapsed());
         if let Err(e) = &r {
             self.failed(gen, e);
         }
         r
+    }
+
+    /// Now on Redis's clock, in milliseconds since the Unix epoch (this node's clock plus the
+    /// measured offset).
+    pub fn redis_now_ms(&self) -> u64 {
+        local_ms().saturating_add(self.clock_offset_ms.get()).max(0) as u64
     }
 
     /// Calls the meta script ([`keys::META_LUA`]) for `ch`: `(seq, epoch, oldest, data)`, with
@@ -291,9 +320,22 @@ fn is_noscript(e: &redis::RedisError) -> bool {
     e.code() == Some("NOSCRIPT")
 }
 
-/// The refusal of a publish (or `sub`) while Redis cannot be reached.
+/// The refusal of a publish (or `sub`) while Redis cannot be reached: a publish refused so
+/// is certainly not stored.
 pub fn unavailable(why: &str) -> RequestError {
     RequestError::unavailable(format!("the broker cannot reach redis ({why}); retry later"), UNAVAILABLE_RETRY_MS)
+}
+
+/// The answer to a publish sent to Redis that got no reply in time (`why`): it may or may
+/// not be stored, and a retry with the same id is safe.
+pub fn unknown(why: &str) -> RequestError {
+    RequestError::unknown_outcome(
+        format!(
+            "the publish went to redis and no answer came ({why}): it may or may not be \
+             stored; retry with the same Idempotency-Key (WebSocket: the same id)"
+        ),
+        UNAVAILABLE_RETRY_MS,
+    )
 }
 
 /// Stream entries `[[id, [field, value, …]], …]` as `(seq, value of field d)`.
@@ -351,6 +393,7 @@ async fn serve(
         timeout: Duration::from_millis(cfg.request_timeout_ms),
         publish_command: Link::publish_command(&cfg),
         cluster: cfg.cluster_urls().is_some(),
+        clock_offset_ms: Cell::new(0),
         cfg,
         cmd: RefCell::new(None),
         cmd_lost: Notify::new(),
@@ -388,11 +431,14 @@ async fn serve(
         }
         while !batch.is_empty() {
             let rest = batch.split_off(batch_end(&batch));
+            // Its clock starts before the wait for a turn: a batch that waited out the request
+            // timeout is refused unsent rather than answered late.
+            let deadline = Deadline::from_now(&ctx);
             let Ok(permit) = inflight.clone().acquire_owned().await else { break };
             let ctx = ctx.clone();
             let chunk = std::mem::replace(&mut batch, rest);
             tokio::task::spawn_local(async move {
-                publish_batch(&ctx, chunk).await;
+                publish_batch(&ctx, chunk, deadline).await;
                 drop(permit);
             });
         }
@@ -475,6 +521,27 @@ pub(super) async fn timed<T>(
         Ok(r) => r,
         Err(_) => Err(timed_out()),
     }
+}
+
+/// This node's clock, in milliseconds since the Unix epoch.
+pub fn local_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Redis's clock minus this node's, in milliseconds: `time` is Redis's `TIME` reply
+/// (seconds, microseconds), asked between this node's `before` and `after` ([`local_ms`]);
+/// it is compared with the midpoint.
+pub fn clock_offset_ms(before: i64, time: (i64, i64), after: i64) -> i64 {
+    time.0 * 1000 + time.1 / 1000 - (before + after) / 2
+}
+
+/// Asks Redis `TIME` on the command link (as [`Ctx::query`]) and records
+/// [`clock_offset_ms`] in [`Ctx::clock_offset_ms`].
+pub(super) async fn measure_clock(ctx: &Ctx) -> redis::RedisResult<()> {
+    let before = local_ms();
+    let time = ctx.query(&redis::cmd("TIME")).await?;
+    ctx.clock_offset_ms.set(clock_offset_ms(before, time, local_ms()));
+    Ok(())
 }
 
 /// Retries the spill lists every millisecond while any holds a message.
