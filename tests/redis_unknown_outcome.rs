@@ -15,10 +15,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::redis::{redis_config, RedisProc};
@@ -30,10 +27,6 @@ use tokio_tungstenite::tungstenite::Message;
 const TIMEOUT_MS: u64 = 500;
 /// The latest any publish may be answered: `request_timeout_ms` + 1 s.
 const ANSWER_LIMIT: Duration = Duration::from_millis(TIMEOUT_MS + 1000);
-
-fn socket(redis: &RedisProc) -> PathBuf {
-    PathBuf::from(redis.url().strip_prefix("unix://").expect("a unix:// url"))
-}
 
 /// Starts one node on `redis` with `request_timeout_ms = 500` and waits until it is ready.
 async fn node(redis: &RedisProc) -> Server {
@@ -52,34 +45,6 @@ async fn wait_ready(addr: SocketAddr) {
         }
         assert!(Instant::now() < end, "/readyz of {addr} still {status} after {STEP:?}");
         tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// Sends `DEBUG SLEEP secs` on a connection of its own (the thread ends when Redis answers)
-/// and returns once Redis is asleep: a `PING` on another connection got no answer in 100 ms.
-fn put_to_sleep(redis: &RedisProc, secs: f64) -> std::thread::JoinHandle<()> {
-    let sock = socket(redis);
-    let s = sock.clone();
-    let sleeper = std::thread::spawn(move || {
-        let mut c = UnixStream::connect(&s).expect("connect to redis");
-        c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        c.write_all(format!("DEBUG SLEEP {secs}\r\n").as_bytes()).unwrap();
-        let mut buf = [0u8; 128];
-        let n = c.read(&mut buf).unwrap_or(0);
-        // A Redis killed while asleep answers nothing.
-        assert!(n == 0 || buf.starts_with(b"+OK"), "DEBUG SLEEP: {}", String::from_utf8_lossy(&buf[..n]));
-    });
-    let end = Instant::now() + STEP;
-    loop {
-        let mut c = UnixStream::connect(&sock).expect("connect to redis");
-        c.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
-        c.write_all(b"PING\r\n").unwrap();
-        let mut buf = [0u8; 16];
-        if let Err(e) = c.read(&mut buf) {
-            assert!(matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut), "{e}");
-            return sleeper;
-        }
-        assert!(Instant::now() < end, "redis did not go to sleep within {STEP:?}");
     }
 }
 
@@ -186,7 +151,7 @@ async fn redis_asleep_longer_than_the_timeout() {
     let (redis, srv) = start(false, ch).await;
     let mut ws = tung(srv.addr).await;
 
-    let sleeper = put_to_sleep(&redis, 3.0);
+    let sleeper = redis.debug_sleep(3.0);
     let slept = Instant::now();
     // Sent together, so that each goes out before the first timeout takes the link down.
     let (keyed, unkeyed, (w, w_took)) = tokio::join!(
@@ -250,7 +215,7 @@ async fn redis_busy_a_little_over_the_timeout_is_not_stored() {
 
     // Busy 0.9 s: the script runs at ~0.9 s, past its 0.5 s deadline, and answers `LATE`
     // before the 1.0 s wait ends: certainly not stored.
-    let sleeper = put_to_sleep(&redis, 0.9);
+    let sleeper = redis.debug_sleep(0.9);
     let a = publish(srv.addr, ch, "over", true).await;
     eprintln!("redis busy 0.9 s: {} after {:?}: {}", a.status, a.took, a.body);
     tokio::task::spawn_blocking(move || sleeper.join().expect("DEBUG SLEEP")).await.unwrap();
@@ -265,7 +230,7 @@ async fn redis_busy_a_little_over_the_timeout_is_not_stored() {
     assert_eq!(stored(&redis, ch, "over"), 1);
 
     // Busy 0.3 s: within the timeout, stored.
-    let sleeper = put_to_sleep(&redis, 0.3);
+    let sleeper = redis.debug_sleep(0.3);
     let a = publish(srv.addr, ch, "under", false).await;
     eprintln!("redis busy 0.3 s: {} after {:?}: {}", a.status, a.took, a.body);
     tokio::task::spawn_blocking(move || sleeper.join().expect("DEBUG SLEEP")).await.unwrap();
@@ -281,7 +246,7 @@ async fn redis_killed_mid_request_is_unknown() {
     let mut ws = tung(srv.addr).await;
 
     // Asleep, so that the publishes are certainly out when Redis dies.
-    let sleeper = put_to_sleep(&redis, 3.0);
+    let sleeper = redis.debug_sleep(3.0);
     let (http, ws_answer) = tokio::join!(publish(srv.addr, ch, "mid", true), async {
         let a = ws_pub(&mut ws, ch, "ws-mid");
         tokio::pin!(a);

@@ -196,7 +196,7 @@ impl Supervisor {
                         statics_written = sup.write_statics().await;
                     }
                     if released.is_none() {
-                        released = sup.store.released().await.map_err(|e| tracing::warn!(error = %e, "feeds: no release notifications until the next reconcile")).ok();
+                        released = sup.bounded(sup.store.released()).await.map_err(|e| tracing::warn!(error = %e, "feeds: no release notifications until the next reconcile")).ok();
                     }
                     sup.reconcile().await;
                 }
