@@ -132,10 +132,12 @@ pub struct Ack {
 #[derive(Debug, Default)]
 pub struct Tally {
     pub acks: Mutex<Vec<Ack>>,
-    /// 503 / 504 (HTTP) or `unavailable` / `unknown_outcome` (WS) answers, each followed by a
-    /// retry with the same id (a 504's publish may be stored: the retry is then a duplicate,
-    /// answered with the original seq).
+    /// 503 (HTTP) or `unavailable` (WS) answers: not stored; each followed by a retry with
+    /// the same id.
     pub refused: AtomicU64,
+    /// 504 (HTTP) or `unknown_outcome` (WS) answers: perhaps stored; each followed by a retry
+    /// with the same id (a duplicate then, answered with the original seq).
+    pub unknown: AtomicU64,
     /// Connection errors and timeouts, each followed by a retry with the same id.
     pub failed: AtomicU64,
 }
@@ -385,7 +387,8 @@ pub async fn http_publisher_at(
                     tally.ack(ch, seq, &tag);
                     break;
                 }
-                Ok((503 | 504, _)) => drop(tally.refused.fetch_add(1, Relaxed)),
+                Ok((503, _)) => drop(tally.refused.fetch_add(1, Relaxed)),
+                Ok((504, _)) => drop(tally.unknown.fetch_add(1, Relaxed)),
                 Ok((status, reply)) => panic!("publish {tag} to {ch}: {status} {}", String::from_utf8_lossy(&reply)),
                 Err(_) => drop(tally.failed.fetch_add(1, Relaxed)),
             }
@@ -440,7 +443,8 @@ pub async fn ws_publisher(
                         break 'publish;
                     }
                     Some("error") if v["code"] == "unavailable" || v["code"] == "unknown_outcome" => {
-                        tally.refused.fetch_add(1, Relaxed);
+                        let n = if v["code"] == "unavailable" { &tally.refused } else { &tally.unknown };
+                        n.fetch_add(1, Relaxed);
                         break;
                     }
                     _ => panic!("answer to pub {tag}: {v}"),
