@@ -165,10 +165,12 @@ async fn store(ctx: &Ctx, batch: &[Pub], deadline: Deadline) -> Result<Published
     };
     match reply {
         // Redis answers an error before running the script (a script that fails while
-        // running stops inside its `pcall` and says so in its reply).
+        // running stops inside its `pcall` and says so in its reply). On a cluster the call
+        // may be the cluster client's retry of one that ran (see `LATE` below).
         Value::ServerError(e) => {
             script_failed(ctx, e.details().unwrap_or(e.code()));
-            Err(Failure::NotStored(e.code().to_owned()))
+            let why = e.code().to_owned();
+            Err(if ctx.cluster { Failure::Unknown(why) } else { Failure::NotStored(why) })
         }
         Value::SimpleString(s) if s == keys::LATE => {
             ctx.shared.broker.late.fetch_add(1, Relaxed);
