@@ -120,8 +120,9 @@ pub(super) fn check_renewals(owner: &str, lease_ms: u64, leases: &[Renewal<'_>])
 }
 
 /// The results of a `renew_many` sent as requests of `chunk` leases each, `replies` one per
-/// request in order: the whole call's error when every request failed (nothing was renewed),
-/// else one result per lease, the request's error for each lease of a failed one.
+/// request in order: the whole call's error when every request failed (nothing was renewed;
+/// with [`LeaseError::Unknown`], perhaps some were), else one result per lease, the
+/// request's error for each lease of a failed one.
 pub(super) fn merge_chunks(
     leases: &[Renewal<'_>],
     chunk: usize,
@@ -146,7 +147,8 @@ pub(super) fn merge_chunks(
 /// Where feeds and their leases live. Every method is one atomic step of the store (one Lua
 /// script or one command on Redis, one critical section in memory); the lease rules are those
 /// of the module doc ([`crate::feeds`]). Times are milliseconds given by the caller, so the
-/// store never reads a clock; ids, owners and `last_seq` are checked first and refused with
+/// lease rules never read the store's clock (the Redis store reads Redis `TIME` only for
+/// its writes' deadlines, [`LeaseError::Unknown`]); ids, owners and `last_seq` are checked first and refused with
 /// [`LeaseError::Invalid`] naming the field.
 pub trait LeaseStore: Send + Sync {
     /// Creates or replaces a feed definition after [`FeedDef::validate`]; the lease fields
