@@ -19,9 +19,10 @@ use redis::{PushInfo, PushKind, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::channel::ChanEvent;
+use super::clock::measure_clock;
 use super::keys::Payload;
 use super::link::Link;
-use super::thread::{measure_clock, timed, warn_limited, Ctl, Ctx, ERR_CONNECTION, ERR_SERVER, REPLY_GRACE};
+use super::thread::{timed, warn_limited, Ctl, Ctx, ERR_CONNECTION, ERR_SERVER, REPLY_GRACE};
 use crate::client::backoff::{Backoff, BackoffConfig};
 use crate::config::Broker as BrokerConfig;
 

@@ -23,6 +23,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use tokio::sync::{Notify, Semaphore};
 
 use super::channel::{self, ChanEvent};
+use super::clock::local_ms;
 use super::keys::{self, Keys};
 use super::link::Link;
 use super::links;
@@ -114,6 +115,8 @@ pub struct Ctx {
     /// by every health check): scripts' deadlines are written on Redis's clock, so a node
     /// whose clock is off does not see every publish come back late.
     pub(super) clock_offset_ms: Cell<i64>,
+    /// Whether [`Ctx::clock_offset_ms`] was measured at least once.
+    pub(super) clock_measured: Cell<bool>,
 }
 
 /// The queues to the cores and their spill lists (a full queue never blocks the thread).
@@ -394,6 +397,7 @@ async fn serve(
         publish_command: Link::publish_command(&cfg),
         cluster: cfg.cluster_urls().is_some(),
         clock_offset_ms: Cell::new(0),
+        clock_measured: Cell::new(false),
         cfg,
         cmd: RefCell::new(None),
         cmd_lost: Notify::new(),
@@ -521,27 +525,6 @@ pub(super) async fn timed<T>(
         Ok(r) => r,
         Err(_) => Err(timed_out()),
     }
-}
-
-/// This node's clock, in milliseconds since the Unix epoch.
-pub fn local_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}
-
-/// Redis's clock minus this node's, in milliseconds: `time` is Redis's `TIME` reply
-/// (seconds, microseconds), asked between this node's `before` and `after` ([`local_ms`]);
-/// it is compared with the midpoint.
-pub fn clock_offset_ms(before: i64, time: (i64, i64), after: i64) -> i64 {
-    time.0 * 1000 + time.1 / 1000 - (before + after) / 2
-}
-
-/// Asks Redis `TIME` on the command link (as [`Ctx::query`]) and records
-/// [`clock_offset_ms`] in [`Ctx::clock_offset_ms`].
-pub(super) async fn measure_clock(ctx: &Ctx) -> redis::RedisResult<()> {
-    let before = local_ms();
-    let time = ctx.query(&redis::cmd("TIME")).await?;
-    ctx.clock_offset_ms.set(clock_offset_ms(before, time, local_ms()));
-    Ok(())
 }
 
 /// Retries the spill lists every millisecond while any holds a message.
