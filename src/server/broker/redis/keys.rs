@@ -152,8 +152,9 @@ return out
 ///
 /// KEYS: meta, stream. ARGV: epoch for a channel without one, ttl ms, a seq `at` (0: none).
 /// Returns `{seq, epoch, oldest, data}` with `oldest` the first seq still in the stream
-/// (`seq + 1` when the stream is empty) and `data` the message stored under seq `at` (nil
-/// when `at` is 0 or the stream no longer holds it): a node passes the seq it delivered last
+/// (`seq + 1` when the stream is empty) and `data` the message stored under seq `at` (empty
+/// when `at` is 0 or the stream no longer holds it; a message is JSON, never empty, and an
+/// empty string reads the same over RESP2 and RESP3, where a Lua `false` would not): a node passes the seq it delivered last
 /// and compares, to find a history that changed under it (a failover that lost acked
 /// messages, then took new ones under the same seqs).
 pub const META_LUA: &str = r#"
@@ -171,7 +172,7 @@ if #first > 0 then
   oldest = tonumber(string.match(first[1][1], '^(%d+)'))
   redis.call('PEXPIRE', stream, ARGV[2])
 end
-local data = false
+local data = ''
 if ARGV[3] ~= '0' then
   local at = redis.call('XRANGE', stream, ARGV[3] .. '-0', ARGV[3] .. '-0')
   if #at > 0 then

@@ -46,8 +46,14 @@ pub(super) async fn command_link(ctx: Rc<Ctx>) {
     let mut gen = 0u64;
     loop {
         // Replies to publishes are awaited up to REPLY_GRACE past the request timeout; every
-        // other request is bounded by the request timeout itself (`timed`).
-        let opened = match Link::open_with(&ctx.cfg, None, ctx.timeout, ctx.timeout + REPLY_GRACE).await {
+        // other request is bounded by the request timeout itself (`timed`). On one Redis the
+        // link speaks RESP3 for its disconnection push: a connection that Redis closed while
+        // idle is taken down at once, so a publish after it is refused unsent (503) rather
+        // than meeting the dead connection (an unknown outcome, 504). A cluster client
+        // repairs its connections itself.
+        let (push_tx, push_rx) = unbounded_channel();
+        let push = if ctx.cluster { None } else { Some(push_tx) };
+        let opened = match Link::open_with(&ctx.cfg, push, ctx.timeout, ctx.timeout + REPLY_GRACE).await {
             Ok(mut link) => load_scripts(&ctx, &mut link).await.map(|()| link),
             Err(e) => Err(e),
         };
@@ -56,6 +62,9 @@ pub(super) async fn command_link(ctx: Rc<Ctx>) {
                 let since = Instant::now();
                 gen += 1;
                 *ctx.cmd.borrow_mut() = Some((gen, link));
+                if !ctx.cluster {
+                    tokio::task::spawn_local(command_link_lost(ctx.clone(), push_rx, gen));
+                }
                 if let Err(e) = measure_clock(&ctx).await {
                     // Publishes then go out with this node's clock (offset 0, or the last
                     // measured); the next health check measures again.
@@ -84,6 +93,18 @@ pub(super) async fn command_link(ctx: Rc<Ctx>) {
             }
         }
     }
+}
+
+/// Takes command link generation `gen` down when its connection reports its end (a RESP3
+/// disconnection push, or its push channel closing with it).
+async fn command_link_lost(ctx: Rc<Ctx>, mut pushes: UnboundedReceiver<PushInfo>, gen: u64) {
+    while let Some(p) = pushes.recv().await {
+        if p.kind == PushKind::Disconnection {
+            break;
+        }
+    }
+    let e = redis::RedisError::from((redis::ErrorKind::Io, "the redis connection ended"));
+    ctx.drop_link(gen, &e);
 }
 
 /// Loads both scripts into Redis's script cache (on a cluster, each node loads them on its

@@ -241,10 +241,11 @@ impl Ctx {
                 .arg(at);
             cmd
         };
-        match self.query(&call(true)).await {
+        let r: redis::RedisResult<(u64, String, u64, Vec<u8>)> = match self.query(&call(true)).await {
             Err(e) if is_noscript(&e) => self.query(&call(false)).await,
             r => r,
-        }
+        };
+        r.map(|(seq, epoch, oldest, data)| (seq, epoch, oldest, Some(data).filter(|d| !d.is_empty())))
     }
 
     /// Calls the epoch bump ([`keys::BUMP_LUA`]) for `ch` known at epoch `known`: the
