@@ -5,6 +5,8 @@
 //!   (no owner, fencing token unchanged), and the retry acquires with the next token;
 //! - Redis busy a little over the timeout during a `renew`: `LeaseError::Store` (the script
 //!   answered `LATE`), and the lease's expiry is unchanged; busy under the timeout: renewed;
+//! - the store's connection killed (`CLIENT KILL`): the next write fails (unknown: it met
+//!   the dead connection, or not sent), the one after it goes through on a new connection;
 //! - the admin API of a real node on the Redis lease store: a `PUT /feeds/{id}` while Redis
 //!   sleeps is 504 `{"error":…,"outcome":"unknown"}` within 1.5 s, and, because the late
 //!   script wrote nothing, the feed does not exist once Redis wakes.
@@ -140,4 +142,16 @@ async fn admin_put_while_redis_sleeps_is_504() {
 
     let s = store(&redis).await;
     assert_eq!(s.get("api").await, Ok(None), "the late put wrote the feed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_connection_is_opened_again() {
+    let (_serial, redis, s) = start("f3").await;
+    let token = s.acquire("f3", "node-a", now_ms(), LEASE_MS).await.expect("acquire");
+    redis.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
+    let first = s.renew("f3", "node-a", token, now_ms(), LEASE_MS, None).await;
+    eprintln!("renew after CLIENT KILL: {first:?}");
+    assert!(matches!(first, Ok(()) | Err(LeaseError::Unknown(_) | LeaseError::Store(_))), "{first:?}");
+    assert_eq!(s.renew("f3", "node-a", token, now_ms(), LEASE_MS, None).await, Ok(()), "on a new connection");
+    assert!(s.get("f3").await.expect("get").is_some());
 }

@@ -186,9 +186,14 @@ fn check_time(now_ms: u64, lease_ms: u64) -> Result<(), LeaseError> {
 const FIELDS: usize = 10;
 
 /// A lease store in the broker's Redis (single instance or Cluster). Cheap to share behind
-/// an `Arc`; requests are multiplexed on one connection.
+/// an `Arc`; requests are multiplexed on one connection, opened again by the next call after
+/// a failure that ended it (a Redis restart, `CLIENT KILL`).
 pub struct RedisLeaseStore {
-    link: Link,
+    /// The connection and Redis's clock minus this node's on it (ms, `TIME` at connect);
+    /// `None` after a failure that ended the connection: the next call opens another.
+    link: std::sync::Mutex<Option<(Link, i64)>>,
+    /// `[broker]`, to open the connection again.
+    cfg: BrokerConfig,
     /// For the pub/sub connection of [`LeaseStore::released`]: a Cluster broadcasts `PUBLISH`
     /// to every node, so one seed is enough.
     pubsub_url: String,
@@ -203,8 +208,6 @@ pub struct RedisLeaseStore {
     requests: Arc<StoreRequests>,
     /// `request_timeout_ms`: a write's deadline is this long after it is sent.
     timeout: std::time::Duration,
-    /// Redis's clock minus this node's, in milliseconds (`TIME` at connect).
-    clock_offset_ms: i64,
 }
 
 fn store_err(e: impl std::fmt::Display) -> LeaseError {
@@ -240,6 +243,14 @@ fn outcome(reply: Vec<String>) -> Result<(), LeaseError> {
     }
 }
 
+/// Opens the connection for `[broker]` and measures Redis's clock against this node's on it.
+async fn open(cfg: &BrokerConfig, timeout: std::time::Duration) -> Result<(Link, i64), LeaseError> {
+    let mut link = Link::open_with(cfg, None, timeout, timeout + REPLY_GRACE).await.map_err(store_err)?;
+    let before = local_ms();
+    let time = redis::cmd("TIME").query_async(&mut link).await.map_err(store_err)?;
+    Ok((link, clock_offset_ms(before, time, local_ms())))
+}
+
 /// Builds a feed from `get_many`'s field values for `id`.
 fn feed_of(id: &str, v: Vec<Option<String>>) -> Result<Feed, LeaseError> {
     if v.len() != FIELDS {
@@ -268,14 +279,11 @@ impl RedisLeaseStore {
     /// connection.
     pub async fn connect(cfg: &BrokerConfig) -> Result<RedisLeaseStore, LeaseError> {
         let timeout = std::time::Duration::from_millis(cfg.request_timeout_ms);
-        let mut link = Link::open_with(cfg, None, timeout, timeout + REPLY_GRACE).await.map_err(store_err)?;
-        let before = local_ms();
-        let time = redis::cmd("TIME").query_async(&mut link).await.map_err(store_err)?;
-        let clock_offset_ms = clock_offset_ms(before, time, local_ms());
+        let link = open(cfg, timeout).await?;
         Ok(RedisLeaseStore {
             timeout,
-            clock_offset_ms,
-            link,
+            link: std::sync::Mutex::new(Some(link)),
+            cfg: cfg.clone(),
             pubsub_url: pubsub_url(cfg),
             prefix: cfg.key_prefix.clone(),
             put: Script::new(PUT_LUA),
@@ -289,6 +297,45 @@ impl RedisLeaseStore {
         })
     }
 
+    /// The connection and its clock offset, opened again when a failure ended it. Errors:
+    /// it cannot be opened ([`LeaseError::Store`]: nothing was sent).
+    async fn conn(&self) -> Result<(Link, i64), LeaseError> {
+        if let Some(c) = self.link.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Ok(c);
+        }
+        let c = open(&self.cfg, self.timeout).await?;
+        *self.link.lock().unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Forgets the connection after `e` when `e` may have ended it (neither an error reply
+    /// nor a timeout, after which the multiplexed connection goes on).
+    fn failed(&self, e: &redis::RedisError) {
+        if e.code().is_none() && !e.is_timeout() {
+            *self.link.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+    }
+
+    /// Runs the write script call `inv` with its deadline (the request timeout from now, on
+    /// Redis's clock) as its last argument ([`write_err`]).
+    async fn write<T: redis::FromRedisValue>(&self, mut inv: redis::ScriptInvocation<'_>) -> Result<T, LeaseError> {
+        let (mut link, offset) = self.conn().await?;
+        inv.arg((local_ms() + offset).max(0) as u64 + self.timeout.as_millis() as u64);
+        inv.invoke_async(&mut link).await.map_err(|e| {
+            self.failed(&e);
+            write_err(e)
+        })
+    }
+
+    /// Runs the read script call `inv`.
+    async fn read<T: redis::FromRedisValue>(&self, inv: redis::ScriptInvocation<'_>) -> Result<T, LeaseError> {
+        let (mut link, _) = self.conn().await?;
+        inv.invoke_async(&mut link).await.map_err(|e| {
+            self.failed(&e);
+            store_err(e)
+        })
+    }
+
     /// `get_many`'s script for `ids` (already checked), counted as a request of `op`.
     async fn read_many(&self, ids: &[String], op: StoreOp) -> Result<Vec<Option<Feed>>, LeaseError> {
         if ids.is_empty() {
@@ -299,8 +346,7 @@ impl RedisLeaseStore {
             inv.key(self.feed_key(id));
         }
         self.requests.add(op, 1);
-        let rows: Vec<Option<Vec<Option<String>>>> =
-            inv.invoke_async(&mut self.link.clone()).await.map_err(store_err)?;
+        let rows: Vec<Option<Vec<Option<String>>>> = self.read(inv).await?;
         if rows.len() != ids.len() {
             return Err(store_err(format!("get_many: {} rows for {} ids", rows.len(), ids.len())));
         }
@@ -321,19 +367,12 @@ impl RedisLeaseStore {
             inv.key(self.feed_key(r.id));
             inv.arg(r.token).arg(if r.last_seq.is_some() { "1" } else { "0" }).arg(r.last_seq.unwrap_or(""));
         }
-        inv.arg(self.deadline());
         self.requests.add(StoreOp::RenewMany, 1);
-        let replies: Vec<Vec<String>> = inv.invoke_async(&mut self.link.clone()).await.map_err(write_err)?;
+        let replies: Vec<Vec<String>> = self.write(inv).await?;
         if replies.len() != leases.len() {
             return Err(store_err(format!("renew_many: {} replies for {} leases", replies.len(), leases.len())));
         }
         Ok(replies.into_iter().map(outcome).collect())
-    }
-
-    /// A write's deadline, the last argument of every write script: the request timeout from
-    /// now, in milliseconds since the Unix epoch on Redis's clock.
-    fn deadline(&self) -> u64 {
-        (local_ms() + self.clock_offset_ms).max(0) as u64 + self.timeout.as_millis() as u64
     }
 
     /// The hash of feed `id`: `PREFIX{feeds}:feed:ID`.
@@ -358,9 +397,8 @@ impl LeaseStore for RedisLeaseStore {
         let mut inv = self.put.key(self.feed_key(&def.id));
         inv.key(self.index_key()).arg(&def.id).arg(&def.url).arg(&def.channel);
         inv.arg(def.desired_state.as_str()).arg(&def.subscribe).arg(&def.resume_query).arg(&def.seq_pointer);
-        inv.arg(self.deadline());
         self.requests.add(StoreOp::Put, 1);
-        let created: i64 = inv.invoke_async(&mut self.link.clone()).await.map_err(write_err)?;
+        let created: i64 = self.write(inv).await?;
         Ok(created == 1)
     }
 
@@ -373,9 +411,9 @@ impl LeaseStore for RedisLeaseStore {
     async fn delete(&self, id: &str) -> Result<bool, LeaseError> {
         validate_id(id)?;
         let mut inv = self.delete.key(self.feed_key(id));
-        inv.key(self.index_key()).arg(id).arg(self.deadline());
+        inv.key(self.index_key()).arg(id);
         self.requests.add(StoreOp::Delete, 1);
-        let n: i64 = inv.invoke_async(&mut self.link.clone()).await.map_err(write_err)?;
+        let n: i64 = self.write(inv).await?;
         Ok(n == 1)
     }
 
@@ -383,9 +421,9 @@ impl LeaseStore for RedisLeaseStore {
         check_lease_args(id, owner, Some(lease_ms), None)?;
         check_time(now_ms, lease_ms)?;
         let mut inv = self.acquire.key(self.feed_key(id));
-        inv.arg(owner).arg(now_ms).arg(lease_ms).arg(self.deadline());
+        inv.arg(owner).arg(now_ms).arg(lease_ms);
         self.requests.add(StoreOp::Acquire, 1);
-        let reply: Vec<String> = inv.invoke_async(&mut self.link.clone()).await.map_err(write_err)?;
+        let reply: Vec<String> = self.write(inv).await?;
         match reply.first().map(String::as_str) {
             Some("ok") => {
                 reply.get(1).and_then(|t| t.parse().ok()).ok_or_else(|| store_err(format!("acquire reply {reply:?}")))
@@ -413,9 +451,8 @@ impl LeaseStore for RedisLeaseStore {
         let mut inv = self.renew.key(self.feed_key(id));
         inv.arg(owner).arg(token).arg(now_ms).arg(lease_ms);
         inv.arg(if last_seq.is_some() { "1" } else { "0" }).arg(last_seq.unwrap_or(""));
-        inv.arg(self.deadline());
         self.requests.add(StoreOp::Renew, 1);
-        outcome(inv.invoke_async(&mut self.link.clone()).await.map_err(write_err)?)
+        outcome(self.write(inv).await?)
     }
 
     async fn renew_many(
@@ -437,9 +474,9 @@ impl LeaseStore for RedisLeaseStore {
         let mut inv = self.release.key(self.feed_key(id));
         inv.arg(owner).arg(token);
         inv.arg(if last_seq.is_some() { "1" } else { "0" }).arg(last_seq.unwrap_or(""));
-        inv.arg(self.released_topic()).arg(id).arg(self.deadline());
+        inv.arg(self.released_topic()).arg(id);
         self.requests.add(StoreOp::Release, 1);
-        outcome(inv.invoke_async(&mut self.link.clone()).await.map_err(write_err)?)
+        outcome(self.write(inv).await?)
     }
 
     async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<Feed>>, LeaseError> {
@@ -451,11 +488,12 @@ impl LeaseStore for RedisLeaseStore {
 
     async fn list(&self) -> Result<Vec<Feed>, LeaseError> {
         self.requests.add(StoreOp::List, 1);
-        let ids: Vec<String> = redis::cmd("SMEMBERS")
-            .arg(self.index_key())
-            .query_async(&mut self.link.clone())
-            .await
-            .map_err(store_err)?;
+        let (mut link, _) = self.conn().await?;
+        let ids: Vec<String> =
+            redis::cmd("SMEMBERS").arg(self.index_key()).query_async(&mut link).await.map_err(|e| {
+                self.failed(&e);
+                store_err(e)
+            })?;
         // An id in the index is valid (put checked it); a malformed one was written by
         // something else and is skipped rather than failing the whole list.
         let ids: Vec<String> = ids.into_iter().filter(|id| validate_id(id).is_ok()).collect();
