@@ -289,7 +289,7 @@ async fn dispatch(ctx: Rc<Ctx>, mut rx: UnboundedReceiver<PushInfo>, gen: u64) {
     let _ = ctx.ctl.send(Ctl::Lost(gen));
 }
 
-/// How often an idle command link is checked with `PING`, in milliseconds.
+/// How often an idle command link is checked (with `TIME`), in milliseconds.
 const HEALTH_MS: u64 = 1_000;
 
 /// Checks the command link every [`HEALTH_MS`] with `TIME` (which also measures Redis's clock

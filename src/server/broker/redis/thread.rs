@@ -153,7 +153,7 @@ impl Ctx {
     /// link is up, and must not take it down again. On a cluster a timeout is one shard's
     /// (the cluster client holds a connection per node and repairs them itself): it is
     /// counted but leaves the link, and so the other shards' publishes, alone; a cluster
-    /// that stops answering altogether is caught by the health `PING` ([`Ctx::drop_link`]).
+    /// that stops answering altogether is caught by the health check (`TIME`) ([`Ctx::drop_link`]).
     pub fn failed(&self, gen: u64, e: &redis::RedisError) {
         let m = &self.shared.broker;
         if e.is_timeout() {
