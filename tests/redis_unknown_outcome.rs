@@ -12,7 +12,8 @@
 //! - Redis busy a little longer than the timeout: 503, and not stored; busy for less: 200;
 //! - Redis killed while a publish is out: 504 at once; after a restart the retry stores it once;
 //! - Redis down (refused): 503, and nothing of it in the history after Redis is back;
-//! - the command link killed while idle, a publish right after: 503 (noticed at once).
+//! - the command link killed while idle, a publish right after: 503 (noticed at once), or
+//!   504 when it raced the connection's end; a 503 is not stored.
 
 mod common;
 
@@ -305,8 +306,9 @@ async fn redis_down_is_unavailable_and_not_stored() {
 
 /// The command link killed while idle, by Redis (`CLIENT KILL TYPE normal`) and with Redis
 /// (`SIGKILL`), and a publish sent at once: the node notices the connection's end at once
-/// (its disconnection push), so the publish is refused unsent (503, not stored). The retry
-/// stores it once.
+/// (its disconnection push), so the publish is usually refused unsent (503: then it must
+/// not be stored); one that races the connection's end (within a millisecond or so) meets
+/// the dying connection and can only be answered 504. The retry stores it once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_link_killed_then_a_publish() {
     let _serial = serial().await;
@@ -316,8 +318,9 @@ async fn idle_link_killed_then_a_publish() {
     let a = publish(srv.addr, ch, "after-client-kill", true).await;
     eprintln!("command link killed idle (CLIENT KILL): {} after {:?}: {}", a.status, a.took, a.body);
     check_refusal("after-client-kill", &a);
-    assert_eq!(a.status, 503, "the dead connection was noticed before the publish: {a:?}");
-    assert_eq!(stored(&redis, ch, "after-client-kill"), 0, "{a:?}");
+    if a.status == 503 {
+        assert_eq!(stored(&redis, ch, "after-client-kill"), 0, "{a:?}");
+    }
     wait_ready(srv.addr).await;
     retry_until_stored(srv.addr, ch, "after-client-kill", true).await;
     assert_eq!(stored(&redis, ch, "after-client-kill"), 1);
@@ -326,9 +329,10 @@ async fn idle_link_killed_then_a_publish() {
     let a = publish(srv.addr, ch, "after-kill9", true).await;
     eprintln!("redis killed with the link idle (SIGKILL): {} after {:?}: {}", a.status, a.took, a.body);
     check_refusal("after-kill9", &a);
-    assert_eq!(a.status, 503, "the dead connection was noticed before the publish: {a:?}");
     tokio::task::block_in_place(|| redis.restart());
-    assert_eq!(stored(&redis, ch, "after-kill9"), 0, "{a:?}");
+    if a.status == 503 {
+        assert_eq!(stored(&redis, ch, "after-kill9"), 0, "{a:?}");
+    }
     wait_ready(srv.addr).await;
     retry_until_stored(srv.addr, ch, "after-kill9", true).await;
     assert_eq!(stored(&redis, ch, "after-kill9"), 1);
