@@ -47,8 +47,15 @@ pub mod codes {
     /// `unsub` for a channel this connection is not subscribed to.
     pub const NOT_SUBSCRIBED: &str = "not_subscribed";
     /// The broker cannot serve the request now (Redis unreachable); the `error` carries
-    /// `retry_after_ms`, and retrying the same request (same `id`) later is safe.
+    /// `retry_after_ms`, and retrying the same request (same `id`) later is safe. A publish
+    /// refused so was certainly not stored (else the answer is [`UNKNOWN_OUTCOME`]).
     pub const UNAVAILABLE: &str = "unavailable";
+    /// The request went to the broker (Redis) and no answer came in time, or the connection
+    /// failed while it was out: it may or may not have taken effect. The `error` carries
+    /// `retry_after_ms`; retry the same request with the same `id` (dedup makes the retry
+    /// safe: a publish stored meanwhile is answered with its original seq). HTTP: 504 with
+    /// `"outcome":"unknown"` (docs/redis.md, "Failures and what each answer means").
+    pub const UNKNOWN_OUTCOME: &str = "unknown_outcome";
     /// `sub` or `pub` on a channel the connection's token does not allow (its `channels.sub`
     /// / `channels.pub` globs, docs/security.md); the connection stays.
     pub const FORBIDDEN: &str = "forbidden";
@@ -117,9 +124,9 @@ pub struct RequestError {
     pub id: Option<String>,
     /// The request's `ch`, when it could be read (set by [`parse_client_op`] only).
     pub ch: Option<String>,
-    /// For a refusal that a later retry can overcome ([`codes::UNAVAILABLE`], a
-    /// [`codes::LIMIT`] of a rate or of `max_channels`): how long to wait first, in
-    /// milliseconds.
+    /// For a refusal that a later retry can overcome ([`codes::UNAVAILABLE`],
+    /// [`codes::UNKNOWN_OUTCOME`], a [`codes::LIMIT`] of a rate or of `max_channels`): how
+    /// long to wait first, in milliseconds.
     pub retry_after_ms: Option<u64>,
 }
 
@@ -132,6 +139,18 @@ impl RequestError {
     pub fn unavailable(reason: impl Into<String>, retry_after_ms: u64) -> Self {
         Self {
             code: codes::UNAVAILABLE,
+            reason: reason.into(),
+            id: None,
+            ch: None,
+            retry_after_ms: Some(retry_after_ms),
+        }
+    }
+
+    /// A [`codes::UNKNOWN_OUTCOME`] answer: the request may or may not have taken effect;
+    /// retry it (same `id`) after `retry_after_ms` milliseconds.
+    pub fn unknown_outcome(reason: impl Into<String>, retry_after_ms: u64) -> Self {
+        Self {
+            code: codes::UNKNOWN_OUTCOME,
             reason: reason.into(),
             id: None,
             ch: None,

@@ -86,7 +86,14 @@ impl RedisSide<'_> {
         for (ch, id, fence) in pubs {
             call.push(ch, *id, b"{}", *fence, || 100);
         }
-        let params = PublishParams { ttl_ms: TTL_MS, dedup_window_ms: 60_000, epoch: "e0", command: "PUBLISH" };
+        // No deadline here (tests/redis_unknown_outcome.rs checks it).
+        let params = PublishParams {
+            ttl_ms: TTL_MS,
+            dedup_window_ms: 60_000,
+            epoch: "e0",
+            command: "PUBLISH",
+            deadline_ms: u64::MAX,
+        };
         let sha = redis::Script::new(PUBLISH_LUA).get_hash().to_owned();
         let cmd = |name: &str, first: &str| {
             let mut cmd = redis::cmd(name);

@@ -279,12 +279,13 @@ struct Acked {
 }
 
 /// A publisher that keeps going through a Redis outage: `{"n":1,2,…}` over one keep-alive
-/// HTTP connection, `Idempotency-Key: n`, one every 2 ms; a 503 is retried with the same `n`
-/// and key after 20 ms.
+/// HTTP connection, `Idempotency-Key: n`, one every 2 ms; a 503 (not stored) or a 504 (the
+/// publish in flight when Redis died: outcome unknown) is retried with the same `n` and key
+/// after 20 ms.
 #[derive(Default)]
 struct Retrying {
     acked: Mutex<Vec<Acked>>,
-    /// Response heads of the 503 answers.
+    /// Response heads of the 503 and 504 answers.
     refused: Mutex<Vec<String>>,
     restarted: AtomicBool,
     stop: AtomicBool,
@@ -306,7 +307,7 @@ impl Retrying {
                     n += 1;
                     tokio::time::sleep(Duration::from_millis(2)).await;
                 }
-                503 => {
+                503 | 504 => {
                     self.refused.lock().unwrap().push(head);
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }

@@ -176,7 +176,7 @@ async fn cluster_two_nodes_exactly_once_and_master_failover() {
     }
 
     // A healthy cluster refuses nothing and the broker sees no error.
-    let (refused, failed) = (tally.refused.load(Relaxed), tally.failed.load(Relaxed));
+    let (refused, failed) = (tally.refused.load(Relaxed) + tally.unknown.load(Relaxed), tally.failed.load(Relaxed));
     let (errors_a, errors_b) = (a.metrics().await, b.metrics().await);
     let errors = |m: &Metrics| {
         m.samples("tether_broker_errors_total")
@@ -330,7 +330,7 @@ async fn cluster_two_nodes_exactly_once_and_master_failover() {
     println!(
         "redis cluster failover: cluster up in {cluster_up:?}; {} channels ({} on the victim {}, seed {}); \
          {} publishes acked ({acked_before_kill} before the kill, {victim_acks_after} to the victim's shard after), \
-         {} refused, {} failed, each retried; replica {} promoted {promoted:?} after the kill; the victim's shard \
+         {} refused (503), {} unknown (504), {} failed, each retried; replica {} promoted {promoted:?} after the kill; the victim's shard \
          acked again {recovered:?} after the kill; store heads sum {total}; node A {}; node B {}; resets {}, \
          silent gaps {}, duplicates {}, acked not delivered {}, store behind acks {}; {:?} in all",
         chans.len(),
@@ -339,6 +339,7 @@ async fn cluster_two_nodes_exactly_once_and_master_failover() {
         seeds[0],
         acks.len(),
         tally.refused.load(Relaxed),
+        tally.unknown.load(Relaxed),
         tally.failed.load(Relaxed),
         replica.port,
         Counters::moved(before_a, after_a),

@@ -163,8 +163,14 @@ pub fn redis_alone(redis: &RedisServer, secs: f64, channels: usize, size: usize)
                 scope.spawn(move || -> Result<u64, String> {
                     let mut conn = client.get_connection().map_err(|e| e.to_string())?;
                     let keys = Keys::new("tether:");
-                    let params =
-                        PublishParams { ttl_ms: 600_000, dedup_window_ms: window_ms, epoch: &run, command: "PUBLISH" };
+                    // No deadline: this measures Redis's cost, not a broker's timeouts.
+                    let params = PublishParams {
+                        ttl_ms: 600_000,
+                        dedup_window_ms: window_ms,
+                        epoch: &run,
+                        command: "PUBLISH",
+                        deadline_ms: u64::MAX,
+                    };
                     let mut n = 0u64;
                     while Instant::now() < stop_at {
                         let mut pipe = ::redis::pipe();

@@ -58,7 +58,7 @@ impl Conn {
     }
 }
 
-/// A request to send again after an `unavailable` error.
+/// A request to send again after an `unavailable` or `unknown_outcome` error.
 enum Retry {
     /// The publish with this id (still in the outbox).
     Pub(String),
@@ -460,9 +460,11 @@ impl Task {
                     self.held_token = Some(t);
                 }
             }
-            "error" if f.code.as_deref() == Some("unavailable") => {
-                // The server's broker cannot reach Redis: the request is safe to repeat (a
-                // publish keeps its id), so it is sent again after the hint, not failed.
+            // `unavailable`: the server's broker cannot reach Redis (nothing stored);
+            // `unknown_outcome`: it may be stored. Either way the request is safe to repeat
+            // (a publish keeps its id, so the broker answers a stored one with its seq), so it
+            // is sent again after the hint, not failed.
+            "error" if matches!(f.code.as_deref(), Some("unavailable" | "unknown_outcome")) => {
                 let retry_in = f.retry_after_ms.map_or(UNAVAILABLE_RETRY, Duration::from_millis);
                 let at = Instant::now() + retry_in;
                 let mut ch = f.ch.clone();
@@ -480,7 +482,7 @@ impl Task {
                     false
                 };
                 if retried {
-                    let (code, reason) = ("unavailable".to_owned(), f.reason.unwrap_or_default());
+                    let (code, reason) = (f.code.unwrap_or_default(), f.reason.unwrap_or_default());
                     let ev = Event::Retrying { code, reason, id: f.id, ch, retry_in };
                     self.out.push_status(ev, &self.shared.counters);
                 }

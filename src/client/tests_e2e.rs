@@ -452,3 +452,31 @@ async fn empty_url_list_is_refused_naming_the_field() {
     assert_eq!(ClientConfig::new("ws://a:1/ws,ws://b:2/ws").urls, ["ws://a:1/ws", "ws://b:2/ws"]);
     assert_eq!(ClientConfig::new("ws://a:1/ws").urls, ["ws://a:1/ws"]);
 }
+
+#[tokio::test]
+async fn unknown_outcome_and_unavailable_are_retried_with_the_same_id() {
+    bounded(async {
+        let (l, url) = listen().await;
+        let server = tokio::spawn(async move {
+            let mut ws = accept(&l).await;
+            let first = recv(&mut ws).await;
+            assert_eq!(first, json!({"op":"pub","ch":"c","id":"p1","data":{"k":1}}));
+            let unknown = r#"{"op":"error","code":"unknown_outcome","reason":"no answer in time","id":"p1","ch":"c","retry_after_ms":30}"#;
+            send(&mut ws, unknown).await;
+            let t0 = std::time::Instant::now();
+            assert_eq!(recv(&mut ws).await, first, "resent as it was: same id");
+            assert!(t0.elapsed() >= Duration::from_millis(25), "resent before retry_after_ms: {:?}", t0.elapsed());
+            let unavailable = r#"{"op":"error","code":"unavailable","reason":"down","id":"p1","ch":"c","retry_after_ms":30}"#;
+            send(&mut ws, unavailable).await;
+            assert_eq!(recv(&mut ws).await, first, "resent again, same id");
+            send(&mut ws, r#"{"op":"ack","id":"p1","ch":"c","seq":7}"#).await;
+            drain(ws).await;
+        });
+        let c = Client::connect(fast(&url)).expect("client");
+        let ack = c.publisher().send("c", Some("p1".into()), &json!({"k":1})).await.expect("send").await;
+        assert_eq!(ack.expect("acked after the retries").seq, 7);
+        c.close().await;
+        server.await.expect("server");
+    })
+    .await;
+}

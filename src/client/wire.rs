@@ -87,7 +87,8 @@ pub(crate) struct Inbound {
     pub id: Option<String>,
     #[serde(default, deserialize_with = "opaque_text")]
     pub code: Option<String>,
-    /// On an `unavailable` error: wait this long (milliseconds) before sending it again.
+    /// On an `unavailable` or `unknown_outcome` error: wait this long (milliseconds) before
+    /// sending it again (with the same id).
     pub retry_after_ms: Option<u64>,
 }
 

@@ -49,8 +49,13 @@ pub struct Broker {
     /// (a node refreshes them while it has subscribers of the channel). Default 86,400,000
     /// (24 h), range 60,000 ..= 31,536,000,000.
     pub history_ttl_ms: u64,
-    /// How long one Redis request may take before it counts as failed, in milliseconds: a
-    /// publish is then answered `unavailable`. Default 2,000, range 100 ..= 60,000.
+    /// How long one Redis request may take before it counts as failed, in milliseconds.
+    /// A publish (or a feed lease write) carries this as its deadline: Redis runs it only
+    /// before it (checked against Redis `TIME`), and its reply is awaited 500 ms longer. No
+    /// reply by then: the answer is `unknown_outcome` / HTTP 504 (perhaps stored; a retry
+    /// with the same id is safe); a definite "not stored" is `unavailable` / 503
+    /// (docs/redis.md). Short values turn a slow Redis into refusals sooner; long ones hold
+    /// publishers longer. Default 2,000, range 100 ..= 60,000.
     pub request_timeout_ms: u64,
 }
 

@@ -61,6 +61,11 @@ impl AdminReply {
         match e {
             LeaseError::Invalid(f) => AdminReply::bad(f.field, f.reason),
             LeaseError::NotFound => AdminReply::json(404, &json!({"error": "no such feed"})),
+            // Sent and not answered in time: 504, and the body says so (docs/feeds.md).
+            e @ LeaseError::Unknown(_) => AdminReply::json(
+                504,
+                &json!({"error": format!("{e}: read the feed, or retry the same request"), "outcome": "unknown"}),
+            ),
             other => AdminReply::unavailable(other),
         }
     }
@@ -174,11 +179,16 @@ impl Supervisor {
         }
     }
 
+    /// The answer to a write that succeeded: `status` with the feed as read back. A read that
+    /// fails then does not turn the answer into a failure (the write happened).
     async fn get_reply(&self, id: &str, status: u16) -> AdminReply {
         match self.bounded(self.store.get(id)).await {
             Ok(Some(f)) => AdminReply::json(status, &self.view(&f)),
             Ok(None) => AdminReply::not_found(id),
-            Err(e) => AdminReply::from_store(e),
+            Err(e) => AdminReply::json(
+                status,
+                &json!({"id": id, "written": true, "error": format!("reading it back failed: {e}")}),
+            ),
         }
     }
 

@@ -196,7 +196,7 @@ impl Supervisor {
                         statics_written = sup.write_statics().await;
                     }
                     if released.is_none() {
-                        released = sup.store.released().await.map_err(|e| tracing::warn!(error = %e, "feeds: no release notifications until the next reconcile")).ok();
+                        released = sup.bounded(sup.store.released()).await.map_err(|e| tracing::warn!(error = %e, "feeds: no release notifications until the next reconcile")).ok();
                     }
                     sup.reconcile().await;
                 }
@@ -235,13 +235,14 @@ impl Supervisor {
     }
 
     /// A store call bounded by the renew interval, so a hung store never delays the give-up
-    /// check (nor, for an admin request, the renews) by more than that.
+    /// check (nor, for an admin request, the renews) by more than that. A call cut off so may
+    /// have happened: [`LeaseError::Unknown`].
     pub(super) async fn bounded<T>(
         &self,
         f: impl std::future::Future<Output = Result<T, LeaseError>>,
     ) -> Result<T, LeaseError> {
         let limit = Duration::from_millis(self.cfg.renew_ms.max(100));
-        tokio::time::timeout(limit, f).await.unwrap_or_else(|_| Err(LeaseError::Store("timed out".into())))
+        tokio::time::timeout(limit, f).await.unwrap_or_else(|_| Err(LeaseError::Unknown("timed out".into())))
     }
 
     /// Writes the `[[feeds.static]]` definitions; `true` once all are written.

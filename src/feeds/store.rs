@@ -36,9 +36,16 @@ pub enum LeaseError {
         /// The expiry now recorded (ms).
         expires_at_ms: u64,
     },
-    /// The store failed (connection, timeout, unexpected reply); the outcome of a write is
-    /// unknown. Retry; for a renew, treat the lease as lost once its margin passes.
+    /// The store failed (not connected, refused the request, a read failed). The Redis store
+    /// answers a write so only when it certainly did not happen (not sent, refused before it
+    /// ran, or run past its deadline); a store that cannot tell may answer so too. Retry;
+    /// for a renew, treat the lease as lost once its margin passes.
     Store(String),
+    /// A write was sent and no answer came in time, or the connection failed while it was
+    /// out: it may or may not have taken effect (admin endpoints answer 504 with
+    /// `"outcome":"unknown"`). Read the feed to learn; retrying is safe (every write is a
+    /// compare-and-set or an overwrite); for a renew, as [`LeaseError::Store`].
+    Unknown(String),
 }
 
 impl std::fmt::Display for LeaseError {
@@ -55,6 +62,9 @@ impl std::fmt::Display for LeaseError {
                 owner.as_deref().unwrap_or("(none)")
             ),
             LeaseError::Store(e) => write!(f, "lease store failed: {e}"),
+            LeaseError::Unknown(e) => {
+                write!(f, "lease store did not answer in time ({e}); the write may or may not have happened")
+            }
         }
     }
 }
@@ -110,8 +120,9 @@ pub(super) fn check_renewals(owner: &str, lease_ms: u64, leases: &[Renewal<'_>])
 }
 
 /// The results of a `renew_many` sent as requests of `chunk` leases each, `replies` one per
-/// request in order: the whole call's error when every request failed (nothing was renewed),
-/// else one result per lease, the request's error for each lease of a failed one.
+/// request in order: the whole call's error when every request failed (nothing was renewed;
+/// with [`LeaseError::Unknown`], perhaps some were), else one result per lease, the
+/// request's error for each lease of a failed one.
 pub(super) fn merge_chunks(
     leases: &[Renewal<'_>],
     chunk: usize,
@@ -136,7 +147,8 @@ pub(super) fn merge_chunks(
 /// Where feeds and their leases live. Every method is one atomic step of the store (one Lua
 /// script or one command on Redis, one critical section in memory); the lease rules are those
 /// of the module doc ([`crate::feeds`]). Times are milliseconds given by the caller, so the
-/// store never reads a clock; ids, owners and `last_seq` are checked first and refused with
+/// lease rules never read the store's clock (the Redis store reads Redis `TIME` only for
+/// its writes' deadlines, [`LeaseError::Unknown`]); ids, owners and `last_seq` are checked first and refused with
 /// [`LeaseError::Invalid`] naming the field.
 pub trait LeaseStore: Send + Sync {
     /// Creates or replaces a feed definition after [`FeedDef::validate`]; the lease fields

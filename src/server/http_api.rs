@@ -67,6 +67,16 @@ impl CoreState {
             PublishResult::Stored { seq } => {
                 http::response(200, "application/json", &protocol::seq_json(seq), &[], keep_alive)
             }
+            // Sent to Redis and not answered in time: perhaps stored (docs/redis.md). 504,
+            // RFC 9110 §15.6.5: the upstream did not answer in time.
+            PublishResult::Refused(e) if e.code == protocol::codes::UNKNOWN_OUTCOME => {
+                let secs = e.retry_after_ms.unwrap_or(1000).div_ceil(1000).max(1).to_string();
+                let mut body = Vec::with_capacity(e.reason.len() + 40);
+                body.extend_from_slice(b"{\"error\":");
+                protocol::push_json_str(&mut body, &e.reason);
+                body.extend_from_slice(b",\"outcome\":\"unknown\"}");
+                http::response(504, "application/json", &body, &[("Retry-After", &secs)], keep_alive)
+            }
             PublishResult::Refused(e) => match e.retry_after_ms {
                 // The broker cannot store it now (Redis unreachable), or `limits.max_channels`
                 // channels exist and this one would be new: the server, not this client, is

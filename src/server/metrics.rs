@@ -411,6 +411,12 @@ pub struct BrokerMetrics {
     pub errors: [AtomicU64; 4],
     /// Gaps in a channel's pub/sub stream filled from its history.
     pub gap_repairs: AtomicU64,
+    /// Publish script calls that Redis ran past their deadline, storing nothing
+    /// (`tether_broker_late_calls_total`; their publishes were answered `unavailable`).
+    pub late: AtomicU64,
+    /// Publishes answered `unknown_outcome` / HTTP 504: sent to Redis, no reply in time
+    /// (`tether_broker_unknown_outcomes_total`).
+    pub unknown: AtomicU64,
     /// Request latency histogram: counts per bucket of [`BROKER_BUCKETS_US`].
     pub request_buckets: [AtomicU64; 13],
     /// Sum of request latencies, in microseconds.
@@ -426,6 +432,8 @@ impl BrokerMetrics {
             reconnects: AtomicU64::new(0),
             errors: Default::default(),
             gap_repairs: AtomicU64::new(0),
+            late: AtomicU64::new(0),
+            unknown: AtomicU64::new(0),
             request_buckets: Default::default(),
             request_sum_us: AtomicU64::new(0),
         }
@@ -484,6 +492,20 @@ impl BrokerMetrics {
             "counter",
             "Gaps in a channel's pub/sub stream filled from its history.",
             self.gap_repairs.load(Relaxed),
+        );
+        one(
+            out,
+            "tether_broker_late_calls_total",
+            "counter",
+            "Publish script calls Redis ran past their deadline (nothing stored).",
+            self.late.load(Relaxed),
+        );
+        one(
+            out,
+            "tether_broker_unknown_outcomes_total",
+            "counter",
+            "Publishes answered unknown_outcome (HTTP 504): sent to Redis, no reply in time.",
+            self.unknown.load(Relaxed),
         );
         counter(
             out,

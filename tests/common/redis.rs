@@ -63,7 +63,9 @@ impl RedisProc {
             .arg(&self.sock)
             .args(["--unixsocketperm", "700", "--save", "", "--dir"])
             .arg(&self.dir)
-            .args(["--appendonly", if self.appendonly { "yes" } else { "no" }]);
+            .args(["--appendonly", if self.appendonly { "yes" } else { "no" }])
+            // `DEBUG SLEEP` (tests/redis_unknown_outcome.rs) from this socket.
+            .args(["--enable-debug-command", "local"]);
         if self.appendonly {
             cmd.args(["--appendfsync", "always"]);
         }
@@ -125,6 +127,34 @@ impl RedisProc {
             .expect("run redis-cli");
         assert!(out.status.success(), "redis-cli {args:?}: {:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Sends `DEBUG SLEEP secs` on a connection of its own (the returned thread ends when
+    /// Redis answers, or dies) and returns once Redis is asleep: a `PING` on another
+    /// connection got no answer within 100 ms (so up to ~0.1 s of the sleep has passed).
+    pub fn debug_sleep(&self, secs: f64) -> std::thread::JoinHandle<()> {
+        let s = self.sock.clone();
+        let sleeper = std::thread::spawn(move || {
+            let mut c = UnixStream::connect(&s).expect("connect to redis");
+            c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            c.write_all(format!("DEBUG SLEEP {secs}\r\n").as_bytes()).unwrap();
+            let mut buf = [0u8; 128];
+            let n = c.read(&mut buf).unwrap_or(0);
+            // A Redis killed while asleep answers nothing.
+            assert!(n == 0 || buf.starts_with(b"+OK"), "DEBUG SLEEP: {}", String::from_utf8_lossy(&buf[..n]));
+        });
+        let end = Instant::now() + START_LIMIT;
+        loop {
+            let mut c = UnixStream::connect(&self.sock).expect("connect to redis");
+            c.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+            c.write_all(b"PING\r\n").unwrap();
+            let mut buf = [0u8; 16];
+            if let Err(e) = c.read(&mut buf) {
+                assert!(matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut), "{e}");
+                return sleeper;
+            }
+            assert!(Instant::now() < end, "redis did not go to sleep within {START_LIMIT:?}");
+        }
     }
 
     /// The last `n` lines of the Redis log.

@@ -132,8 +132,12 @@ pub struct Ack {
 #[derive(Debug, Default)]
 pub struct Tally {
     pub acks: Mutex<Vec<Ack>>,
-    /// 503 (HTTP) or `error` (WS) answers, each followed by a retry with the same id.
+    /// 503 (HTTP) or `unavailable` (WS) answers: not stored; each followed by a retry with
+    /// the same id.
     pub refused: AtomicU64,
+    /// 504 (HTTP) or `unknown_outcome` (WS) answers: perhaps stored; each followed by a retry
+    /// with the same id (a duplicate then, answered with the original seq).
+    pub unknown: AtomicU64,
     /// Connection errors and timeouts, each followed by a retry with the same id.
     pub failed: AtomicU64,
 }
@@ -384,6 +388,7 @@ pub async fn http_publisher_at(
                     break;
                 }
                 Ok((503, _)) => drop(tally.refused.fetch_add(1, Relaxed)),
+                Ok((504, _)) => drop(tally.unknown.fetch_add(1, Relaxed)),
                 Ok((status, reply)) => panic!("publish {tag} to {ch}: {status} {}", String::from_utf8_lossy(&reply)),
                 Err(_) => drop(tally.failed.fetch_add(1, Relaxed)),
             }
@@ -437,8 +442,9 @@ pub async fn ws_publisher(
                         tally.ack(ch, seq, &tag);
                         break 'publish;
                     }
-                    Some("error") if v["code"] == "unavailable" => {
-                        tally.refused.fetch_add(1, Relaxed);
+                    Some("error") if v["code"] == "unavailable" || v["code"] == "unknown_outcome" => {
+                        let n = if v["code"] == "unavailable" { &tally.refused } else { &tally.unknown };
+                        n.fetch_add(1, Relaxed);
                         break;
                     }
                     _ => panic!("answer to pub {tag}: {v}"),

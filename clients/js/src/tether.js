@@ -396,8 +396,9 @@ export class Tether {
       this.refresh(conn);
       return;
     }
-    if (code === 'unavailable' && (p || sub)) {
-      // The broker cannot reach Redis: the same request (same id) is safe to repeat.
+    if ((code === 'unavailable' || code === 'unknown_outcome') && (p || sub)) {
+      // The broker cannot reach Redis (unavailable: not stored), or got no answer in time
+      // (unknown_outcome: perhaps stored): the same request (same id) is safe to repeat.
       const wait = Number.isSafeInteger(f.retry_after_ms) ? f.retry_after_ms : 1000;
       if (sub) conn.sent.delete(sub.ch);
       this.later(conn, wait, () => (p ? this.outbox.has(p.id) && this.send(conn, p.frame) : this.subs.get(sub.ch) === sub && this.sendSub(conn, sub)));

@@ -23,13 +23,21 @@
 ///   publish, in publish order, its channel's fence hash (`KEYS[2C+N+f]` for the `f`-th fenced
 ///   publish): an unfenced publish costs no key and no argument;
 /// - ARGV: `C`, ttl in ms, dedup window in ms, the epoch for a channel without one, `PUBLISH` or
-///   `SPUBLISH`; then per channel its topic and history length (0 keeps none); then per
+///   `SPUBLISH`, the deadline (ms since the Unix epoch on Redis's clock); then per channel its
+///   topic and history length (0 keeps none); then per
 ///   publish its channel's index `c`, its flag and its data. The flag is `1` when the publish
 ///   has an id, else `0`; a fenced publish appends ` TOKEN FEED` (its fencing token in
 ///   decimal and its feed id, which holds no space), e.g. `1 7 btc`.
 ///
 /// Returns `N` triples `seq, epoch, kind` in one flat array, in publish order; `kind` is `0`
 /// for a publish stored now, `1` for a duplicate, `2` for a fenced-out one.
+///
+/// **Deadline.** The script first reads Redis `TIME`; past the deadline it writes nothing and
+/// returns the status reply [`LATE`]. The caller waits for the reply a little longer than the
+/// deadline, so a call that Redis runs late (it slept, or was busy with another command) is a
+/// no-op rather than a publish stored after its publisher was told the outcome is unknown,
+/// and a `LATE` reply proves that nothing was stored. (`TIME` before writes is allowed: Redis
+/// 7 replicates a script's effects, not the script.)
 ///
 /// A fenced publish is checked first: when its feed's field in the fence hash holds a higher
 /// token (compared as decimal strings, exact over the whole u64 range), it is fenced out: its
@@ -55,9 +63,13 @@
 /// makes Redis refuse the whole call with `OOM` before it runs when `maxmemory` is reached,
 /// rather than failing a write half-way.
 pub const PUBLISH_LUA: &str = r#"#!lua
+local now = redis.call('TIME')
+if tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) > tonumber(ARGV[6]) then
+  return redis.status_reply('LATE')
+end
 local nc = tonumber(ARGV[1])
 local ttl, window, fresh, command = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local base = 5 + 2 * nc
+local base = 6 + 2 * nc
 local n = (#ARGV - base) / 3
 local epoch, seq, head = {}, {}, {}
 local function lower(a, b)
@@ -101,11 +113,11 @@ local function store()
         epoch[c] = fresh
         redis.call('HSET', KEYS[2 * c - 1], 'epoch', fresh)
       end
-      local history = ARGV[5 + 2 * c]
+      local history = ARGV[6 + 2 * c]
       if history ~= '0' then
         redis.call('XADD', KEYS[2 * c], 'MAXLEN', '~', history, ss .. '-0', 'd', data)
       end
-      redis.call(command, ARGV[4 + 2 * c], ss .. ' ' .. epoch[c] .. ' ' .. data)
+      redis.call(command, ARGV[5 + 2 * c], ss .. ' ' .. epoch[c] .. ' ' .. data)
       claimed = nil
       out[3 * i - 2], out[3 * i - 1], out[3 * i] = s, epoch[c], 0
     end
@@ -118,7 +130,7 @@ end
 for c = 1, nc do
   if seq[c] ~= head[c] then
     redis.call('HSET', KEYS[2 * c - 1], 'seq', seq[c])
-    if ARGV[5 + 2 * c] ~= '0' then
+    if ARGV[6 + 2 * c] ~= '0' then
       redis.call('PEXPIRE', KEYS[2 * c], ttl)
     end
     redis.call('PEXPIRE', KEYS[2 * c - 1], ttl)
@@ -140,8 +152,9 @@ return out
 ///
 /// KEYS: meta, stream. ARGV: epoch for a channel without one, ttl ms, a seq `at` (0: none).
 /// Returns `{seq, epoch, oldest, data}` with `oldest` the first seq still in the stream
-/// (`seq + 1` when the stream is empty) and `data` the message stored under seq `at` (nil
-/// when `at` is 0 or the stream no longer holds it): a node passes the seq it delivered last
+/// (`seq + 1` when the stream is empty) and `data` the message stored under seq `at` (empty
+/// when `at` is 0 or the stream no longer holds it; a message is JSON, never empty, and an
+/// empty string reads the same over RESP2 and RESP3, where a Lua `false` would not): a node passes the seq it delivered last
 /// and compares, to find a history that changed under it (a failover that lost acked
 /// messages, then took new ones under the same seqs).
 pub const META_LUA: &str = r#"
@@ -159,7 +172,7 @@ if #first > 0 then
   oldest = tonumber(string.match(first[1][1], '^(%d+)'))
   redis.call('PEXPIRE', stream, ARGV[2])
 end
-local data = false
+local data = ''
 if ARGV[3] ~= '0' then
   local at = redis.call('XRANGE', stream, ARGV[3] .. '-0', ARGV[3] .. '-0')
   if #at > 0 then
@@ -241,7 +254,13 @@ pub struct PublishParams<'a> {
     pub epoch: &'a str,
     /// `PUBLISH`, or `SPUBLISH` on a cluster.
     pub command: &'a str,
+    /// Past this time (milliseconds since the Unix epoch, on Redis's clock) the script stores
+    /// nothing and answers [`LATE`].
+    pub deadline_ms: u64,
 }
+
+/// The publish script's status reply when it ran past its deadline and stored nothing.
+pub const LATE: &str = "LATE";
 
 /// One publish of a [`PublishCall`]: its channel's index from 1, its id, its data and its
 /// fence (feed id, fencing token).
@@ -319,6 +338,7 @@ impl<'a> PublishCall<'a> {
         arg(p.dedup_window_ms.to_string().as_bytes());
         arg(p.epoch.as_bytes());
         arg(p.command.as_bytes());
+        arg(p.deadline_ms.to_string().as_bytes());
         for (ch, history) in &self.channels {
             arg(keys.topic(ch).as_bytes());
             arg(n(*history).as_bytes());
@@ -397,7 +417,13 @@ mod tests {
         call.push("a", Some("x"), b"4", Some(("f2", u64::MAX)), history(10));
         assert_eq!(call.len(), 4);
         assert_eq!(asked.get(), 2, "a channel's history is asked once per call");
-        let p = PublishParams { ttl_ms: 600_000, dedup_window_ms: 300_000, epoch: "e1", command: "PUBLISH" };
+        let p = PublishParams {
+            ttl_ms: 600_000,
+            dedup_window_ms: 300_000,
+            epoch: "e1",
+            command: "PUBLISH",
+            deadline_ms: 1_700_000_000_500,
+        };
         let mut args = Vec::new();
         call.args(&k, &p, |a| args.push(String::from_utf8(a.to_vec()).unwrap()));
         #[rustfmt::skip]
@@ -407,7 +433,7 @@ mod tests {
             "t:{a}:d:x", "t:{b}:m", "t:{a}:m", "t:{a}:d:x",
             // Fence hashes of the fenced publishes only.
             "t:{b}:f", "t:{a}:f",
-            "2", "600000", "300000", "e1", "PUBLISH",
+            "2", "600000", "300000", "e1", "PUBLISH", "1700000000500",
             "t:{a}", "10", "t:{b}", "0",
             "1", "1", "1",
             "2", "0 7 f1", "2",

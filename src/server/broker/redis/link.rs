@@ -60,10 +60,21 @@ impl Link {
         push: Option<UnboundedSender<PushInfo>>,
         timeout: Duration,
     ) -> redis::RedisResult<Link> {
+        Link::open_with(cfg, push, timeout, timeout).await
+    }
+
+    /// [`Link::open`] with its own bound on connecting (`timeout`) and on each reply
+    /// (`response_timeout`).
+    pub async fn open_with(
+        cfg: &BrokerConfig,
+        push: Option<UnboundedSender<PushInfo>>,
+        timeout: Duration,
+        response_timeout: Duration,
+    ) -> redis::RedisResult<Link> {
         if let Some(urls) = cfg.cluster_urls() {
             let mut b = redis::cluster::ClusterClientBuilder::new(urls)
                 .connection_timeout(timeout)
-                .response_timeout(timeout)
+                .response_timeout(response_timeout)
                 .retries(2);
             if let Some(tx) = push {
                 b = b.use_protocol(ProtocolVersion::RESP3).push_sender(tx);
@@ -72,8 +83,9 @@ impl Link {
             return Ok(Link::Cluster(client.get_async_connection().await?));
         }
         let mut info = cfg.url.as_str().into_connection_info()?;
-        let mut config =
-            AsyncConnectionConfig::new().set_connection_timeout(Some(timeout)).set_response_timeout(Some(timeout));
+        let mut config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(response_timeout));
         if let Some(tx) = push {
             let settings = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
             info = info.set_redis_settings(settings);

@@ -19,9 +19,10 @@ use redis::{PushInfo, PushKind, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::channel::ChanEvent;
+use super::clock::measure_clock;
 use super::keys::Payload;
 use super::link::Link;
-use super::thread::{timed, warn_limited, Ctl, Ctx, ERR_CONNECTION, ERR_SERVER};
+use super::thread::{timed, warn_limited, Ctl, Ctx, ERR_CONNECTION, ERR_SERVER, REPLY_GRACE};
 use crate::client::backoff::{Backoff, BackoffConfig};
 use crate::config::Broker as BrokerConfig;
 
@@ -44,7 +45,15 @@ pub(super) async fn command_link(ctx: Rc<Ctx>) {
     let mut ever = false;
     let mut gen = 0u64;
     loop {
-        let opened = match Link::open(&ctx.cfg, None, ctx.timeout).await {
+        // Replies to publishes are awaited up to REPLY_GRACE past the request timeout; every
+        // other request is bounded by the request timeout itself (`timed`). On one Redis the
+        // link speaks RESP3 for its disconnection push: a connection that Redis closed while
+        // idle is taken down at once, so a publish after it is refused unsent (503) rather
+        // than meeting the dead connection (an unknown outcome, 504). A cluster client
+        // repairs its connections itself.
+        let (push_tx, push_rx) = unbounded_channel();
+        let push = if ctx.cluster { None } else { Some(push_tx) };
+        let opened = match Link::open_with(&ctx.cfg, push, ctx.timeout, ctx.timeout + REPLY_GRACE).await {
             Ok(mut link) => load_scripts(&ctx, &mut link).await.map(|()| link),
             Err(e) => Err(e),
         };
@@ -53,6 +62,14 @@ pub(super) async fn command_link(ctx: Rc<Ctx>) {
                 let since = Instant::now();
                 gen += 1;
                 *ctx.cmd.borrow_mut() = Some((gen, link));
+                if !ctx.cluster {
+                    tokio::task::spawn_local(command_link_lost(ctx.clone(), push_rx, gen));
+                }
+                if let Err(e) = measure_clock(&ctx).await {
+                    // Publishes then go out with this node's clock (offset 0, or the last
+                    // measured); the next health check measures again.
+                    tracing::debug!(error = %e, "redis TIME failed");
+                }
                 ctx.shared.broker.up.store(true, Relaxed);
                 if ever {
                     ctx.shared.broker.reconnects.fetch_add(1, Relaxed);
@@ -76,6 +93,18 @@ pub(super) async fn command_link(ctx: Rc<Ctx>) {
             }
         }
     }
+}
+
+/// Takes command link generation `gen` down when its connection reports its end (a RESP3
+/// disconnection push, or its push channel closing with it).
+async fn command_link_lost(ctx: Rc<Ctx>, mut pushes: UnboundedReceiver<PushInfo>, gen: u64) {
+    while let Some(p) = pushes.recv().await {
+        if p.kind == PushKind::Disconnection {
+            break;
+        }
+    }
+    let e = redis::RedisError::from((redis::ErrorKind::Io, "the redis connection ended"));
+    ctx.drop_link(gen, &e);
 }
 
 /// Loads both scripts into Redis's script cache (on a cluster, each node loads them on its
@@ -260,12 +289,13 @@ async fn dispatch(ctx: Rc<Ctx>, mut rx: UnboundedReceiver<PushInfo>, gen: u64) {
     let _ = ctx.ctl.send(Ctl::Lost(gen));
 }
 
-/// How often an idle command link is checked with `PING`, in milliseconds.
+/// How often an idle command link is checked (with `TIME`), in milliseconds.
 const HEALTH_MS: u64 = 1_000;
 
-/// Pings the command link every [`HEALTH_MS`]: a Redis that died while this node had nothing
-/// to ask is noticed within a second or so (`/readyz` turns 503, a load balancer sends new
-/// clients elsewhere).
+/// Checks the command link every [`HEALTH_MS`] with `TIME` (which also measures Redis's clock
+/// against this node's, for the publish script's deadline): a Redis that died while this
+/// node had nothing to ask is noticed within a second or so (`/readyz` turns 503, a load
+/// balancer sends new clients elsewhere).
 pub(super) async fn health(ctx: Rc<Ctx>) {
     let mut every = tokio::time::interval(Duration::from_millis(HEALTH_MS));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -274,7 +304,7 @@ pub(super) async fn health(ctx: Rc<Ctx>) {
         if let Some((gen, _)) = ctx.link() {
             // A timeout here means Redis as a whole stopped answering (on a cluster, a request
             // timeout alone only counts: see `Ctx::failed`).
-            if let Err(e) = ctx.query::<Value>(&redis::cmd("PING")).await {
+            if let Err(e) = measure_clock(&ctx).await {
                 if e.is_timeout() {
                     ctx.drop_link(gen, &e);
                 }

@@ -18,9 +18,11 @@
 //!   repair, epoch changes, the subscribe seam;
 //! - [`links`]: the tasks that keep the command and pub/sub links up;
 //! - [`link`]: a connection to one Redis or a Redis Cluster;
-//! - [`keys`]: key names, payloads and the server-side scripts.
+//! - [`keys`]: key names, payloads and the server-side scripts;
+//! - [`clock`]: Redis's clock against this node's, for the scripts' deadlines.
 
 pub mod channel;
+pub mod clock;
 pub mod keys;
 pub mod link;
 pub mod links;

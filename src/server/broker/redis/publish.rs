@@ -14,7 +14,7 @@ use bytes::Bytes;
 use redis::Value;
 
 use super::keys::{self, PublishCall, PublishParams};
-use super::thread::{down, script_cmd, unavailable, warn_limited, Ctx, ERR_SCRIPT};
+use super::thread::{script_cmd, unavailable, unknown, warn_limited, Ctx, ERR_SCRIPT, REPLY_GRACE};
 use crate::protocol::RequestError;
 use crate::server::broker::epoch::new_epoch;
 use crate::server::bus::{ConnRef, CoreMsg, Fence, PublishResult};
@@ -40,6 +40,36 @@ pub(super) fn batch_end(pubs: &[Pub]) -> usize {
     pubs.len().min(BATCH_MAX)
 }
 
+/// When a batch's time is up. Past [`Deadline::at`] the batch is not sent (nothing stored:
+/// `unavailable`), the script it runs stores nothing ([`keys::PUBLISH_LUA`], deadline), and
+/// [`REPLY_GRACE`] later the wait for its reply ends (outcome unknown).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Deadline {
+    /// The request timeout after the batch was formed, on this node's monotonic clock.
+    pub at: tokio::time::Instant,
+    /// The same moment on Redis's clock, in milliseconds since the Unix epoch.
+    pub redis_ms: u64,
+}
+
+impl Deadline {
+    /// The request timeout from now.
+    pub(super) fn from_now(ctx: &Ctx) -> Deadline {
+        let at = tokio::time::Instant::now() + ctx.timeout;
+        Deadline { at, redis_ms: ctx.redis_now_ms() + ctx.timeout.as_millis() as u64 }
+    }
+}
+
+/// Why a script call answered none of its publishes.
+#[derive(Debug)]
+enum Failure {
+    /// Certainly nothing stored: the call was not sent, Redis refused it before running it
+    /// (`NOSCRIPT`, `OOM`, `BUSY`, …), or it ran past its deadline (`LATE`). `unavailable`.
+    NotStored(String),
+    /// Sent, and no reply came in time, or the connection failed while it was out: it may
+    /// have run. `unknown_outcome` (HTTP 504).
+    Unknown(String),
+}
+
 /// A publish waiting for its batch.
 pub(super) struct Pub {
     pub ch: Arc<str>,
@@ -53,9 +83,9 @@ pub(super) struct Pub {
 /// script call. On a Redis Cluster every key of a call must live in one hash slot, so the
 /// batch goes out as one call per channel, all at once, each with its channel's publishes in
 /// the order they arrived.
-pub(super) async fn publish_batch(ctx: &Ctx, batch: Vec<Pub>) {
+pub(super) async fn publish_batch(ctx: &Ctx, batch: Vec<Pub>, deadline: Deadline) {
     if !ctx.cluster {
-        return publish_call(ctx, batch).await;
+        return publish_call(ctx, batch, deadline).await;
     }
     let mut groups: Vec<Vec<Pub>> = Vec::new();
     let mut group_of: HashMap<Arc<str>, usize> = HashMap::new();
@@ -66,15 +96,17 @@ pub(super) async fn publish_batch(ctx: &Ctx, batch: Vec<Pub>) {
         });
         groups[i].push(p);
     }
-    futures::future::join_all(groups.into_iter().map(|g| publish_call(ctx, g))).await;
+    futures::future::join_all(groups.into_iter().map(|g| publish_call(ctx, g, deadline))).await;
 }
 
-/// One script call for `batch`; answers each publisher. A call that fails (Redis unreachable,
-/// Redis refusing the script) answers every publish of it `unavailable`; one that stopped at a
-/// failing publish answers those before it with their seqs and the rest `unavailable` (none
-/// of those is stored, so a retry, even without an id, stores it once).
-async fn publish_call(ctx: &Ctx, batch: Vec<Pub>) {
-    match store(ctx, &batch).await {
+/// One script call for `batch`; answers each publisher. A call that certainly stored nothing
+/// (not sent, Redis refusing the script, run past its deadline) answers every publish of it
+/// `unavailable`; one whose outcome is unknown (sent, no reply in time) answers each
+/// `unknown_outcome`; one that stopped at a failing publish answers those before it with
+/// their seqs and the rest `unavailable` (none of those is stored, so a retry, even without
+/// an id, stores it once).
+async fn publish_call(ctx: &Ctx, batch: Vec<Pub>, deadline: Deadline) {
+    match store(ctx, &batch, deadline).await {
         Ok((results, failed)) => {
             let metrics = &ctx.shared.metrics;
             let mut batch = batch.into_iter();
@@ -108,9 +140,16 @@ async fn publish_call(ctx: &Ctx, batch: Vec<Pub>) {
                 }
             }
         }
-        Err(why) => {
+        Err(failure) => {
             for p in batch {
-                answer(ctx, p, Err(unavailable(&why)));
+                let e = match &failure {
+                    Failure::NotStored(why) => unavailable(why),
+                    Failure::Unknown(why) => {
+                        ctx.shared.broker.unknown.fetch_add(1, Relaxed);
+                        unknown(why)
+                    }
+                };
+                answer(ctx, p, Err(e));
             }
         }
     }
@@ -119,33 +158,54 @@ async fn publish_call(ctx: &Ctx, batch: Vec<Pub>) {
 /// Runs the script for `batch` (`EVALSHA`, then `EVAL` with its text after a `NOSCRIPT`: the
 /// script cache is empty after a Redis restart): an [`Outcome`] per publish, in order, up to a
 /// publish that failed and why; or why there is none.
-async fn store(ctx: &Ctx, batch: &[Pub]) -> Result<Published, String> {
-    let reply = match send(ctx, batch, true).await {
-        Ok(Value::ServerError(e)) if e.code() == "NOSCRIPT" => send(ctx, batch, false).await,
-        r => r,
+async fn store(ctx: &Ctx, batch: &[Pub], deadline: Deadline) -> Result<Published, Failure> {
+    let reply = match send(ctx, batch, true, deadline).await? {
+        Value::ServerError(e) if e.code() == "NOSCRIPT" => send(ctx, batch, false, deadline).await?,
+        v => v,
     };
-    match reply.map_err(|e| e.to_string())? {
+    match reply {
+        // Redis answers an error before running the script (a script that fails while
+        // running stops inside its `pcall` and says so in its reply). On a cluster the call
+        // may be the cluster client's retry of one that ran (see `LATE` below).
         Value::ServerError(e) => {
             script_failed(ctx, e.details().unwrap_or(e.code()));
-            Err(e.code().to_owned())
+            let why = e.code().to_owned();
+            Err(if ctx.cluster { Failure::Unknown(why) } else { Failure::NotStored(why) })
+        }
+        Value::SimpleString(s) if s == keys::LATE => {
+            ctx.shared.broker.late.fetch_add(1, Relaxed);
+            // The cluster client may have sent the call before (it retries a call whose
+            // connection failed): a late run of this attempt does not prove that none stored.
+            Err(if ctx.cluster {
+                Failure::Unknown("redis ran a retried call past its deadline".into())
+            } else {
+                Failure::NotStored("redis ran the publish past its deadline and stored nothing".into())
+            })
         }
         v => parse_published(v, batch.len()).ok_or_else(|| {
             ctx.shared.broker.error(ERR_SCRIPT);
-            "unexpected script reply".to_owned()
+            Failure::Unknown("unexpected script reply".to_owned())
         }),
     }
 }
 
-/// One script call for `batch` on the command link. It goes as a pipeline of one command with
-/// errors kept as values, so that a script's error reply is an answer to map, not a failure
-/// of the link.
-async fn send(ctx: &Ctx, batch: &[Pub], by_sha: bool) -> redis::RedisResult<Value> {
-    let Some((gen, mut link)) = ctx.link() else { return Err(down()) };
+/// One script call for `batch` on the command link, unless the link is down or the deadline
+/// passed already (then nothing is sent). It goes as a pipeline of one command with errors
+/// kept as values, so that a script's error reply is an answer to map, not a failure of the
+/// link. The reply is awaited up to [`REPLY_GRACE`] past the deadline.
+async fn send(ctx: &Ctx, batch: &[Pub], by_sha: bool, deadline: Deadline) -> Result<Value, Failure> {
+    let Some((gen, mut link)) = ctx.link() else {
+        return Err(Failure::NotStored("the redis command link is down".into()));
+    };
+    if tokio::time::Instant::now() >= deadline.at {
+        return Err(Failure::NotStored("no turn to send within the request timeout".into()));
+    }
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
-    pipe.add_command(publish_cmd(ctx, batch, by_sha));
-    let mut values = ctx.measured(gen, pipe.query_async::<Vec<Value>>(&mut link)).await?;
-    values.pop().ok_or_else(|| redis::RedisError::from((redis::ErrorKind::Parse, "no reply to the publish script")))
+    pipe.add_command(publish_cmd(ctx, batch, by_sha, deadline));
+    let values = ctx.measured_until(gen, deadline.at + REPLY_GRACE, pipe.query_async::<Vec<Value>>(&mut link));
+    let mut values = values.await.map_err(|e| Failure::Unknown(e.to_string()))?;
+    values.pop().ok_or_else(|| Failure::Unknown("no reply to the publish script".into()))
 }
 
 /// Counts and logs (rate-limited) a failed publish script call.
@@ -164,7 +224,7 @@ fn answer(ctx: &Ctx, p: Pub, outcome: Result<u64, RequestError>) {
 }
 
 /// The script call for `batch` (`EVALSHA`, or `EVAL` with the script's text).
-fn publish_cmd(ctx: &Ctx, batch: &[Pub], by_sha: bool) -> redis::Cmd {
+fn publish_cmd(ctx: &Ctx, batch: &[Pub], by_sha: bool, deadline: Deadline) -> redis::Cmd {
     let mut call = PublishCall::default();
     for p in batch {
         let fence = p.fence.as_ref().map(|f| (&*f.feed, f.token));
@@ -176,6 +236,7 @@ fn publish_cmd(ctx: &Ctx, batch: &[Pub], by_sha: bool) -> redis::Cmd {
         dedup_window_ms: ctx.shared.config.dedup.window_ms,
         epoch: &epoch,
         command: ctx.publish_command,
+        deadline_ms: deadline.redis_ms,
     };
     let mut cmd = script_cmd(&ctx.publish_script, keys::PUBLISH_LUA, by_sha);
     call.args(&ctx.keys, &params, |a| {

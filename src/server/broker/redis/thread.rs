@@ -9,7 +9,7 @@
 //! - the command link, the pub/sub link and its dispatch, and the health check
 //!   ([`links`]).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -23,10 +23,11 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use tokio::sync::{Notify, Semaphore};
 
 use super::channel::{self, ChanEvent};
+use super::clock::local_ms;
 use super::keys::{self, Keys};
 use super::link::Link;
 use super::links;
-use super::publish::{batch_end, publish_batch, Pub};
+use super::publish::{batch_end, publish_batch, Deadline, Pub};
 use crate::config::Broker as BrokerConfig;
 use crate::log_limit::{Admit, LogLimiter};
 use crate::protocol::RequestError;
@@ -52,6 +53,12 @@ const DRAIN_PER_CORE: usize = 1024;
 /// The `retry_after_ms` of an `unavailable` answer: how long a client should wait before
 /// retrying a publish or a `sub` while the broker reconnects.
 pub const UNAVAILABLE_RETRY_MS: u64 = 1_000;
+/// How much longer than `request_timeout_ms` a publish waits for its script's reply. The
+/// script stores nothing past the request timeout (its deadline, checked against Redis
+/// `TIME`), so a reply within this grace is a definite answer: stored, or `LATE` (not
+/// stored, `unavailable`). Only without any reply by then is the outcome unknown (HTTP 504,
+/// `unknown_outcome`); the answer still comes within `request_timeout_ms` + 1 s.
+pub const REPLY_GRACE: Duration = Duration::from_millis(500);
 
 /// Error kinds, indexes into `metrics::BROKER_ERROR_KINDS`.
 const ERR_TIMEOUT: usize = 0;
@@ -104,6 +111,12 @@ pub struct Ctx {
     pub(super) publish_command: &'static str,
     /// Redis is a Redis Cluster: a script call must stay within one hash slot.
     pub(super) cluster: bool,
+    /// Redis's clock minus this node's, in milliseconds (measured with `TIME` on connect and
+    /// by every health check): scripts' deadlines are written on Redis's clock, so a node
+    /// whose clock is off does not see every publish come back late.
+    pub(super) clock_offset_ms: Cell<i64>,
+    /// Whether [`Ctx::clock_offset_ms`] was measured at least once.
+    pub(super) clock_measured: Cell<bool>,
 }
 
 /// The queues to the cores and their spill lists (a full queue never blocks the thread).
@@ -140,7 +153,7 @@ impl Ctx {
     /// link is up, and must not take it down again. On a cluster a timeout is one shard's
     /// (the cluster client holds a connection per node and repairs them itself): it is
     /// counted but leaves the link, and so the other shards' publishes, alone; a cluster
-    /// that stops answering altogether is caught by the health `PING` ([`Ctx::drop_link`]).
+    /// that stops answering altogether is caught by the health check (`TIME`) ([`Ctx::drop_link`]).
     pub fn failed(&self, gen: u64, e: &redis::RedisError) {
         let m = &self.shared.broker;
         if e.is_timeout() {
@@ -187,13 +200,32 @@ impl Ctx {
         gen: u64,
         f: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> redis::RedisResult<T> {
+        self.measured_until(gen, tokio::time::Instant::now() + self.timeout, f).await
+    }
+
+    /// [`Ctx::measured`] with the wait ending at `until` rather than after the request timeout.
+    pub(super) async fn measured_until<T>(
+        &self,
+        gen: u64,
+        until: tokio::time::Instant,
+        f: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> redis::RedisResult<T> {
         let t0 = Instant::now();
-        let r = timed(self, f).await;
+        let r = match tokio::time::timeout_at(until, f).await {
+            Ok(r) => r,
+            Err(_) => Err(timed_out()),
+        };
         self.shared.broker.request(t0.elapsed());
         if let Err(e) = &r {
             self.failed(gen, e);
         }
         r
+    }
+
+    /// Now on Redis's clock, in milliseconds since the Unix epoch (this node's clock plus the
+    /// measured offset).
+    pub fn redis_now_ms(&self) -> u64 {
+        local_ms().saturating_add(self.clock_offset_ms.get()).max(0) as u64
     }
 
     /// Calls the meta script ([`keys::META_LUA`]) for `ch`: `(seq, epoch, oldest, data)`, with
@@ -209,10 +241,11 @@ impl Ctx {
                 .arg(at);
             cmd
         };
-        match self.query(&call(true)).await {
+        let r: redis::RedisResult<(u64, String, u64, Vec<u8>)> = match self.query(&call(true)).await {
             Err(e) if is_noscript(&e) => self.query(&call(false)).await,
             r => r,
-        }
+        };
+        r.map(|(seq, epoch, oldest, data)| (seq, epoch, oldest, Some(data).filter(|d| !d.is_empty())))
     }
 
     /// Calls the epoch bump ([`keys::BUMP_LUA`]) for `ch` known at epoch `known`: the
@@ -291,9 +324,22 @@ fn is_noscript(e: &redis::RedisError) -> bool {
     e.code() == Some("NOSCRIPT")
 }
 
-/// The refusal of a publish (or `sub`) while Redis cannot be reached.
+/// The refusal of a publish (or `sub`) while Redis cannot be reached: a publish refused so
+/// is certainly not stored.
 pub fn unavailable(why: &str) -> RequestError {
     RequestError::unavailable(format!("the broker cannot reach redis ({why}); retry later"), UNAVAILABLE_RETRY_MS)
+}
+
+/// The answer to a publish sent to Redis that got no reply in time (`why`): it may or may
+/// not be stored, and a retry with the same id is safe.
+pub fn unknown(why: &str) -> RequestError {
+    RequestError::unknown_outcome(
+        format!(
+            "the publish went to redis and no answer came ({why}): it may or may not be \
+             stored; retry with the same Idempotency-Key (WebSocket: the same id)"
+        ),
+        UNAVAILABLE_RETRY_MS,
+    )
 }
 
 /// Stream entries `[[id, [field, value, …]], …]` as `(seq, value of field d)`.
@@ -351,6 +397,8 @@ async fn serve(
         timeout: Duration::from_millis(cfg.request_timeout_ms),
         publish_command: Link::publish_command(&cfg),
         cluster: cfg.cluster_urls().is_some(),
+        clock_offset_ms: Cell::new(0),
+        clock_measured: Cell::new(false),
         cfg,
         cmd: RefCell::new(None),
         cmd_lost: Notify::new(),
@@ -388,11 +436,14 @@ async fn serve(
         }
         while !batch.is_empty() {
             let rest = batch.split_off(batch_end(&batch));
+            // Its clock starts before the wait for a turn: a batch that waited out the request
+            // timeout is refused unsent rather than answered late.
+            let deadline = Deadline::from_now(&ctx);
             let Ok(permit) = inflight.clone().acquire_owned().await else { break };
             let ctx = ctx.clone();
             let chunk = std::mem::replace(&mut batch, rest);
             tokio::task::spawn_local(async move {
-                publish_batch(&ctx, chunk).await;
+                publish_batch(&ctx, chunk, deadline).await;
                 drop(permit);
             });
         }
