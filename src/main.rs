@@ -155,6 +155,7 @@ fn client_main<E: std::fmt::Display>(fut: impl std::future::Future<Output = Resu
 }
 
 fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>, cores: Option<usize>, echo: bool) -> ExitCode {
+    tether::server::reclaim::configure_allocator();
     let source = config.as_ref().map_or_else(|| "built-in defaults".to_owned(), |p| p.display().to_string());
     let mut cfg = match config {
         Some(path) => match Config::load(&path) {

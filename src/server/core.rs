@@ -509,6 +509,9 @@ impl CoreState {
         // Last: the log lines above name the peer, asked of the socket.
         self.reactor.deregister(s.fd, id);
         sock::close(s.fd);
+        if self.conns.slab.is_empty() {
+            self.reclaim_if_spare();
+        }
     }
 
     /// Closes the socket of every connection left when the core stops (the drain's deadline
