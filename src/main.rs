@@ -178,6 +178,7 @@ fn listen_addr(arg: &str) -> Result<SocketAddr, String> {
 }
 
 fn serve(config: Option<PathBuf>, listen: Option<String>, cores: Option<usize>, echo: bool) -> ExitCode {
+    tether::server::reclaim::configure_allocator();
     let source = config.as_ref().map_or_else(|| "built-in defaults".to_owned(), |p| p.display().to_string());
     let mut cfg = match config {
         Some(path) => match Config::load(&path) {

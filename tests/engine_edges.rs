@@ -14,50 +14,13 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::drivers::{start, Setup, DRIVERS};
 use common::*;
 use serde_json::{json, Value};
 use tether::ws::codec::encode_client_frame;
 use tokio::io::AsyncWriteExt;
 
 const MASK: [u8; 4] = [0x11, 0x22, 0x33, 0x44];
-
-/// Every monoio driver with every readiness source (`io.readiness`): the epoll set (the
-/// default) and the multishot-poll ring, each awaited through either driver.
-const DRIVERS: [Setup; 4] = [
-    Setup { driver: Driver::IoUring, readiness: "epoll" },
-    Setup { driver: Driver::IoUring, readiness: "io_uring" },
-    Setup { driver: Driver::Epoll, readiness: "epoll" },
-    Setup { driver: Driver::Epoll, readiness: "io_uring" },
-];
-
-#[derive(Debug, Clone, Copy)]
-enum Driver {
-    IoUring,
-    Epoll,
-}
-
-/// A monoio driver and an `io.readiness` value.
-#[derive(Debug, Clone, Copy)]
-struct Setup {
-    driver: Driver,
-    readiness: &'static str,
-}
-
-/// Starts a server on `setup`'s driver and readiness source and checks both in its log.
-fn start(setup: Setup, config: &str, cores: &str) -> Server {
-    let (env, driver): (&[(&str, &str)], _) = match setup.driver {
-        Driver::IoUring => (&[("MONOIO_FORCE_LEGACY_DRIVER", "0")], "io_uring"),
-        Driver::Epoll => (&[("MONOIO_FORCE_LEGACY_DRIVER", "1")], "epoll"),
-    };
-    let readiness = setup.readiness;
-    let config = format!("{config}\n[io]\nreadiness = \"{readiness}\"\n");
-    let srv = Server::start_with_env(&config, "127.0.0.1:0".parse().unwrap(), &["--cores", cores], env);
-    let log = String::from_utf8_lossy(&srv.log_bytes()).into_owned();
-    for want in [format!("driver=\"{driver}\""), format!("readiness=\"{readiness}\"")] {
-        assert!(log.contains(&want), "expected {want} in the server log:\n{log}");
-    }
-    srv
-}
 
 /// Reads frames (skipping pings) until one is a JSON object with `op == want`; returns it.
 async fn until_op(ws: &mut RawWs, want: &str, limit: Duration) -> Value {

@@ -302,7 +302,9 @@ impl CoreState {
 
     /// The socket of `id` is readable: reads what it has into the core's scratch buffer and
     /// feeds it to the session, at most [`READS_PER_WAKE`] full buffers (the rest is marked
-    /// [`Flags::READ_PENDING`] and read on the reactor's next pass).
+    /// [`Flags::READ_PENDING`] and read on the reactor's next pass). Once the socket reported
+    /// the end of its input ([`Flags::INPUT_ENDED`]) it reads on to the EOF or error, which
+    /// ends the connection.
     pub fn on_readable(&mut self, id: ConnId) {
         let Some(fd) = self.conn(id).map(|s| s.fd) else { return };
         // What the last turn left undecoded ([`MESSAGES_PER_TURN`](super::session::MESSAGES_PER_TURN)) goes first.
@@ -325,8 +327,17 @@ impl CoreState {
                 if self.turn_ended(id) {
                     return;
                 }
-                // A short read took everything: a later arrival is a new edge.
-                if self.conn(id).is_none_or(|s| s.is_closed()) || n < scratch.len() {
+                let Some(s) = self.conn(id).filter(|s| !s.is_closed()) else { return };
+                // A short read took everything: a later arrival is a new edge. Not so the
+                // peer's FIN reported with these bytes: the next recv returns it (0), unless
+                // the reads are held now (an HTTP answer owed): then when the hold clears.
+                if n < scratch.len() {
+                    if s.flags.has(Flags::INPUT_ENDED) && !super::reactor::read_held(self, id) {
+                        continue;
+                    }
+                    if let Some(s) = self.conn(id).filter(|s| s.flags.has(Flags::INPUT_ENDED)) {
+                        s.flags.set(Flags::READ_PENDING);
+                    }
                     return;
                 }
             }
@@ -510,6 +521,9 @@ impl CoreState {
         // Last: the log lines above name the peer, asked of the socket.
         self.reactor.deregister(s.fd, id);
         sock::close(s.fd);
+        if self.conns.slab.is_empty() {
+            self.reclaim_if_spare();
+        }
     }
 
     /// Closes the socket of every connection left when the core stops (the drain's deadline

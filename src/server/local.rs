@@ -107,6 +107,23 @@ impl LocalChannels {
     }
 }
 
+impl LocalChannels {
+    /// Gives back the spare capacity of the channel table when it is mostly spare
+    /// ([`super::reclaim::spare`]): the map is rehashed, the slab loses its vacant tail (no
+    /// channel index moves). Returns whether it shrank.
+    pub fn shrink_if_spare(&mut self) -> bool {
+        let map = super::reclaim::spare(self.by_name.len(), self.by_name.capacity());
+        let slab = super::reclaim::spare(self.chans.len(), self.chans.capacity());
+        if map {
+            self.by_name.shrink_to_fit();
+        }
+        if slab {
+            self.chans.shrink_to_fit();
+        }
+        map || slab
+    }
+}
+
 /// Points the subscription of `subs` on `chan` at `pos`.
 pub fn relocate_entry(subs: &mut [SubEntry], chan: u32, pos: u32) {
     if let Some(e) = subs.iter_mut().find(|e| e.chan == chan && e.is_active()) {

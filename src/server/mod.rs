@@ -63,6 +63,7 @@ pub mod local;
 pub mod metrics;
 pub mod processor;
 pub mod reactor;
+pub mod reclaim;
 pub mod requests;
 pub mod session;
 pub mod status;

@@ -254,7 +254,11 @@ fn on_event(st: &mut CoreState, id: ConnId, bits: u32, ended: bool) {
     }
     let Some(s) = st.conns.get(id) else { return };
     let broken = bits & (libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0;
-    if broken || bits & (libc::EPOLLIN | libc::EPOLLRDHUP) as u32 != 0 {
+    if broken || bits & libc::EPOLLRDHUP as u32 != 0 {
+        // The peer's FIN (or an error) may come in the same report as its last bytes.
+        s.flags.set(Flags::INPUT_ENDED);
+        s.flags.set(Flags::READ_PENDING);
+    } else if bits & libc::EPOLLIN as u32 != 0 {
         s.flags.set(Flags::READ_PENDING);
     }
     if (broken || bits & libc::EPOLLOUT as u32 != 0) && s.flags.has(Flags::WANT_WRITE) {

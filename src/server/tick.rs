@@ -186,6 +186,7 @@ pub fn catch_up(st: &mut CoreState) {
         st.clock.last_sweep = now;
         let now_ms = st.clock.now_ms();
         st.broker.sweep(now_ms);
+        st.reclaim_if_spare();
     }
     release_held(st);
     if st.drain.started && !st.drain.done {

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod auth;
+pub mod drivers;
 pub mod feeds;
 pub mod moto;
 pub mod raw_http;

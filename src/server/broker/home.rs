@@ -358,6 +358,16 @@ impl Homes {
         before - self.chans.len()
     }
 
+    /// Gives back the spare capacity of the channel map when it is mostly spare
+    /// (`server::reclaim`); returns whether it shrank.
+    pub fn shrink_if_spare(&mut self) -> bool {
+        let spare = crate::server::reclaim::spare(self.chans.len(), self.chans.capacity());
+        if spare {
+            self.chans.shrink_to_fit();
+        }
+        spare
+    }
+
     /// Whether any channel is homed here (something for [`Homes::sweep`] to look at).
     pub fn has_channels(&self) -> bool {
         !self.chans.is_empty()

@@ -126,6 +126,10 @@ impl Broker for MemoryBroker {
         self.homes.has_channels()
     }
 
+    fn shrink_if_spare(&mut self) -> bool {
+        self.homes.shrink_if_spare()
+    }
+
     fn sweep(&mut self, now_ms: u64) {
         // Channels idle past the dedup window are forgotten: ids remembered for dedup must
         // not outlive their channel's numbering.

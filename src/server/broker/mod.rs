@@ -62,6 +62,12 @@ pub trait Broker {
     /// while [`Broker::wants_sweep`] says so.
     fn sweep(&mut self, now_ms: u64);
 
+    /// Gives back the spare capacity of the broker's per-core tables when they are mostly
+    /// spare (`server::reclaim`); returns whether it shrank anything. Nothing by default.
+    fn shrink_if_spare(&mut self) -> bool {
+        false
+    }
+
     /// Whether [`Broker::sweep`] has anything to do: when not, an idle core's clock does not
     /// wake for it (the clock is tickless).
     fn wants_sweep(&self) -> bool {

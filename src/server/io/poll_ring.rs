@@ -11,8 +11,9 @@
 //! [`PollRing::register`], whose first check reports what holds at once, so no edge is lost.
 //!
 //! A poll request holds a reference to its socket, so closing the descriptor alone would not
-//! release the socket: [`PollRing::deregister`] removes the poll (`IORING_OP_POLL_REMOVE`, by
-//! user data) and submits it at once, before the caller closes the descriptor.
+//! release the socket: [`PollRing::deregister`] cancels the poll (`IORING_OP_ASYNC_CANCEL`, by
+//! user data; not `IORING_OP_POLL_REMOVE`, which fails while the poll's task work is queued)
+//! and submits it at once, before the caller closes the descriptor.
 //!
 //! A poll's completion is posted by task work in the core's thread. Where the kernel allows it
 //! (Linux 6.1), the ring defers that work (`IORING_SETUP_DEFER_TASKRUN` with
@@ -116,11 +117,17 @@ impl PollRing {
         self.submit()
     }
 
-    /// Removes the poll with user data `token` and submits the removal, so the socket is
-    /// released when its descriptor is closed. A failure is logged: the poll then ends when
+    /// Cancels the poll with user data `token` and submits the cancellation, so the socket is
+    /// released when its descriptor is closed (at once, or at the next drain when the poll's
+    /// task work was queued). A failure is logged: the poll then ends when
     /// the ring is dropped, and its reports are ignored as stale.
     pub fn deregister(&mut self, token: u64) {
-        let sqe = opcode::PollRemove::new(token).build().user_data(REMOVE).flags(squeue::Flags::SKIP_SUCCESS);
+        // A cancellation, not `IORING_OP_POLL_REMOVE`: a removal fails (`EALREADY`) while the
+        // poll's own task work is queued (a wake-up since the last drain, such as the output
+        // edge of an ACK), and the poll would then stay armed for good, holding the socket
+        // open after its descriptor is closed (no FIN, the peer's side in `FIN_WAIT2`). A
+        // cancellation marks such a poll, and its task work ends it at the next drain.
+        let sqe = opcode::AsyncCancel::new(token).build().user_data(REMOVE).flags(squeue::Flags::SKIP_SUCCESS);
         if let Err(e) = self.push(&sqe).and_then(|()| self.submit()) {
             tracing::warn!(error = %e, "cannot remove a socket's poll from the readiness ring");
         }
@@ -278,5 +285,71 @@ mod tests {
             );
         }
         assert_eq!(readable, ended, "every poll armed again reports the waiting input");
+    }
+
+    /// Many sockets woken at once: whatever one drain leaves (the kernel runs at most about 20
+    /// items of deferred task work per `io_uring_enter`, Linux 6.13) is either taken by that
+    /// drain or still signalled on the descriptor the core awaits, so no report waits unseen.
+    #[test]
+    fn a_burst_of_wake_ups_is_drained_or_signalled() {
+        let Ok(mut ring) = PollRing::new() else { return };
+        let pairs: Vec<_> = (0..200).map(|_| UnixStream::pair().unwrap()).collect();
+        for (i, (a, _)) in pairs.iter().enumerate() {
+            ring.register(a.as_raw_fd(), i as u64).unwrap();
+        }
+        let mut out = Vec::new();
+        // The first reports (writable), until none comes for 100 ms.
+        let mut quiet = Instant::now();
+        while quiet.elapsed() < Duration::from_millis(100) {
+            ring.drain(&mut out, 1024);
+            if !out.is_empty() {
+                quiet = Instant::now();
+            }
+        }
+        for (_, b) in &pairs {
+            (&*b).write_all(b"x").unwrap();
+        }
+        let mut seen = std::collections::HashSet::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while seen.len() < pairs.len() {
+            assert!(Instant::now() < deadline, "{} of {} reports seen", seen.len(), pairs.len());
+            // Drain only when the awaited descriptor says so, as the reactor does.
+            let mut pfd = libc::pollfd { fd: ring.fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd.
+            let n = unsafe { libc::poll(&mut pfd, 1, 1000) };
+            assert_eq!(n, 1, "reports left unsignalled: {} of {} seen", seen.len(), pairs.len());
+            ring.drain(&mut out, 1024);
+            seen.extend(out.iter().filter(|r| r.bits & libc::POLLIN as u32 != 0).map(|r| r.token));
+        }
+    }
+
+    /// A poll whose task work is queued when it is removed (a wake-up since the last drain)
+    /// still releases its socket: after the removal, the close and the next drains, the peer
+    /// reads EOF. (`IORING_OP_POLL_REMOVE` fails on such a poll and left it armed for good.)
+    #[test]
+    fn a_poll_removed_with_its_work_queued_releases_the_socket() {
+        let Ok(mut ring) = PollRing::new() else { return };
+        if !ring.deferred() {
+            return;
+        }
+        let (a, mut b) = UnixStream::pair().unwrap();
+        ring.register(a.as_raw_fd(), 9).unwrap();
+        assert!(report_for(&mut ring, 9).bits & libc::POLLOUT as u32 != 0);
+        // A wake-up whose work waits for the next drain.
+        b.write_all(b"x").unwrap();
+        ring.deregister(9);
+        drop(a);
+        let mut out = Vec::new();
+        for _ in 0..3 {
+            ring.drain(&mut out, 64);
+        }
+        b.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut byte = [0u8; 1];
+        // Released: EOF, or a reset for the byte it left unread; a timeout means still open.
+        match std::io::Read::read(&mut b, &mut byte) {
+            Ok(0) => {}
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {}
+            other => panic!("the removed poll still holds the socket: {other:?}"),
+        }
     }
 }

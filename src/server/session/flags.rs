@@ -38,6 +38,12 @@ impl Flags {
     pub const WAKE: Flags = Flags(2048);
     /// Listed in the core reactor's ready list (listed once).
     pub const READY: Flags = Flags(4096);
+    /// The socket reported the end of its input (`EPOLLRDHUP`/`EPOLLHUP`: the peer's FIN, or
+    /// `EPOLLERR`). Sticky: the report that carries it may also carry the last bytes, and
+    /// readiness is edge-triggered, so no later report comes; the read that drains those bytes
+    /// must go on to the `recv` that returns 0 (or the error) instead of stopping at a short
+    /// read (docs/architecture.md, "Readiness").
+    pub const INPUT_ENDED: Flags = Flags(8192);
 
     /// The top two bits: requests counted against the per-connection op rates while no
     /// [`super::limits::Limiter`] exists ([`Flags::free_ops`]).
