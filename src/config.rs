@@ -468,17 +468,10 @@ impl Config {
                 b.request_timeout_ms
             ));
         }
-        let p = &l.per_connection;
         out.push_str(&format!(
-            " limits.max_channels={} limits.per_connection.max_subscriptions={} \
-             limits.per_connection.publish_rate={} limits.per_connection.publish_bytes_rate={} \
-             limits.per_connection.control_frames_rate={} auth.jwt={} auth.publish_keys={} admin.token={} \
-             admin.protect_metrics={}",
+            " limits.max_channels={}{} auth.jwt={} auth.publish_keys={} admin.token={} admin.protect_metrics={}",
             l.max_channels,
-            p.max_subscriptions,
-            p.publish_rate,
-            p.publish_bytes_rate,
-            p.control_frames_rate,
+            l.per_connection.summary(),
             self.auth.as_ref().is_some_and(|a| a.jwt_enabled()),
             self.auth.as_ref().map_or(0, |a| a.publish_keys.len()),
             if self.admin.token.is_empty() { "unset" } else { "set" },

@@ -125,6 +125,7 @@ async fn ctrl_c_ends_sub_and_pub_within_200_ms() {
 async fn unavailable_is_a_retrying_line_for_pub_and_sub() {
     let mut redis = RedisProc::start();
     let srv = Server::start(&redis_config(&redis.url(), "request_timeout_ms = 300"), &["--cores", "1"]);
+    srv.wait_metric("tether_broker_up", &[], STEP, |v| v == 1.0).await;
     assert_eq!(srv.publish("cli.up", "1").await, 1);
     redis.kill9();
     let url = srv.ws_url();
@@ -190,7 +191,12 @@ async fn closed_pipes_end_quietly() {
         .expect("spawn");
     drop(child.stdout.take());
     srv.wait_gauge(1.0, STEP).await;
-    srv.publish("cli.pipe", "1").await;
+    // Published until `sub` meets its closed stdout (its subscription may not be live yet).
+    let end = Instant::now() + STEP;
+    while child.try_wait().expect("wait").is_none() && Instant::now() < end {
+        srv.publish("cli.pipe", "1").await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let out = wait_child(child);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
     assert!(out.stderr.is_empty(), "quiet: {}", String::from_utf8_lossy(&out.stderr));

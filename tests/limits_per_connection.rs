@@ -96,6 +96,8 @@ async fn the_1025th_subscription_gets_error_limit_and_the_connection_stays() {
     send(&mut w, json!({"op": "unsub", "ch": "many.0"})).await;
     send(&mut w, json!({"op": "sub", "ch": "many.1024"})).await;
     let v = next_json(&mut w).await;
+    assert_eq!((v["op"].as_str(), v["ch"].as_str()), (Some("unsubscribed"), Some("many.0")), "{v}");
+    let v = next_json(&mut w).await;
     assert_eq!((v["op"].as_str(), v["ch"].as_str()), (Some("subscribed"), Some("many.1024")), "{v}");
     send(&mut w, json!({"op": "sub", "ch": "many.1025"})).await;
     let v = next_json(&mut w).await;
@@ -270,6 +272,8 @@ async fn max_channels_refuses_new_channels_only_until_channels_are_forgotten() {
     // A never-published channel is forgotten with its last subscriber: its slot is free at
     // once (the unsub and the next sub may reach different home cores, so the sub is retried).
     send(&mut w, json!({"op": "unsub", "ch": "cap.3"})).await;
+    let v = next_json(&mut w).await;
+    assert_eq!((v["op"].as_str(), v["ch"].as_str()), (Some("unsubscribed"), Some("cap.3")), "{v}");
     let end = Instant::now() + STEP;
     loop {
         send(&mut w, json!({"op": "sub", "ch": "cap.4"})).await;
@@ -405,6 +409,8 @@ async fn with_redis_max_channels_bounds_the_channels_subscribed_here_and_never_a
     // broker thread in order).
     send(&mut w, json!({"op": "unsub", "ch": "r.1"})).await;
     send(&mut w, json!({"op": "sub", "ch": "r.3"})).await;
+    let v = next_json(&mut w).await;
+    assert_eq!((v["op"].as_str(), v["ch"].as_str()), (Some("unsubscribed"), Some("r.1")), "{v}");
     let v = next_json(&mut w).await;
     assert_eq!((v["op"].as_str(), v["ch"].as_str()), (Some("subscribed"), Some("r.3")), "{v}");
     let m = srv.metrics().await;

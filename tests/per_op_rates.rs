@@ -108,6 +108,7 @@ struct Seen {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_op_flooded_is_refused_and_the_neighbour_keeps_its_p99() {
+    let _serial = serial().await; // no other test's server competes for the cores
     let srv = Server::start(&pem_config("es256.pub.pem"), &["--cores", "1"]);
     let token = token();
     let mut neighbour = RawWs::connect(srv.addr, &format!("/ws?token={token}")).await;
@@ -122,11 +123,11 @@ async fn each_op_flooded_is_refused_and_the_neighbour_keeps_its_p99() {
                 + m.sum("tether_limit_refusals_total", &["limit=\"held_requests\""])
         };
         let before = refusals(srv.metrics().await);
-        // The best of three tries: the machine is shared, a try can lose its core to others.
+        // The best of five tries: the machine is shared, a try can lose its core to others.
         let mut best: Option<(f64, Duration, Duration)> = None;
         let mut first_seen = None;
-        for attempt in 0..3 {
-            let quiet = neighbour_p99(&mut neighbour, 300, &format!("{}-q{attempt}", f.name)).await;
+        for attempt in 0..5 {
+            let quiet = neighbour_p99(&mut neighbour, 400, &format!("{}-q{attempt}", f.name)).await;
             let stop = Arc::new(AtomicBool::new(false));
             let flooder = {
                 let (stop, bytes, token, addr) = (stop.clone(), bytes.clone(), token.clone(), srv.addr);
@@ -149,7 +150,7 @@ async fn each_op_flooded_is_refused_and_the_neighbour_keeps_its_p99() {
                     seen
                 })
             };
-            let loaded = neighbour_p99(&mut neighbour, 300, &format!("{}-f{attempt}", f.name)).await;
+            let loaded = neighbour_p99(&mut neighbour, 400, &format!("{}-f{attempt}", f.name)).await;
             stop.store(true, Ordering::Relaxed);
             let seen = tokio::time::timeout(STEP * 3, flooder).await.expect("flooder ends").expect("flooder");
             first_seen.get_or_insert_with(|| seen.into_iter().next().expect("one flood at least"));
@@ -215,6 +216,7 @@ async fn read_answers(ws: &mut RawWs, key: &str) -> Seen {
 
 #[tokio::test]
 async fn an_honest_client_never_meets_the_defaults() {
+    let _serial = serial().await;
     // Reconnect-style: 1,024 subscriptions at once, all dropped and taken again, a refresh,
     // and a few mistakes: no `limit` answer.
     let srv = Server::start(&pem_config("es256.pub.pem"), &["--cores", "1"]);

@@ -1,6 +1,7 @@
 //! A `sub`, its `unsub` and a second `sub` of the same channel sent back to back (before the
-//! first is confirmed): each home-core reply must meet the request it answers, so the second
-//! subscription resumes from its own `from`, with no silent gap and no duplicate.
+//! first is confirmed): each is answered, in request order (`subscribed`, `unsubscribed`,
+//! `subscribed`: docs/protocol.md, "Answers"), and the second subscription resumes from its own
+//! `from`, with no silent gap and no duplicate.
 
 mod common;
 
@@ -26,17 +27,22 @@ async fn resubscribe(first_from: u64, second_from: u64) -> Vec<u64> {
     .flat_map(|j| tether::ws::codec::encode_client_frame(0x1, true, j.to_string().as_bytes(), [7, 1, 3, 9]))
     .collect();
     tokio::io::AsyncWriteExt::write_all(&mut ws.s, &batch).await.expect("send batch");
-    let mut subscribed = 0;
-    let mut seqs = Vec::new();
+    // Answers in request order; the first subscription's messages (a prefix of its replay)
+    // come between its `subscribed` and the `unsubscribed`, the second's after its own.
+    let mut answers = Vec::new();
+    let (mut first, mut seqs) = (Vec::new(), Vec::new());
     while seqs.last().copied() != Some(3000) {
         let f = ws.frame_skip_pings(STEP).await.json();
         match f["op"].as_str() {
-            Some("subscribed") => subscribed += 1,
-            Some("msg") => seqs.push(f["seq"].as_u64().expect("seq")),
-            _ => panic!("unexpected {f}"),
+            Some(op @ ("subscribed" | "unsubscribed")) => answers.push(op.to_owned()),
+            Some("msg") if answers.len() == 1 => first.push(f["seq"].as_u64().expect("seq")),
+            Some("msg") if answers.len() == 3 => seqs.push(f["seq"].as_u64().expect("seq")),
+            _ => panic!("unexpected {f} after {answers:?}"),
         }
     }
-    assert_eq!(subscribed, 1, "exactly one live subscription answers");
+    assert_eq!(answers, ["subscribed", "unsubscribed", "subscribed"]);
+    let want_first: Vec<u64> = (first_from + 1..=3000).take(first.len()).collect();
+    assert_eq!(first, want_first, "the first subscription's messages: a prefix of its replay");
     seqs
 }
 

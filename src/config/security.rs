@@ -173,6 +173,23 @@ impl Default for PerConnection {
     }
 }
 
+impl PerConnection {
+    /// The keys as the "config in effect" log line shows them: ` limits.per_connection.KEY=V`
+    /// for each, in declaration order.
+    pub fn summary(&self) -> String {
+        let keys: [(&str, u64); 7] = [
+            ("max_subscriptions", self.max_subscriptions as u64),
+            ("publish_rate", self.publish_rate.into()),
+            ("publish_bytes_rate", self.publish_bytes_rate),
+            ("control_frames_rate", self.control_frames_rate.into()),
+            ("subscribe_rate", self.subscribe_rate.into()),
+            ("refresh_rate", self.refresh_rate.into()),
+            ("bad_request_rate", self.bad_request_rate.into()),
+        ];
+        keys.iter().map(|(k, v)| format!(" limits.per_connection.{k}={v}")).collect()
+    }
+}
+
 /// Shortest HS256 secret in bytes (RFC 7518 §3.2).
 const MIN_HS256_SECRET: usize = 32;
 /// Shortest publish key or admin token in bytes.

@@ -11,7 +11,7 @@ use rand::SeedableRng;
 use super::{MAX_BODY_BYTES, MAX_HEAD_BYTES, MAX_MESSAGE_BYTES};
 use crate::server::metrics::CoreMetrics;
 use crate::server::requests::Inbound;
-use crate::server::session::{queue, Ctx, Session, SessionConfig, State};
+use crate::server::session::{queue, Ctx, Flags, Session, SessionConfig, State};
 use crate::ws::handshake::{self, HttpError, Method, Request};
 
 /// What happened on one simulated connection, in order. Equal for every split of the same
@@ -80,6 +80,11 @@ impl Sim {
         let mut ops = Vec::new();
         for piece in pieces {
             s.handle_bytes(&self.ctx(), piece, &mut ops);
+            // The core's next passes: what one turn left (MESSAGES_PER_TURN) goes on.
+            while s.flags.has(Flags::READ_PENDING) && s.has_input() {
+                s.flags.clear(Flags::READ_PENDING);
+                s.handle_bytes(&self.ctx(), &[], &mut ops);
+            }
             self.serve_pending(s, &mut ops, &mut t);
             record_ops(s, &self.ctx(), &mut ops, &mut t);
             write_all(s, &mut t.output);

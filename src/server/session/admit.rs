@@ -33,17 +33,23 @@ impl Session {
         match r {
             Refusal::Answer(a) => requests.push(a),
             Refusal::Close(frame, over) => {
-                requests.retain(|r| match r {
-                    Inbound::Answered { frame, .. } => {
-                        self.reply(ctx, frame.clone());
-                        false
-                    }
-                    Inbound::Op(_) => true,
-                });
+                self.queue_answered(ctx, requests);
                 self.reply(ctx, frame);
                 self.close_for(ctx, over);
             }
         }
+    }
+
+    /// Queues, in order, the answers already in `requests` (taking them out): before a close
+    /// frame, which nothing may follow.
+    pub(super) fn queue_answered(&mut self, ctx: &Ctx, requests: &mut Vec<Inbound>) {
+        requests.retain(|r| match r {
+            Inbound::Answered { frame, .. } => {
+                self.reply(ctx, frame.clone());
+                false
+            }
+            Inbound::Op(_) => true,
+        });
     }
 
     /// A request that parsed, at `ctx.now`: `Ok` when it goes on to the core; otherwise its

@@ -405,6 +405,7 @@ impl Session {
                     self.on_message(ctx, m, requests);
                 }
                 Err(v) => {
+                    self.queue_answered(ctx, requests);
                     self.fail(ctx, v);
                     pos = buf.len();
                 }
@@ -455,7 +456,12 @@ impl Session {
             }
             Message::Ping(p) => {
                 if self.admit_control(ctx) {
-                    self.reply(ctx, codec::pong_frame(&p));
+                    if echo {
+                        self.reply(ctx, codec::pong_frame(&p));
+                    } else {
+                        // In line with the answers to requests (they go out in message order).
+                        requests.push(Inbound::Answered { ch: None, frame: codec::pong_frame(&p) });
+                    }
                 }
             }
             Message::Pong(_) if self.flags.has(Flags::PONG_DUE) => self.flags.clear(Flags::PONG_DUE),
@@ -465,6 +471,7 @@ impl Session {
             }
             Message::Close { code, reason } => {
                 crate::server::events::peer_closed(self.fd, code, &reason);
+                self.queue_answered(ctx, requests);
                 // Echo the peer's code (RFC 6455 §5.5.1), then close TCP once it is written.
                 let code = code.unwrap_or(CloseCode::Normal);
                 ctx.metrics.close(code);

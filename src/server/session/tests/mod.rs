@@ -162,6 +162,11 @@ fn client(opcode: u8, payload: &[u8]) -> Vec<u8> {
 fn feed(s: &mut Session, ctx: &Ctx, bytes: &[u8]) -> Vec<ClientOp> {
     let mut requests = Vec::new();
     s.handle_bytes(ctx, bytes, &mut requests);
+    // As the core does on its next passes: what one turn left (MESSAGES_PER_TURN) goes on.
+    while s.flags.has(Flags::READ_PENDING) && s.has_input() {
+        s.flags.clear(Flags::READ_PENDING);
+        s.handle_bytes(ctx, &[], &mut requests);
+    }
     let mut ops = Vec::new();
     for r in requests {
         match r {
