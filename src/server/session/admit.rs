@@ -92,8 +92,8 @@ impl Session {
     /// A control frame that counts against `control_frames_rate` (a ping, or a pong that
     /// answers none of our pings) at `ctx.now`. Returns whether it is within the rate (a ping
     /// is then answered); beyond it nothing is answered, and past [`CLOSE_AFTER_BURSTS`](super::limits::CLOSE_AFTER_BURSTS) the
-    /// connection is closed with 1008.
-    pub(super) fn admit_control(&mut self, ctx: &Ctx) -> bool {
+    /// connection is closed with 1008 (after the answers already in `requests`).
+    pub(super) fn admit_control(&mut self, ctx: &Ctx, requests: &mut Vec<Inbound>) -> bool {
         let r = &ctx.cfg.rates;
         if r.control_frames_rate == 0 {
             return true;
@@ -103,6 +103,7 @@ impl Session {
         let Verdict::Refuse { limit, close, .. } = v else { return true };
         ctx.metrics.limit_refused(limit);
         if let Some(over) = close {
+            self.queue_answered(ctx, requests);
             self.close_for(ctx, over);
         }
         false

@@ -29,6 +29,7 @@ mod admit;
 mod deadlines;
 mod flags;
 mod http;
+mod inbound;
 mod input;
 pub mod limits;
 pub mod queue;
@@ -43,7 +44,6 @@ use std::os::fd::RawFd;
 
 use bytes::Bytes;
 use smallvec::SmallVec;
-use tungstenite::protocol::frame::coding::Data;
 
 pub use self::flags::Flags;
 use self::limits::{Limiter, Rates};
@@ -55,9 +55,8 @@ use super::metrics::CoreMetrics;
 use super::timer::TICK_MS;
 use crate::config::Config;
 use crate::protocol::close::{CloseCode, CloseReason};
-use crate::protocol::{self, codes};
 use crate::server::requests::Inbound;
-use crate::ws::codec::{self, Decoder, Message, OpCode, Violation};
+use crate::ws::codec::{self, Decoder, Violation};
 
 /// A point in time on a core's clock, in ticks of [`TICK_MS`] milliseconds since the core
 /// started. Wraps after ~497 days; compare with `wrapping_sub`.
@@ -372,113 +371,6 @@ impl Session {
         match self.state {
             State::Http(_) => self.pending_in.extend(data),
             _ => self.decode(ctx, data, requests),
-        }
-    }
-
-    fn decode(&mut self, ctx: &Ctx, data: &[u8], requests: &mut Vec<Inbound>) {
-        let mut pending = self.pending_in.take();
-        let buf: &[u8] = if pending.is_empty() {
-            data
-        } else {
-            pending.extend_from_slice(data);
-            &pending
-        };
-        let mut pos = 0;
-        let mut turn = 0;
-        while pos < buf.len() {
-            if !self.state.can_read() {
-                pos = buf.len();
-                break;
-            }
-            if turn == MESSAGES_PER_TURN {
-                // The rest waits for the reactor's next pass: one connection's pipeline does
-                // not keep the core from its other connections.
-                self.flags.set(Flags::READ_PENDING);
-                break;
-            }
-            match self.decoder.decode(&buf[pos..], ctx.cfg.max_message_bytes, true) {
-                Ok((0, None)) => break,
-                Ok((n, None)) => pos += n,
-                Ok((n, Some(m))) => {
-                    pos += n;
-                    turn += 1;
-                    self.on_message(ctx, m, requests);
-                }
-                Err(v) => {
-                    self.queue_answered(ctx, requests);
-                    self.fail(ctx, v);
-                    pos = buf.len();
-                }
-            }
-        }
-        if pos < buf.len() {
-            self.pending_in.put(if pending.is_empty() {
-                buf[pos..].to_vec()
-            } else {
-                pending.drain(..pos);
-                pending
-            });
-        }
-    }
-
-    fn on_message(&mut self, ctx: &Ctx, m: Message, requests: &mut Vec<Inbound>) {
-        if self.state == State::ClosingByUs {
-            // Our close is out: only the peer's close matters now (RFC 6455 §7.1.2).
-            if let Message::Close { .. } = m {
-                self.kill(self.reap.unwrap_or(ReapReason::Close));
-            }
-            return;
-        }
-        let echo = self.flags.has(Flags::ECHO);
-        match m {
-            // `/echo` is a conformance endpoint: not bounded by the queue limits; the I/O
-            // owner stops reading while an echo waits for the socket instead.
-            Message::Text(p) if echo => self.queue.push(codec::text_frame(&p), NO_CHAN),
-            Message::Binary(p) if echo => self.queue.push(codec::encode_frame(OpCode::Data(Data::Binary), &p), NO_CHAN),
-            Message::Text(p) => match protocol::parse_client_op(&p) {
-                Ok(op) => match self.admit_op(ctx, &op) {
-                    Ok(()) => requests.push(Inbound::Op(op)),
-                    Err(refusal) => self.hand_up(ctx, refusal, requests),
-                },
-                Err(e) => {
-                    crate::server::events::message_refused(self.fd, &e, &p);
-                    let refusal = self.admit_bad_request(ctx, e.ch.as_deref(), || e.to_json());
-                    self.hand_up(ctx, refusal, requests);
-                }
-            },
-            Message::Binary(_) => {
-                let e = || {
-                    let reason = "binary frames are not part of protocol v1; send JSON text";
-                    protocol::error_json(codes::BAD_REQUEST, reason, None)
-                };
-                let refusal = self.admit_bad_request(ctx, None, e);
-                self.hand_up(ctx, refusal, requests);
-            }
-            Message::Ping(p) => {
-                if self.admit_control(ctx) {
-                    if echo {
-                        self.reply(ctx, codec::pong_frame(&p));
-                    } else {
-                        // In line with the answers to requests (they go out in message order).
-                        requests.push(Inbound::Answered { ch: None, frame: codec::pong_frame(&p) });
-                    }
-                }
-            }
-            Message::Pong(_) if self.flags.has(Flags::PONG_DUE) => self.flags.clear(Flags::PONG_DUE),
-            Message::Pong(_) => {
-                // Unsolicited (RFC 6455 §5.5.3 allows it): nothing to answer, but counted.
-                self.admit_control(ctx);
-            }
-            Message::Close { code, reason } => {
-                crate::server::events::peer_closed(self.fd, code, &reason);
-                self.queue_answered(ctx, requests);
-                // Echo the peer's code (RFC 6455 §5.5.1), then close TCP once it is written.
-                let code = code.unwrap_or(CloseCode::Normal);
-                ctx.metrics.close(code);
-                self.queue.push(codec::close_frame(code, ""), NO_CHAN);
-                self.reap.get_or_insert(ReapReason::Close);
-                self.finish(ctx);
-            }
         }
     }
 
