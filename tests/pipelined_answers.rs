@@ -165,6 +165,8 @@ async fn random_pipelines_match_the_model_on_the_memory_broker() {
 async fn random_pipelines_match_the_model_on_redis() {
     let redis = RedisProc::start();
     let srv = Server::start(&redis_config(&redis.url(), ""), &["--cores", "2"]);
+    // Until its command link is up, the broker answers `unavailable` (not this test's model).
+    srv.wait_metric("tether_broker_up", &[], STEP, |v| v == 1.0).await;
     random_sequences(&srv, 3, 25).await;
 }
 
