@@ -27,7 +27,7 @@ use super::bus::{ConnRef, ConnRow, CoreLoad, CoreMsg, Endpoint, PublishResult, R
 use super::local::LocalChannels;
 use super::metrics::{CoreMetrics, HandshakeFailure};
 use super::reactor::Reactor;
-use super::requests::{Held, Inbound};
+use super::requests::{Inbound, Waiting};
 use super::session::queue::Frame;
 use super::session::replay::Fetch;
 use super::session::{ConnId, Ctx, Flags, ReapReason, Session, SessionConfig, State, Tick};
@@ -201,8 +201,8 @@ pub struct CoreState {
     pub(super) sends: Option<super::io::batch::SendBatch>,
     /// Pub/sub requests handed up by a session (kept to reuse its allocation).
     requests: Vec<Inbound>,
-    /// Requests held behind a `sub` that waits for its answer (`server::requests`).
-    pub held: Held,
+    /// Requests waiting behind an unanswered `sub` or `pub` (`server::requests`).
+    pub waiting: Waiting,
     /// Token bucket for `accept_rate` (tokens, last refill in ms).
     rate: (f64, u64),
 }
@@ -242,7 +242,7 @@ impl CoreState {
             feeds: super::feed_port::FeedInbox::new(&shared.feed_ports, me),
             sends: super::flush::send_ring(me, cfg.io.send_batch),
             requests: Vec::new(),
-            held: Held::default(),
+            waiting: Waiting::default(),
             rate: (cfg.accept_rate as f64, 0),
             shared,
         }
@@ -517,7 +517,7 @@ impl CoreState {
         for e in s.subs {
             self.drop_sub(e);
         }
-        self.held.forget(id);
+        self.waiting.forget(id);
         // Last: the log lines above name the peer, asked of the socket.
         self.reactor.deregister(s.fd, id);
         sock::close(s.fd);
@@ -572,7 +572,7 @@ impl CoreState {
                 // pass, so the acks of one broker batch leave in one `sendmsg` per connection.
                 let frame = codec::text_frame(&json);
                 self.with_session(reply.id, |s, ctx| s.reply(ctx, frame));
-                if self.held.pub_answered(reply.id) {
+                if self.waiting.pub_answered(reply.id) {
                     self.serve_held(reply.id, None);
                 }
             }

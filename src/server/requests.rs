@@ -75,13 +75,13 @@ struct ConnHeld {
 
 /// Requests held per connection, and the `pub`s they wait for.
 #[derive(Debug, Default)]
-pub struct Held {
+pub struct Waiting {
     by_conn: HashMap<ConnId, ConnHeld>,
     /// `pub`s received and answered, per connection with one unanswered or a request held.
     pubs: HashMap<ConnId, (u64, u64)>,
 }
 
-impl Held {
+impl Waiting {
     /// `pub`s of `id` received so far, and answered so far.
     fn pubs(&self, id: ConnId) -> (u64, u64) {
         self.pubs.get(&id).copied().unwrap_or((0, 0))
@@ -109,16 +109,6 @@ impl Held {
         self.by_conn.remove(&id);
         self.pubs.remove(&id);
     }
-
-    /// Requests held on this core.
-    pub fn len(&self) -> usize {
-        self.by_conn.values().map(|h| h.count).sum()
-    }
-
-    /// Whether nothing is held.
-    pub fn is_empty(&self) -> bool {
-        self.by_conn.is_empty()
-    }
 }
 
 impl CoreState {
@@ -129,14 +119,15 @@ impl CoreState {
     pub(crate) fn serve_request(&mut self, id: ConnId, req: Inbound) {
         let Some(ch) = req.channel() else { return self.serve_now(id, req) };
         let is_pub = req.is_pub();
-        let (received, answered) = self.held.pubs(id);
+        let (received, answered) = self.waiting.pubs(id);
         let behind_pub = answered < received && !is_pub;
-        let holds = self.held.by_conn.get(&id).is_some_and(|h| h.by_ch.contains_key(ch));
+        let holds = self.waiting.by_conn.get(&id).is_some_and(|h| h.by_ch.contains_key(ch));
         if is_pub {
-            self.held.pubs.entry(id).or_insert((0, 0)).0 += 1;
+            self.waiting.pubs.entry(id).or_insert((0, 0)).0 += 1;
         }
         if behind_pub || holds || self.sub_pending(id, ch) {
-            let h = self.held.by_conn.entry(id).or_insert_with(|| ConnHeld { wants: u64::MAX, ..ConnHeld::default() });
+            let h =
+                self.waiting.by_conn.entry(id).or_insert_with(|| ConnHeld { wants: u64::MAX, ..ConnHeld::default() });
             if h.count >= MAX_HELD {
                 self.metrics().limit_refused(Limit::HeldRequests);
                 let reason = CloseReason::limit(Limit::HeldRequests.key()).to_json();
@@ -152,7 +143,7 @@ impl CoreState {
             return;
         }
         self.serve_now(id, req);
-        if is_pub && self.held.by_conn.get(&id).is_some_and(|h| self.held.pubs(id).1 >= h.wants) {
+        if is_pub && self.waiting.by_conn.get(&id).is_some_and(|h| self.waiting.pubs(id).1 >= h.wants) {
             self.serve_held(id, None); // a `pub` refused here may have been what others waited for
         }
     }
@@ -161,9 +152,9 @@ impl CoreState {
     /// serves, per channel in request order, the held requests that nothing holds any more.
     pub(crate) fn serve_held(&mut self, id: ConnId, ch: Option<&str>) {
         if self.conns.get(id).is_none() {
-            return self.held.forget(id);
+            return self.waiting.forget(id);
         }
-        let chans: Vec<Box<str>> = match (ch, self.held.by_conn.get(&id)) {
+        let chans: Vec<Box<str>> = match (ch, self.waiting.by_conn.get(&id)) {
             (_, None) => return,
             (Some(ch), Some(h)) if h.by_ch.contains_key(ch) => vec![ch.into()],
             (Some(_), Some(_)) => return,
@@ -172,10 +163,10 @@ impl CoreState {
         for ch in chans {
             self.serve_channel(id, &ch);
         }
-        let (received, answered) = self.held.pubs(id);
-        match self.held.by_conn.get_mut(&id) {
+        let (received, answered) = self.waiting.pubs(id);
+        match self.waiting.by_conn.get_mut(&id) {
             Some(h) if h.by_ch.is_empty() => {
-                self.held.by_conn.remove(&id);
+                self.waiting.by_conn.remove(&id);
             }
             Some(h) => {
                 // What the first held request of each channel still waits for.
@@ -190,16 +181,16 @@ impl CoreState {
             }
             None => {}
         }
-        if answered >= received && !self.held.by_conn.contains_key(&id) {
-            self.held.pubs.remove(&id);
+        if answered >= received && !self.waiting.by_conn.contains_key(&id) {
+            self.waiting.pubs.remove(&id);
         }
     }
 
     /// Serves `id`'s held requests about `ch` from the first on, until one must wait.
     fn serve_channel(&mut self, id: ConnId, ch: &str) {
         loop {
-            let (_, answered) = self.held.pubs(id);
-            let Some(h) = self.held.by_conn.get_mut(&id) else { return };
+            let (_, answered) = self.waiting.pubs(id);
+            let Some(h) = self.waiting.by_conn.get_mut(&id) else { return };
             let Some(q) = h.by_ch.get_mut(ch) else { return };
             let Some((ticket, req)) = q.front() else { return };
             if answered < *ticket && !req.is_pub() {
@@ -208,7 +199,7 @@ impl CoreState {
             if self.sub_pending(id, ch) {
                 return;
             }
-            let h = self.held.by_conn.get_mut(&id).expect("held");
+            let h = self.waiting.by_conn.get_mut(&id).expect("held");
             let q = h.by_ch.get_mut(ch).expect("held channel");
             let (_, req) = q.pop_front().expect("held request");
             if q.is_empty() {
@@ -243,7 +234,7 @@ impl CoreState {
                     let data = Bytes::copy_from_slice(data.get().as_bytes());
                     self.publish(id, &ch, Some(pub_id.into_boxed_str()), data);
                 } else {
-                    self.held.pub_answered(id);
+                    self.waiting.pub_answered(id);
                 }
             }
             ClientOp::Refresh { token } => self.client_refresh(id, &token),
