@@ -390,6 +390,20 @@ impl Endpoint {
         delta
     }
 
+    /// Gives back the capacity of the spill lists that are empty and hold at least
+    /// [`SPARE_MIN`](crate::server::reclaim::SPARE_MIN) slots (one burst of overload grows a
+    /// list, which would keep that peak for good). Returns whether one was shrunk.
+    pub fn shrink_if_spare(&mut self) -> bool {
+        let mut shrank = false;
+        for q in &mut self.spill {
+            if crate::server::reclaim::spare(q.len(), q.capacity()) {
+                q.shrink_to_fit();
+                shrank = true;
+            }
+        }
+        shrank
+    }
+
     /// Retries spilled messages in order; returns how many went out.
     pub fn retry_spill(&mut self) -> i64 {
         let mut sent = 0;
@@ -468,6 +482,19 @@ impl Router {
     /// Sends a [`CoreMsg`] to core `dst`.
     pub fn to_core(&mut self, dst: usize, msg: CoreMsg) {
         self.send(dst, BusMsg::Core(msg));
+    }
+
+    /// Gives back the spare capacity of this core's own queue and of its spill lists
+    /// ([`crate::server::reclaim::spare`]): a burst of same-core work (thousands of `sub`s read
+    /// in one turn, say) grows the queue to the burst's size, and a `VecDeque` never shrinks by
+    /// itself. Returns whether anything was shrunk.
+    pub fn shrink_if_spare(&mut self) -> bool {
+        let mut shrank = self.endpoint.shrink_if_spare();
+        if crate::server::reclaim::spare(self.local.len(), self.local.capacity()) {
+            self.local.shrink_to_fit();
+            shrank = true;
+        }
+        shrank
     }
 
     /// The next message for this core: its own queue first, then the bus.

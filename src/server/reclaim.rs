@@ -27,7 +27,7 @@ pub fn spare(len: usize, capacity: usize) -> bool {
 
 impl CoreState {
     /// Shrinks the core's tables that hold mostly spare capacity (sessions, local channels,
-    /// the broker's channel tables) and, when one was shrunk, returns the allocator's free
+    /// the broker's channel tables, the bus queues of [`Router`](super::bus::Router)) and, when one was shrunk, returns the allocator's free
     /// memory to the kernel. Returns whether it shrank anything.
     pub fn reclaim_if_spare(&mut self) -> bool {
         let mut shrank = false;
@@ -41,6 +41,7 @@ impl CoreState {
         }
         shrank |= self.local.shrink_if_spare();
         shrank |= self.broker.shrink_if_spare();
+        shrank |= self.router.shrink_if_spare();
         if shrank {
             release_free_memory();
         }
