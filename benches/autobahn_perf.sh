@@ -12,7 +12,7 @@ pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$tmp"' EXIT
 for _ in $(seq 50); do grep -q listening "$tmp/out" && break; sleep 0.1; done
 addr=$(awk '/listening/ {print $NF}' "$tmp/out")
-bash ../shared/tools/autobahn.sh --cases '9.*' --exclude '' --out "$tmp/report" "ws://$addr/echo"
+bash scripts/autobahn.sh --cases '9.*' --exclude '' --out "$tmp/report" "ws://$addr/echo"
 python3 - "$tmp/report/index.json" <<'PY'
 import json, sys
 cases = next(iter(json.load(open(sys.argv[1])).values()))

@@ -1,4 +1,4 @@
-//! Connect rate (README, benchmarks): full WebSocket handshakes per second and handshake time,
+//! Connect rate (docs/benchmarks.md): full WebSocket handshakes per second and handshake time,
 //! without auth and with a JWT to verify on every upgrade (docs/security.md).
 //!
 //! `cargo bench --bench connect`. Env: CONNECT_CONNS (10000), CONNECT_CONCURRENCY ("16,64,256":

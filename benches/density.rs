@@ -1,4 +1,4 @@
-//! Memory per idle subscribed connection (README, "Allocator"): server RSS (VmRSS) and
+//! Memory per idle subscribed connection (docs/benchmarks.md, "Allocator"): server RSS (VmRSS) and
 //! kernel slab (/proc/meminfo `Slab:`) sampled at several connection counts from DENSITY_MIN
 //! to DENSITY_MAX; the per-connection cost is the least-squares slope.
 //!

@@ -1,4 +1,4 @@
-//! Broadcast fan-out (README, benchmarks): deliveries/s and publish-to-receive latency
+//! Broadcast fan-out (docs/benchmarks.md): deliveries/s and publish-to-receive latency
 //! (p50/p99/p999) with N subscribers on one channel, for each subscriber count × payload size,
 //! and the server's CPU per delivery.
 //!

@@ -1,4 +1,4 @@
-//! Reconnect storm (README, benchmarks): N subscribers dropped at once; time until all are back and
+//! Reconnect storm (docs/benchmarks.md): N subscribers dropped at once; time until all are back and
 //! resumed, attempts, peak reconnects per 100 ms, errors.
 //!
 //! - `cut`: the load generator resets all its sockets; clients resume (gapless, `recovered`).

@@ -35,7 +35,7 @@ use std::path::PathBuf;
 pub const DEFAULT_TARGET: u64 = 1_000_000;
 
 /// Budget of user-space RSS per idle subscribed connection, bytes: about 2.5× the 208 B
-/// measured with one readiness set per core and no task per connection (README,
+/// measured with one readiness set per core and no task per connection (docs/benchmarks.md,
 /// "Allocator"), leaving room for a few subscriptions per connection and allocator slack. A
 /// budget figure, not a measurement: replace it with the slope measured by `benches/density`
 /// on the deployment's allocator and subscription pattern (`--conn-user-bytes`).

@@ -1,4 +1,4 @@
-//! Log setup: the `TETHER_LOG` filter and what is logged at which level (README, "Logs").
+//! Log setup: the `TETHER_LOG` filter and what is logged at which level (docs/operations.md, "Logs").
 //!
 //! `TETHER_LOG` takes `tracing-subscriber` `EnvFilter` directives: a level (`debug`), or
 //! `target=level` pairs (`info,tether::server=debug`). A value that does not parse, or a bare

@@ -1,4 +1,4 @@
-//! The CLI says what the server said (README, "Client and command-line tools"): every server
+//! The CLI says what the server said (docs/clients.md, "Rust client and command-line tools"): every server
 //! answer that changes what the user should expect is one JSON line on stderr (`retrying` for
 //! `unavailable` with its wait, the refusal with its `ch`, the `connected` URL after a
 //! disconnect); Ctrl-C ends `tether sub` and `tether pub` within 200 ms; a closed stdout or

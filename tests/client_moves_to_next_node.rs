@@ -1,4 +1,4 @@
-//! Several URLs (issue 9, item 9; README, "Client and command-line tools"): a client given two
+//! Several URLs (issue 9, item 9; docs/clients.md, "Rust client and command-line tools"): a client given two
 //! tether nodes moves to the second when the first dies (SIGKILL: no close frame, no drain),
 //! within a bounded time, resumes its subscription there, has its outbox acked there, and
 //! receives what is published there. `tether pub` takes the same comma-separated list, and an

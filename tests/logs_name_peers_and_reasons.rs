@@ -1,4 +1,4 @@
-//! What the server logs (README, "Logs"): at `debug`, handshake failures and reaps with the
+//! What the server logs (docs/operations.md, "Logs"): at `debug`, handshake failures and reaps with the
 //! reason and the peer address; at `info`, the config in effect, overflow closes and drain
 //! progress; floods are rate-limited with a summary of what was suppressed; an invalid
 //! `TETHER_LOG` is reported and logging falls back to `info`.

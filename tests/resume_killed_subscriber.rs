@@ -1,5 +1,5 @@
 //! Resume after the subscriber process dies (issue 4, "Killed subscriber"; docs/protocol.md,
-//! README):
+//! docs/clients.md):
 //! `tether sub --append-to FILE` is SIGKILLed twice while seq 1..20000 is published and is
 //! started again on the same file; writing a line is recording it, so the restarted process
 //! resumes after the file's last line and the file ends up holding every seq exactly once.

@@ -1,4 +1,4 @@
-//! `tether sub` and `tether pub` (README, "Client and command-line tools"; docs/protocol.md).
+//! `tether sub` and `tether pub` (docs/clients.md, "Rust client and command-line tools"; docs/protocol.md).
 
 use std::fs::{File, OpenOptions};
 use std::future::Future;

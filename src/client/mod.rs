@@ -1,5 +1,5 @@
 //! The tether client for ordinary tokio applications, and the `tether sub` / `tether pub`
-//! command-line tools (docs/protocol.md, README).
+//! command-line tools (docs/protocol.md, docs/clients.md).
 //!
 //! A [`Client`] owns one background task that holds the WebSocket connection to
 //! `ws://HOST:PORT/ws`, reconnects with full-jitter backoff on the close codes of docs/protocol.md,

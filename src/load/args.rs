@@ -1,4 +1,4 @@
-//! Command-line arguments of `tether load` (README, "Benchmarks and the load generator": the flags
+//! Command-line arguments of `tether load` (docs/benchmarks.md, "The load generator": the flags
 //! are a stable interface) and the parsers for their values: durations (`30s`), source-address
 //! ranges (`127.0.0.2-127.0.0.254`) and `ws://` URLs.
 

@@ -1,4 +1,4 @@
-//! `tether load`: the load generator (README, "Benchmarks and the load generator").
+//! `tether load`: the load generator (docs/benchmarks.md, "The load generator").
 //!
 //! Scenarios, one subcommand each; every one prints a table on stderr and ONE final JSON line
 //! on stdout:

@@ -301,7 +301,7 @@ impl CoreState {
     }
 
     /// The socket of `id` is readable: reads what it has into the core's scratch buffer and
-    /// feeds it to the session, at most [`READS_PER_WAKE`] full buffers (the rest is marked
+    /// feeds it to the session, at most `READS_PER_WAKE` full buffers (the rest is marked
     /// [`Flags::READ_PENDING`] and read on the reactor's next pass). Once the socket reported
     /// the end of its input ([`Flags::INPUT_ENDED`]) it reads on to the EOF or error, which
     /// ends the connection.

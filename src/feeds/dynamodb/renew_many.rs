@@ -1,6 +1,6 @@
 //! `renew_many` on DynamoDB: the leases go out in `TransactWriteItems` requests of at most
 //! [`TRANSACT_ITEMS`] `Update`s, each with `renew`'s update and condition, so renewing 1,000
-//! leases takes 10 requests instead of 1,000 `UpdateItem`s. Up to [`TRANSACTIONS_IN_FLIGHT`]
+//! leases takes 10 requests instead of 1,000 `UpdateItem`s. Up to `TRANSACTIONS_IN_FLIGHT`
 //! are sent at once.
 //!
 //! A transaction is all or nothing: when one item's condition fails, DynamoDB cancels the
@@ -10,7 +10,7 @@
 //! lease the store holds, or `NotFound` (confirmed by a strongly consistent `GetItem` when no
 //! item came back). The other items (reason `None`, or a conflict with another write of the
 //! same item, or throttling) are sent again in a new transaction, after a short jittered
-//! wait; a request is sent at most [`ATTEMPTS`] times, and items still not renewed then get
+//! wait; a request is sent at most `ATTEMPTS` times, and items still not renewed then get
 //! [`LeaseError::Store`]. A cancellation is the one case where a failed condition costs a
 //! second request: with leases renewed well before they expire, it happens only for a feed
 //! taken over or deleted since the last renew.

@@ -70,7 +70,7 @@ pub struct PollRing {
 }
 
 impl PollRing {
-    /// A ring of [`SQ_ENTRIES`] submission and [`CQ_ENTRIES`] completion entries. Errors are
+    /// A ring of `SQ_ENTRIES` submission and `CQ_ENTRIES` completion entries. Errors are
     /// those of `io_uring_setup(2)`: `ENOMEM`, `EPERM` / `ENOSYS` (io_uring disabled by
     /// `kernel.io_uring_disabled`, seccomp or an old kernel); the core then uses an epoll set.
     pub fn new() -> io::Result<PollRing> {

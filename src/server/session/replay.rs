@@ -51,7 +51,7 @@ pub struct Fetch {
     pub until: u64,
 }
 
-/// What [`Session::hold_for_replay`] did with a live frame.
+/// What `Session::hold_for_replay` did with a live frame.
 pub enum Held {
     /// Held behind the replay, to follow it in order.
     Queued,

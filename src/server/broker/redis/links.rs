@@ -1,13 +1,13 @@
 //! The broker thread's two connections to Redis, kept up by their own tasks:
-//! - **command link** ([`command_link`]): connects (full-jitter backoff), loads the scripts,
+//! - **command link** (`command_link`): connects (full-jitter backoff), loads the scripts,
 //!   and reconnects after a failure; while it is down `tether_broker_up` is 0, `/readyz` is
-//!   503 and publishes are refused with `unavailable`. [`health`] pings it every second so a
+//!   503 and publishes are refused with `unavailable`. `health` pings it every second so a
 //!   dead Redis is noticed on an idle node too;
-//! - **pub/sub link** ([`pubsub_link`]): subscribes and unsubscribes the topics of channels
+//! - **pub/sub link** (`pubsub_link`): subscribes and unsubscribes the topics of channels
 //!   with local subscribers, in order; after a loss it reconnects, resubscribes them all and
 //!   tells every channel task, which repairs its gap. While it is down
 //!   `tether_broker_pubsub_up` is 0, `/readyz` is 503 and `sub` is refused with
-//!   `unavailable`. [`dispatch`] hands its pushes to the channel tasks.
+//!   `unavailable`. `dispatch` hands its pushes to the channel tasks.
 
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;

@@ -3,7 +3,7 @@
 //!
 //! Tasks on it:
 //! - **serve** (here): drains the cores' queues; publishes that arrive together are stored as a
-//!   batch ([`publish`]: one call of [`keys::PUBLISH_LUA`]); `sub`/`unsub` go to the channel's
+//!   batch (`publish`: one call of [`keys::PUBLISH_LUA`]); `sub`/`unsub` go to the channel's
 //!   task ([`channel`]), created with the first subscriber and ended with the last; history
 //!   fetches of resuming subscribers are `XRANGE` reads;
 //! - the command link, the pub/sub link and its dispatch, and the health check
@@ -153,7 +153,7 @@ impl Ctx {
     /// link is up, and must not take it down again. On a cluster a timeout is one shard's
     /// (the cluster client holds a connection per node and repairs them itself): it is
     /// counted but leaves the link, and so the other shards' publishes, alone; a cluster
-    /// that stops answering altogether is caught by the health check (`TIME`) ([`Ctx::drop_link`]).
+    /// that stops answering altogether is caught by the health check (`TIME`) (`Ctx::drop_link`).
     pub fn failed(&self, gen: u64, e: &redis::RedisError) {
         let m = &self.shared.broker;
         if e.is_timeout() {
@@ -187,7 +187,7 @@ impl Ctx {
         }
     }
 
-    /// Runs `cmd` on the command link ([`Ctx::measured`]).
+    /// Runs `cmd` on the command link (`Ctx::measured`).
     pub async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
         let Some((gen, mut link)) = self.link() else { return Err(down()) };
         self.measured(gen, cmd.query_async::<T>(&mut link)).await
