@@ -48,7 +48,7 @@ fn autobahn_fuzzingclient_reports_no_failures() {
     assert!(
         out.status.code() != Some(2),
         "autobahn.sh could not run the suite (exit 2): {}",
-        stderr.lines().filter(|l| l.starts_with("autobahn.sh:")).next_back().unwrap_or("see the output above")
+        stderr.lines().rfind(|l| l.starts_with("autobahn.sh:")).unwrap_or("see the output above")
     );
     let summary = stdout.lines().chain(stderr.lines()).find(|l| l.contains(" passed (")).unwrap_or("");
     assert!(out.status.success(), "autobahn reported failures: {summary}");
