@@ -3,8 +3,9 @@
 //! channels, `refresh` with the token it already holds, malformed JSON, unknown ops, binary
 //! frames, pings) gets `error` `limit` answers naming the key (or, far past the burst, a 1008
 //! close naming it), the refusals are counted in `tether_limit_refusals_total{limit}`, and a
-//! neighbour on the same core keeps its round-trip p99 within 2× of its p99 without the
-//! flood. ES256 tokens, so a refresh costs a real signature check.
+//! neighbour on the same core is not starved: its round-trip p99 under the flood stays within
+//! [`STARVED`]× of its p99 without it (best of 5 tries; the figures, usually 0.8–1.6×, are
+//! printed). ES256 tokens, so a refresh costs a real signature check.
 
 mod common;
 
@@ -106,6 +107,12 @@ struct Seen {
     close: Option<u16>,
 }
 
+/// A neighbour p99 this many times its quiet p99 means the flood starved it: the fault this
+/// test guards against (one connection's input decoded in one go, an O(n²) scan of held
+/// requests) put it at 49–400×; on a shared 2-core CI box a healthy run has read up to 2.4×, so
+/// the bound is a starvation check, not a speed figure (benches measure speed).
+const STARVED: f64 = 8.0;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_op_flooded_is_refused_and_the_neighbour_keeps_its_p99() {
     let _serial = serial().await; // no other test's server competes for the cores
@@ -181,7 +188,7 @@ async fn each_op_flooded_is_refused_and_the_neighbour_keeps_its_p99() {
         if f.limit != "control_frames" {
             assert!(seen.limits > 0 || seen.close == Some(1008), "{}: {seen:?}", f.name);
         }
-        assert!(ratio <= 2.0, "{}: neighbour p99 {loaded:?} vs {quiet:?} without the flood", f.name);
+        assert!(ratio <= STARVED, "{}: neighbour p99 {loaded:?} vs {quiet:?} without the flood", f.name);
     }
     eprintln!("per-op floods (5,000 in one write, one core):\n{}", table.join("\n"));
 }
