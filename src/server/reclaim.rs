@@ -27,8 +27,9 @@ pub fn spare(len: usize, capacity: usize) -> bool {
 
 impl CoreState {
     /// Shrinks the core's tables that hold mostly spare capacity (sessions, local channels,
-    /// the broker's channel tables, the bus queues of [`Router`](super::bus::Router)) and, when one was shrunk, returns the allocator's free
-    /// memory to the kernel. Returns whether it shrank anything.
+    /// the broker's channel tables, the bus queues of [`Router`](super::bus::Router)) and,
+    /// when one was shrunk, returns the allocator's free memory to the kernel. Returns whether
+    /// it shrank anything.
     pub fn reclaim_if_spare(&mut self) -> bool {
         let mut shrank = false;
         let slab = &mut self.conns.slab;
