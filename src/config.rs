@@ -17,6 +17,8 @@
 //! - `toml_error`: turning a `toml` parse or type error into a [`ConfigError`] with a key path.
 
 mod broker;
+mod duration;
+pub mod feed_def;
 mod feeds;
 mod io;
 mod security;
@@ -24,6 +26,8 @@ mod toml_error;
 mod validate;
 
 pub use broker::{Broker, BrokerKind};
+pub use duration::parse_duration;
+pub use feed_def::{DesiredState, FeedDef};
 pub use feeds::{FeedStoreKind, Feeds};
 pub use io::{Io, Readiness, SendBatch};
 pub use security::{Admin, Auth, PerConnection};
@@ -178,6 +182,10 @@ pub struct Heartbeat {
     /// reaps healthy clients, which then all reconnect.
     pub pong_timeout_ms: u64,
 }
+
+/// Longest wait for close answers after the drain window, in milliseconds: a drain ends at
+/// most `drain.window_ms` + min(`limits.close_timeout_ms`, this) after it began.
+pub const DRAIN_CLOSE_WAIT_MS: u64 = 2000;
 
 /// Graceful shutdown on SIGTERM (`[drain]`, docs/operations.md, drain).
 #[derive(Debug, Clone, PartialEq, Deserialize)]

@@ -3,27 +3,35 @@
 //!
 //! # Layout
 //!
-//! - [`config`]: the TOML configuration (docs/configuration.md), its defaults and its validation.
+//! Bottom first: a module names only modules above it in this list (tests/layers.rs checks
+//! every `crate::` path; CONTRIBUTING.md, "Layout").
+//!
 //! - [`ws`]: RFC 6455 pieces, sans-IO: [`ws::handshake`] (HTTP/1.1 request parsing and the
 //!   upgrade check, §4.2) and [`ws::codec`] (frame decoding and encoding, fragments, UTF-8, close
 //!   codes, §5–§7).
-//! - [`http`]: plain HTTP/1.1 responses for the non-WebSocket endpoints.
 //! - [`protocol`]: the pub/sub wire protocol v1 (docs/protocol.md), sans-IO: client ops in, server
-//!   frames out.
+//!   frames out, the close-code contract and the reconnect backoff.
+//! - [`http`]: plain HTTP/1.1 responses for the non-WebSocket endpoints.
+//! - [`log_limit`]: a sans-IO rate limiter for log lines a flood can produce; [`logging`]: the
+//!   `TETHER_LOG` filter, checked before use.
+//! - [`config`]: the TOML configuration (docs/configuration.md), its defaults, its validation,
+//!   and the feed definitions it carries.
+//! - [`auth`]: JWT connection auth (docs/security.md): token verification, the per-core
+//!   table of interned grants, and `tether token`.
+//! - [`limits`]: `tether check-limits`: reads the OS limits and predicts connection capacity.
+//! - [`client`]: the tokio client (`tether::client`) and the `sub`/`pub` command-line tools.
+//! - [`redis`]: the Redis link shared by the broker and the lease store (one Redis or a
+//!   Cluster), Redis's clock as this node sees it, and the reply grace of scripted writes.
+//! - [`feeds`]: upstream feeds owned by leases (docs/feeds.md): the feed record, the lease
+//!   store (memory, Redis, and DynamoDB with the `dynamodb` feature), and the feeds thread of
+//!   each process (reconcile, renew, the owner task that republishes an upstream, release on
+//!   drain, the `/feeds` admin requests). It reaches the server only through
+//!   [`feeds::FeedHost`], which the server implements.
 //! - [`server`]: the thread-per-core engine: one monoio runtime per core, its listener, its slab
 //!   of connections, its side of the subscription index, the channels whose home it is, and the
 //!   bounded queues between cores.
-//! - [`limits`]: `tether check-limits`: reads the OS limits and predicts connection capacity.
-//! - [`logging`]: the `TETHER_LOG` filter, checked before use; [`log_limit`]: a sans-IO rate
-//!   limiter for log lines a flood can produce.
 //! - [`load`]: `tether load`, the load generator (idle, fanout, connect, storm) behind the
 //!   benches; it can also drive other RFC 6455 servers (`--raw`).
-//! - [`auth`]: JWT connection auth (docs/security.md): token verification, the per-core
-//!   table of interned grants, and `tether token`.
-//! - [`client`]: the tokio client (`tether::client`) and the `sub`/`pub` command-line tools.
-//! - [`feeds`]: upstream feeds owned by leases (docs/feeds.md): the feed record, the lease
-//!   store (memory, Redis, and DynamoDB with the `dynamodb` feature), and the feeds thread of each process (reconcile, renew, the owner
-//!   task that republishes an upstream, release on drain, the `/feeds` admin requests).
 //! - [`fuzz`]: fuzz targets for the parsers that read client bytes (handshake, frames, protocol,
 //!   chunked bodies) and the stable mutation engine that drives them (docs/security.md).
 
@@ -40,5 +48,6 @@ pub mod load;
 pub mod log_limit;
 pub mod logging;
 pub mod protocol;
+pub mod redis;
 pub mod server;
 pub mod ws;

@@ -7,6 +7,7 @@
 //! when valid. `data` is raw JSON text, inserted verbatim: it was validated and compacted once
 //! on the way in ([`parse_client_op`], [`parse_publish_body`]).
 
+pub mod backoff;
 pub mod close;
 
 use std::borrow::Cow;

@@ -123,7 +123,7 @@ fn shipped_unit_outlasts_the_default_drain() {
     assert_eq!(stop, SHIPPED_UNIT_STOP_TIMEOUT_MS, "the constant the drain warning uses must match the unit");
     let d = Config::default();
     // A drain ends at most 2 s (the last close handshakes) after its window.
-    let drain = d.drain.window_ms + d.limits.close_timeout_ms.min(tether::server::tick::DRAIN_CLOSE_WAIT_MS);
+    let drain = d.drain.window_ms + d.limits.close_timeout_ms.min(tether::config::DRAIN_CLOSE_WAIT_MS);
     assert!(drain < stop, "default drain {drain} ms does not fit TimeoutStopSec {stop} ms");
     assert!(d.warnings(Some(8 << 30)).is_empty(), "{:?}", d.warnings(Some(8 << 30)));
     // The example config the installer ships is the defaults, so it is coherent too.

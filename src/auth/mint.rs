@@ -9,8 +9,8 @@ use std::time::Duration;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde::Serialize;
 
+use crate::config::parse_duration;
 use crate::config::Config;
-use crate::load::args::parse_duration;
 
 /// Command-line arguments of `tether token`.
 #[derive(Debug, Clone, clap::Args)]

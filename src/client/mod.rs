@@ -41,7 +41,7 @@
 //! - `task`: the background connection task: connect, resubscribe, outbox, dedup, reconnect.
 //! - `cli`: [`run_sub`] and [`run_pub`].
 
-pub mod backoff;
+pub use crate::protocol::backoff;
 mod cli;
 pub mod close;
 mod ended;

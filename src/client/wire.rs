@@ -7,11 +7,7 @@ use serde_json::Value;
 
 use super::ClientError;
 
-/// Whether `name` is a valid channel name: 1–128 bytes of `[A-Za-z0-9._:-]` (docs/protocol.md).
-pub fn valid_channel(name: &str) -> bool {
-    (1..=128).contains(&name.len())
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
-}
+pub use crate::protocol::valid_channel;
 
 pub(crate) fn check_channel(name: &str) -> Result<(), ClientError> {
     if valid_channel(name) {

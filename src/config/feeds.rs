@@ -4,8 +4,8 @@
 
 use serde::Deserialize;
 
+use super::FeedDef;
 use super::{BrokerKind, Config, ConfigError};
-use crate::feeds::FeedDef;
 
 /// Where feed records and their leases live (`feeds.store`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -211,7 +211,7 @@ mod tests {
             (5000, 20000, 60000, 2000)
         );
         assert_eq!(c.feeds.static_feeds[0].id, "btc");
-        assert_eq!(c.feeds.static_feeds[0].desired_state, crate::feeds::DesiredState::Started);
+        assert_eq!(c.feeds.static_feeds[0].desired_state, crate::config::DesiredState::Started);
         Config::from_toml_str(TEST_TIMINGS).unwrap();
     }
 

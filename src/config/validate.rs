@@ -225,7 +225,7 @@ pub(super) fn warnings(c: &Config, memory_bytes: Option<u64>) -> Vec<ConfigError
              connections behind one will be cut",
         ));
     }
-    let drain_ms = c.drain.window_ms + l.close_timeout_ms.min(crate::server::tick::DRAIN_CLOSE_WAIT_MS);
+    let drain_ms = c.drain.window_ms + l.close_timeout_ms.min(super::DRAIN_CLOSE_WAIT_MS);
     if drain_ms >= SHIPPED_UNIT_STOP_TIMEOUT_MS {
         out.push(ConfigError::new(
             "drain.window_ms",

@@ -196,7 +196,7 @@ impl Supervisor {
     /// `reconnects` when this node owns the feed (`null` otherwise: only the owner knows).
     fn view(&self, f: &Feed) -> Value {
         let mut v = serde_json::to_value(f).unwrap_or(Value::Null);
-        let live = self.shared.feeds.find(&f.def.id).filter(|p| p.owned.load(Relaxed));
+        let live = self.shared.metrics().find(&f.def.id).filter(|p| p.owned.load(Relaxed));
         if let Some(obj) = v.as_object_mut() {
             let now = now_ms();
             obj.insert("connected".into(), live.as_ref().map_or(Value::Null, |p| p.connected.load(Relaxed).into()));

@@ -32,6 +32,8 @@
 //! - [`stores`]: [`stores::AnyStore`], the backend `[feeds] store` names;
 //! - [`runtime`]: the feeds thread: reconcile, renew, give up in time, release on drain;
 //! - [`owner`]: one owned feed's upstream connection and its fenced publishes;
+//! - [`host`]: [`host::FeedHost`], what the feeds thread needs from the server that hosts it
+//!   (config, counters, a publish port), so the feeds never name the engine;
 //! - [`admin`]: the `/feeds` admin requests, served by the feeds thread;
 //! - [`cli`]: `tether feeds`, the admin API from the command line;
 //! - [`metrics`]: `tether_feed*` counters, the lease store's request counters, and per-feed
@@ -41,6 +43,7 @@ pub mod admin;
 pub mod cli;
 #[cfg(feature = "dynamodb")]
 pub mod dynamodb;
+pub mod host;
 pub mod memory;
 pub mod metrics;
 pub mod owner;
@@ -53,6 +56,7 @@ pub mod stores;
 
 #[cfg(feature = "dynamodb")]
 pub use dynamodb::{DynamoConfig, DynamoCredentials, DynamoLeaseStore};
+pub use host::{FeedHost, FeedPublish};
 pub use memory::MemoryLeaseStore;
 pub use record::{DesiredState, Feed, FeedDef, FeedError, Lease};
 pub use redis::RedisLeaseStore;

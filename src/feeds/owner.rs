@@ -21,15 +21,13 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode as WsClos
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message;
 
+use super::host::{FeedHost, FeedPublish};
 use super::metrics::FeedProgress;
 use super::record::{validate_seq, FeedDef};
-use crate::client::backoff::{Backoff, BackoffConfig};
-use crate::client::close::{classify_close, retry_hint, CloseAction};
 use crate::logging::redact_url;
+use crate::protocol::backoff::{Backoff, BackoffConfig};
+use crate::protocol::close::{classify_close, retry_hint, CloseAction};
 use crate::protocol::codes;
-use crate::server::bus::{Fence, PublishResult};
-use crate::server::feed_port::FeedPublish;
-use crate::server::Shared;
 
 /// How long connecting (TCP, TLS, upgrade) may take before it counts as a failed attempt.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -57,7 +55,7 @@ pub(super) struct Owner {
     pub(super) def: FeedDef,
     pub(super) token: u64,
     pub(super) progress: Arc<FeedProgress>,
-    pub(super) shared: Arc<Shared>,
+    pub(super) shared: Arc<dyn FeedHost>,
     /// Becomes `true` when the runtime wants a graceful stop (STOPPED, deleted, SIGTERM): a
     /// publish waiting for the broker's answer is abandoned (its message is published again
     /// by the next owner, deduplicated), the upstream is closed with 1000.
@@ -287,14 +285,13 @@ impl Owner {
         if already_stored(&seq, self.progress.last_seq().as_deref()) {
             return None;
         }
-        let max = self.shared.config.limits.max_publish_bytes;
+        let max = self.shared.config().limits.max_publish_bytes;
         if text.len() > max {
             tracing::warn!(feed = %id, bytes = text.len(), max, "upstream message above limits.max_publish_bytes; skipped");
             return None;
         }
         let data = Bytes::from(crate::protocol::compact_json(text).into_owned());
         let publish_id = publish_id(id, &seq);
-        let fence = Fence { feed: id.as_str().into(), token: self.token };
         let mut backoff = Backoff::new(BackoffConfig {
             base: Duration::from_millis(50),
             cap: Duration::from_secs(5),
@@ -309,10 +306,11 @@ impl Owner {
                 ch: self.def.channel.as_str().into(),
                 id: publish_id.clone(),
                 data: data.clone(),
-                fence: fence.clone(),
+                feed: id.as_str().into(),
+                token: self.token,
                 done,
             };
-            let wait = match self.shared.feed_ports.try_publish(p) {
+            let wait = match self.shared.try_publish(p) {
                 Err(_) => Some(Duration::from_millis(5)),
                 Ok(()) => match tokio::select! {
                     r = tokio::time::timeout(PUBLISH_TIMEOUT, answer) => r,
@@ -322,16 +320,16 @@ impl Owner {
                     // the same id and the broker answers that as a duplicate.
                     _ = self.stop.changed() => return Some(Outcome::Stop),
                 } {
-                    Ok(Ok(PublishResult::Stored { .. })) => {
+                    Ok(Ok(Ok(_seq))) => {
                         self.progress.set_last_seq(Some(seq));
                         self.progress.last_message_ms.store(now_ms(), Relaxed);
                         return Some(Outcome::Stored);
                     }
-                    Ok(Ok(PublishResult::Refused(e))) if e.code == codes::FENCED => {
+                    Ok(Ok(Err(e))) if e.code == codes::FENCED => {
                         tracing::error!(feed = %id, token = self.token, reason = %e.reason, "publish fenced out: another node holds a newer lease; feed stopped here");
                         return Some(Outcome::Fenced);
                     }
-                    Ok(Ok(PublishResult::Refused(e))) => {
+                    Ok(Ok(Err(e))) => {
                         tracing::warn!(feed = %id, code = e.code, reason = %e.reason, "publish refused; retrying");
                         Some(backoff.next_delay(e.retry_after_ms.map(Duration::from_millis)))
                     }

@@ -33,9 +33,9 @@ use super::record::{validate_id, DesiredState, Feed, FeedDef, FeedError, Lease};
 use super::releases::{pubsub_url, released_topic, subscribe};
 use super::store::{check_lease_args, check_renewals, merge_chunks, LeaseError, LeaseStore, Renewal};
 use crate::config::Broker as BrokerConfig;
-use crate::server::broker::redis::clock::{clock_offset_ms, local_ms};
-use crate::server::broker::redis::link::Link;
-use crate::server::broker::redis::thread::REPLY_GRACE;
+use crate::redis::clock::{clock_offset_ms, local_ms};
+use crate::redis::link::Link;
+use crate::redis::REPLY_GRACE;
 
 /// The start of every write script: past the deadline (its last argument, milliseconds since
 /// the Unix epoch on Redis's clock) it writes nothing and fails with `LATE`.

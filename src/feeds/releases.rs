@@ -16,7 +16,7 @@ use tokio::sync::Mutex;
 
 use super::store::LeaseError;
 use crate::config::Broker as BrokerConfig;
-use crate::server::broker::redis::link::Link;
+use crate::redis::link::Link;
 
 fn store_err(e: impl std::fmt::Display) -> LeaseError {
     LeaseError::Store(e.to_string())

@@ -27,6 +27,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+use super::host::FeedHost;
 use super::metrics::FeedProgress;
 use super::owner::{Owner, OwnerEvent};
 use super::record::{DesiredState, Feed, FeedDef};
@@ -34,7 +35,6 @@ use super::store::Renewal;
 use super::stores::AnyStore;
 use super::LeaseError;
 use crate::config::Feeds as FeedsConfig;
-use crate::server::Shared;
 
 pub use super::admin::{AdminReply, AdminRequest};
 
@@ -72,14 +72,14 @@ pub fn new_node_id() -> String {
 }
 
 impl FeedRuntime {
-    /// Starts the feeds thread for `shared.config.feeds`. The store is opened in the
+    /// Starts the feeds thread for `shared.config().feeds`. The store is opened in the
     /// background (retried every second while unreachable). Errors: the thread could not be
     /// spawned.
-    /// `rx` is the receiving end of `shared.feed_commands` (the admin API's way in).
-    pub fn start(shared: Arc<Shared>, rx: mpsc::UnboundedReceiver<Command>) -> std::io::Result<FeedRuntime> {
+    /// `rx` is the receiving end of `shared.commands()` (the admin API's way in).
+    pub fn start(shared: Arc<dyn FeedHost>, rx: mpsc::UnboundedReceiver<Command>) -> std::io::Result<FeedRuntime> {
         let node_id: Arc<str> = new_node_id().into();
-        tracing::info!(node_id = %node_id, store = shared.config.feeds.store.as_str(), "feeds: node id (lease_owner of this process)");
-        let commands = shared.feed_commands.clone();
+        tracing::info!(node_id = %node_id, store = shared.config().feeds.store.as_str(), "feeds: node id (lease_owner of this process)");
+        let commands = shared.commands().clone();
         let node = node_id.clone();
         let thread = std::thread::Builder::new().name("tether-feeds".into()).spawn(move || {
             let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -143,7 +143,7 @@ pub fn now_ms() -> u64 {
 
 /// The feeds thread's state.
 pub(super) struct Supervisor {
-    pub(super) shared: Arc<Shared>,
+    pub(super) shared: Arc<dyn FeedHost>,
     pub(super) cfg: FeedsConfig,
     pub(super) node: Arc<str>,
     pub(super) store: AnyStore,
@@ -160,9 +160,9 @@ async fn next_released(r: &mut Option<mpsc::UnboundedReceiver<String>>) -> Optio
 }
 
 impl Supervisor {
-    async fn run(shared: Arc<Shared>, node: Arc<str>, mut commands: mpsc::UnboundedReceiver<Command>) {
+    async fn run(shared: Arc<dyn FeedHost>, node: Arc<str>, mut commands: mpsc::UnboundedReceiver<Command>) {
         let store = loop {
-            match AnyStore::open(&shared.config).await {
+            match AnyStore::open(shared.config()).await {
                 Ok(s) => break s,
                 Err(e) => tracing::warn!(error = %e, "feeds: cannot open the lease store; retrying"),
             }
@@ -174,9 +174,9 @@ impl Supervisor {
                 },
             }
         };
-        shared.feeds.set_store_requests(store.requests().clone());
+        shared.metrics().set_store_requests(store.requests().clone());
         let (events, mut owner_events) = mpsc::unbounded_channel();
-        let cfg = shared.config.feeds.clone();
+        let cfg = shared.config().feeds.clone();
         let mut sup = Supervisor { shared, cfg, node, store, held: HashMap::new(), events };
         let mut statics_written = false;
         let mut released = None;
@@ -373,7 +373,7 @@ impl Supervisor {
     fn start_owned(&mut self, w: Won, now: u64) {
         let Won { previous_owner, def, token, last_seq } = w;
         let id = def.id.clone();
-        let metrics = &self.shared.feeds;
+        let metrics = self.shared.metrics();
         if let Some(prev) = previous_owner {
             metrics.takeovers.fetch_add(1, Relaxed);
             tracing::info!(feed = %id, token, previous_owner = %prev, last_seq = ?last_seq, "feeds: lease acquired (takeover)");
@@ -428,7 +428,7 @@ impl Supervisor {
         let results = match self.bounded(self.store.renew_many(&self.node, now, self.cfg.lease_ms, &leases)).await {
             Ok(results) => results,
             Err(e) => {
-                self.shared.feeds.renew_failures.fetch_add(leases.len() as u64, Relaxed);
+                self.shared.metrics().renew_failures.fetch_add(leases.len() as u64, Relaxed);
                 tracing::warn!(feeds = leases.len(), error = %e, "feeds: renew failed; each upstream closes at its lease end - skew_margin_ms unless a renew succeeds");
                 Vec::new()
             }
@@ -443,12 +443,12 @@ impl Supervisor {
                     }
                 }
                 Err(e @ (LeaseError::Lost { .. } | LeaseError::NotFound)) => {
-                    self.shared.feeds.renew_failures.fetch_add(1, Relaxed);
+                    self.shared.metrics().renew_failures.fetch_add(1, Relaxed);
                     tracing::warn!(feed = %id, error = %e, "feeds: lease lost at renew; upstream closed");
                     self.hard_stop(&id).await;
                 }
                 Err(e) => {
-                    self.shared.feeds.renew_failures.fetch_add(1, Relaxed);
+                    self.shared.metrics().renew_failures.fetch_add(1, Relaxed);
                     tracing::warn!(feed = %id, error = %e, "feeds: renew failed; the upstream closes at lease end - skew_margin_ms unless a renew succeeds");
                 }
             }
@@ -498,7 +498,7 @@ impl Supervisor {
     fn forget(&self, progress: &FeedProgress) {
         progress.owned.store(false, Relaxed);
         progress.connected.store(false, Relaxed);
-        self.shared.feeds.owned.fetch_sub(1, Relaxed);
+        self.shared.metrics().owned.fetch_sub(1, Relaxed);
     }
 
     /// Stops `id` gracefully, then releases its lease with its last published upstream seq.

@@ -2,6 +2,7 @@
 //! are a stable interface) and the parsers for their values: durations (`30s`), source-address
 //! ranges (`127.0.0.2-127.0.0.254`) and `ws://` URLs.
 
+pub use crate::config::parse_duration;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
@@ -263,23 +264,6 @@ pub fn parse_sources(s: &str) -> Result<Sources, String> {
         return Err("no source address given".into());
     }
     Ok(Sources(out))
-}
-
-/// Parses a duration: a number with an optional unit `ms`, `s`, `m` or `h` (no unit =
-/// seconds), e.g. `500ms`, `30s`, `1.5m`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let value: f64 = num.parse().map_err(|_| format!("bad duration {s:?} (e.g. 30s, 500ms)"))?;
-    let secs = match unit.trim() {
-        "ms" => value / 1000.0,
-        "" | "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        other => return Err(format!("bad duration unit {other:?} in {s:?} (ms, s, m, h)")),
-    };
-    Duration::try_from_secs_f64(secs).map_err(|_| format!("duration {s:?} out of range"))
 }
 
 /// A `ws://` endpoint, resolved once: where to connect and what to put in the request line.

@@ -12,13 +12,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use tokio::sync::oneshot;
 
 use super::broker::home::home_of;
 use super::bus::{ConnRef, Doorbell, Fence, PublishResult, Request};
 use super::session::ConnId;
+use crate::feeds::FeedPublish;
+use crate::protocol::RequestError;
 
 /// Capacity of each core's feed queue, in publishes.
 pub const PORT_CAPACITY: usize = 1024;
@@ -26,22 +27,6 @@ pub const PORT_CAPACITY: usize = 1024;
 /// The slab key of a [`ConnRef`] that answers a feed publish instead of a connection (no slab
 /// reaches it: a core holds far fewer than 2^32 - 2 connections).
 pub const FEED_KEY: u32 = u32::MAX - 1;
-
-/// One feed publish: `data` (compact JSON text, the upstream message) into `ch` with publish id
-/// `id` (`feed:<id>:<upstream seq>`) and the lease's `fence`; the result goes to `done`.
-#[derive(Debug)]
-pub struct FeedPublish {
-    /// Channel name (already valid).
-    pub ch: Arc<str>,
-    /// The publish id, for dedup across a handover.
-    pub id: Box<str>,
-    /// The message.
-    pub data: Bytes,
-    /// The feed's fencing token.
-    pub fence: Fence,
-    /// Receives the home's answer; dropped unanswered if the process stops first.
-    pub done: oneshot::Sender<PublishResult>,
-}
 
 /// The producers' side of every core's feed queue, and the way back of the admin API's
 /// answers. Shared by the process (`Shared`).
@@ -95,7 +80,7 @@ impl FeedPorts {
 pub struct FeedInbox {
     rx: Receiver<FeedPublish>,
     answers: Receiver<AdminAnswer>,
-    waiting: HashMap<u32, oneshot::Sender<PublishResult>>,
+    waiting: HashMap<u32, oneshot::Sender<Result<u64, Box<RequestError>>>>,
     next_ticket: u32,
 }
 
@@ -127,7 +112,7 @@ impl FeedInbox {
             id: Some(p.id),
             data: p.data,
             reply: Some(ConnRef { core: me as u16, id: ConnId { key: FEED_KEY, gen: ticket } }),
-            fence: Some(p.fence),
+            fence: Some(Fence { feed: p.feed, token: p.token }),
         })
     }
 
@@ -139,7 +124,10 @@ impl FeedInbox {
     /// Hands the answer of ticket `id` to its producer (gone producers are ignored).
     pub fn answer(&mut self, id: ConnId, result: PublishResult) {
         if let Some(done) = self.waiting.remove(&id.gen) {
-            let _ = done.send(result);
+            let _ = done.send(match result {
+                PublishResult::Stored { seq } => Ok(seq),
+                PublishResult::Refused(e) => Err(e),
+            });
         }
     }
 }

@@ -145,6 +145,26 @@ impl Shared {
     }
 }
 
+/// The feeds thread's view of the process (docs/feeds.md): its publishes take the path of a
+/// WebSocket publish through [`feed_port::FeedPorts`].
+impl crate::feeds::FeedHost for Shared {
+    fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn metrics(&self) -> &crate::feeds::metrics::FeedMetrics {
+        &self.feeds
+    }
+
+    fn commands(&self) -> &tokio::sync::mpsc::UnboundedSender<crate::feeds::runtime::Command> {
+        &self.feed_commands
+    }
+
+    fn try_publish(&self, p: crate::feeds::FeedPublish) -> Result<(), crate::feeds::FeedPublish> {
+        self.feed_ports.try_publish(p)
+    }
+}
+
 /// Options of [`Server::start`] beyond the config file.
 #[derive(Debug, Clone, Default)]
 pub struct ServeOptions {

@@ -28,8 +28,7 @@ pub const SWEEP_MS: u64 = 5_000;
 /// [`SWEEP_MS`] in ticks.
 const SWEEP_TICKS: Tick = (SWEEP_MS / TICK_MS) as Tick;
 
-/// Longest wait for close answers after the drain window, in milliseconds.
-pub const DRAIN_CLOSE_WAIT_MS: u64 = 2000;
+pub use crate::config::DRAIN_CLOSE_WAIT_MS;
 
 /// Whether tick `a` comes before tick `b` (wrap-aware).
 fn before(a: Tick, b: Tick) -> bool {

@@ -1,20 +1,8 @@
-//! Redis's clock as this node sees it: the offset between the two, measured with `TIME`,
-//! so that a script's deadline can be written on Redis's clock (the publish script and the
-//! lease write scripts compare it with Redis `TIME`; docs/redis.md).
+//! Measuring Redis's clock on the broker's command link ([`crate::redis::clock`] holds the
+//! arithmetic, shared with the lease store).
 
 use super::thread::Ctx;
-
-/// This node's clock, in milliseconds since the Unix epoch.
-pub fn local_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}
-
-/// Redis's clock minus this node's, in milliseconds: `time` is Redis's `TIME` reply
-/// (seconds, microseconds), asked between this node's `before` and `after` ([`local_ms`]);
-/// it is compared with the midpoint.
-pub fn clock_offset_ms(before: i64, time: (i64, i64), after: i64) -> i64 {
-    time.0 * 1000 + time.1 / 1000 - (before + after) / 2
-}
+use crate::redis::clock::{clock_offset_ms, local_ms};
 
 /// A `TIME` answered slower than this (round trip, ms) does not replace a measured offset:
 /// its error is up to half the round trip.

@@ -21,10 +21,11 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use super::channel::ChanEvent;
 use super::clock::measure_clock;
 use super::keys::Payload;
-use super::link::Link;
-use super::thread::{timed, warn_limited, Ctl, Ctx, ERR_CONNECTION, ERR_SERVER, REPLY_GRACE};
-use crate::client::backoff::{Backoff, BackoffConfig};
+use super::thread::{timed, warn_limited, Ctl, Ctx, ERR_CONNECTION, ERR_SERVER};
 use crate::config::Broker as BrokerConfig;
+use crate::protocol::backoff::{Backoff, BackoffConfig};
+use crate::redis::link::Link;
+use crate::redis::REPLY_GRACE;
 
 /// Topics per `SUBSCRIBE` command when resubscribing after a reconnect.
 const SUBSCRIBE_CHUNK: usize = 256;

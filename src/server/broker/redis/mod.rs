@@ -24,7 +24,6 @@
 pub mod channel;
 pub mod clock;
 pub mod keys;
-pub mod link;
 pub mod links;
 pub mod publish;
 pub mod thread;

@@ -14,8 +14,9 @@ use bytes::Bytes;
 use redis::Value;
 
 use super::keys::{self, PublishCall, PublishParams};
-use super::thread::{script_cmd, unavailable, unknown, warn_limited, Ctx, ERR_SCRIPT, REPLY_GRACE};
+use super::thread::{script_cmd, unavailable, unknown, warn_limited, Ctx, ERR_SCRIPT};
 use crate::protocol::RequestError;
+use crate::redis::REPLY_GRACE;
 use crate::server::broker::epoch::new_epoch;
 use crate::server::bus::{ConnRef, CoreMsg, Fence, PublishResult};
 

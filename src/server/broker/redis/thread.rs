@@ -23,14 +23,14 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use tokio::sync::{Notify, Semaphore};
 
 use super::channel::{self, ChanEvent};
-use super::clock::local_ms;
 use super::keys::{self, Keys};
-use super::link::Link;
 use super::links;
 use super::publish::{batch_end, publish_batch, Deadline, Pub};
 use crate::config::Broker as BrokerConfig;
 use crate::log_limit::{Admit, LogLimiter};
 use crate::protocol::RequestError;
+use crate::redis::clock::local_ms;
+use crate::redis::link::Link;
 use crate::server::broker::epoch::new_epoch;
 use crate::server::bus::{CoreMsg, Request, Resume};
 use crate::server::metrics::Limit;
@@ -53,12 +53,7 @@ const DRAIN_PER_CORE: usize = 1024;
 /// The `retry_after_ms` of an `unavailable` answer: how long a client should wait before
 /// retrying a publish or a `sub` while the broker reconnects.
 pub const UNAVAILABLE_RETRY_MS: u64 = 1_000;
-/// How much longer than `request_timeout_ms` a publish waits for its script's reply. The
-/// script stores nothing past the request timeout (its deadline, checked against Redis
-/// `TIME`), so a reply within this grace is a definite answer: stored, or `LATE` (not
-/// stored, `unavailable`). Only without any reply by then is the outcome unknown (HTTP 504,
-/// `unknown_outcome`); the answer still comes within `request_timeout_ms` + 1 s.
-pub const REPLY_GRACE: Duration = Duration::from_millis(500);
+use crate::redis::REPLY_GRACE;
 
 /// Error kinds, indexes into `metrics::BROKER_ERROR_KINDS`.
 const ERR_TIMEOUT: usize = 0;

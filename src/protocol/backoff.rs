@@ -80,7 +80,7 @@ impl Backoff {
     }
 
     /// The delay before trying *another* server after one failed (a client with several URLs,
-    /// [`ClientConfig::urls`](super::ClientConfig::urls)): `max(floor, uniform[0, min(cap,
+    /// `ClientConfig::urls` (`crate::client`)): `max(floor, uniform[0, min(cap,
     /// base)])`, the window of a first attempt. The attempt count does not grow: a failure that
     /// the next server may not share is no reason to wait longer, and the first window still
     /// spreads the clients of a dead server instead of moving them all in the same instant.
