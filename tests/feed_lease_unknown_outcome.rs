@@ -23,7 +23,7 @@ use common::{http_request, Server, STEP};
 use lease_contract::def;
 use serde_json::{json, Value};
 use tether::config::{Broker as BrokerConfig, BrokerKind};
-use tether::feeds::{LeaseError, LeaseStore, RedisLeaseStore};
+use tether::feeds::{LeaseError, LeaseStore, LeaseTerm, RedisLeaseStore, Renewal};
 
 const TIMEOUT_MS: u64 = 500;
 const ANSWER_LIMIT: Duration = Duration::from_millis(TIMEOUT_MS + 1000);
@@ -63,7 +63,7 @@ async fn acquire_while_redis_sleeps_is_unknown_and_writes_nothing() {
 
     let sleeper = redis.debug_sleep(3.0);
     let t0 = Instant::now();
-    let r = s.acquire("f1", "node-a", now_ms(), LEASE_MS).await;
+    let r = s.acquire("f1", LeaseTerm { owner: "node-a", now_ms: now_ms(), lease_ms: LEASE_MS }).await;
     let took = t0.elapsed();
     eprintln!("acquire while redis sleeps 3 s: {r:?} after {took:?}");
     assert!(matches!(r, Err(LeaseError::Unknown(_))), "{r:?}");
@@ -75,14 +75,18 @@ async fn acquire_while_redis_sleeps_is_unknown_and_writes_nothing() {
     let s = store(&redis).await;
     let f = s.get("f1").await.expect("get").expect("f1 exists");
     assert_eq!((f.lease.lease_owner.as_deref(), f.lease.fencing_token), (None, 0), "the late acquire wrote: {f:?}");
-    assert_eq!(s.acquire("f1", "node-a", now_ms(), LEASE_MS).await, Ok(1), "the retry takes the first token");
+    assert_eq!(
+        s.acquire("f1", LeaseTerm { owner: "node-a", now_ms: now_ms(), lease_ms: LEASE_MS }).await,
+        Ok(1),
+        "the retry takes the first token"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renew_while_redis_is_busy() {
     let (_serial, redis, s) = start("f2").await;
     let t = now_ms();
-    let token = s.acquire("f2", "node-a", t, LEASE_MS).await.expect("acquire");
+    let token = s.acquire("f2", LeaseTerm { owner: "node-a", now_ms: t, lease_ms: LEASE_MS }).await.expect("acquire");
     let expiry = || async { store(&redis).await.get("f2").await.expect("get").expect("f2").lease.lease_expires_at_ms };
     assert_eq!(expiry().await, t + LEASE_MS);
 
@@ -90,7 +94,12 @@ async fn renew_while_redis_is_busy() {
     // within the 1.0 s wait: certainly not renewed.
     let sleeper = redis.debug_sleep(0.9);
     let t0 = Instant::now();
-    let r = s.renew("f2", "node-a", token, t + 1, LEASE_MS, Some("7")).await;
+    let r = s
+        .renew(
+            LeaseTerm { owner: "node-a", now_ms: t + 1, lease_ms: LEASE_MS },
+            Renewal { id: "f2", token: token, last_seq: Some("7") },
+        )
+        .await;
     let took = t0.elapsed();
     eprintln!("renew while redis is busy 0.9 s: {r:?} after {took:?}");
     woken(sleeper).await;
@@ -103,7 +112,12 @@ async fn renew_while_redis_is_busy() {
 
     // Busy 0.3 s: within the timeout, renewed.
     let sleeper = redis.debug_sleep(0.3);
-    let r = s.renew("f2", "node-a", token, t + 2, LEASE_MS, Some("8")).await;
+    let r = s
+        .renew(
+            LeaseTerm { owner: "node-a", now_ms: t + 2, lease_ms: LEASE_MS },
+            Renewal { id: "f2", token: token, last_seq: Some("8") },
+        )
+        .await;
     woken(sleeper).await;
     assert_eq!(r, Ok(()));
     assert_eq!(expiry().await, t + 2 + LEASE_MS);
@@ -147,11 +161,25 @@ async fn admin_put_while_redis_sleeps_is_504() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_connection_is_opened_again() {
     let (_serial, redis, s) = start("f3").await;
-    let token = s.acquire("f3", "node-a", now_ms(), LEASE_MS).await.expect("acquire");
+    let token =
+        s.acquire("f3", LeaseTerm { owner: "node-a", now_ms: now_ms(), lease_ms: LEASE_MS }).await.expect("acquire");
     redis.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
-    let first = s.renew("f3", "node-a", token, now_ms(), LEASE_MS, None).await;
+    let first = s
+        .renew(
+            LeaseTerm { owner: "node-a", now_ms: now_ms(), lease_ms: LEASE_MS },
+            Renewal { id: "f3", token: token, last_seq: None },
+        )
+        .await;
     eprintln!("renew after CLIENT KILL: {first:?}");
     assert!(matches!(first, Ok(()) | Err(LeaseError::Unknown(_) | LeaseError::Store(_))), "{first:?}");
-    assert_eq!(s.renew("f3", "node-a", token, now_ms(), LEASE_MS, None).await, Ok(()), "on a new connection");
+    assert_eq!(
+        s.renew(
+            LeaseTerm { owner: "node-a", now_ms: now_ms(), lease_ms: LEASE_MS },
+            Renewal { id: "f3", token: token, last_seq: None }
+        )
+        .await,
+        Ok(()),
+        "on a new connection"
+    );
     assert!(s.get("f3").await.expect("get").is_some());
 }

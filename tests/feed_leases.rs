@@ -20,33 +20,35 @@ use common::redis::RedisProc;
 use lease_contract::{def, RACERS, T0};
 use tether::config::{Broker as BrokerConfig, BrokerKind};
 use tether::feeds::metrics::StoreOp;
-use tether::feeds::{LeaseError, LeaseStore, MemoryLeaseStore, RedisLeaseStore, Renewal};
+use tether::feeds::{AnyStore, LeaseError, LeaseStore, LeaseTerm, MemoryLeaseStore, RedisLeaseStore, Renewal};
 
 async fn redis_store(r: &RedisProc) -> RedisLeaseStore {
     let cfg = BrokerConfig { kind: BrokerKind::Redis, url: r.url(), ..BrokerConfig::default() };
     RedisLeaseStore::connect(&cfg).await.expect("connect the lease store to redis")
 }
 
-async fn memory_start() -> ((), Arc<MemoryLeaseStore>) {
-    ((), Arc::new(MemoryLeaseStore::new()))
+/// The contract runs through the front door ([`AnyStore`]), as the runtime calls a store:
+/// it checks the arguments, the backend stores.
+async fn memory_start() -> ((), Arc<AnyStore>) {
+    ((), Arc::new(AnyStore::from(MemoryLeaseStore::new())))
 }
 
 /// One process, one store: every racer shares it.
-async fn memory_racers(_: &(), s: &Arc<MemoryLeaseStore>) -> Vec<Arc<MemoryLeaseStore>> {
+async fn memory_racers(_: &(), s: &Arc<AnyStore>) -> Vec<Arc<AnyStore>> {
     vec![s.clone(); RACERS]
 }
 
-async fn redis_start() -> (RedisProc, Arc<RedisLeaseStore>) {
+async fn redis_start() -> (RedisProc, Arc<AnyStore>) {
     let r = RedisProc::start();
-    let s = Arc::new(redis_store(&r).await);
+    let s = Arc::new(AnyStore::from(redis_store(&r).await));
     (r, s)
 }
 
 /// One connection per racer, as separate nodes would have.
-async fn redis_racers(r: &RedisProc, _: &Arc<RedisLeaseStore>) -> Vec<Arc<RedisLeaseStore>> {
+async fn redis_racers(r: &RedisProc, _: &Arc<AnyStore>) -> Vec<Arc<AnyStore>> {
     let mut nodes = Vec::with_capacity(RACERS);
     for _ in 0..RACERS {
-        nodes.push(Arc::new(redis_store(r).await));
+        nodes.push(Arc::new(AnyStore::from(redis_store(r).await)));
     }
     nodes
 }
@@ -110,14 +112,14 @@ async fn redis_renew_many_of_1000_leases_is_two_script_calls() {
     let mut tokens = Vec::new();
     for id in &ids {
         s.put(&def(id)).await.unwrap();
-        tokens.push(s.acquire(id, "n1", T0, 20_000).await.unwrap());
+        tokens.push(s.acquire(id, LeaseTerm { owner: "n1", now_ms: T0, lease_ms: 20_000 }).await.unwrap());
     }
     let leases: Vec<Renewal<'_>> =
         ids.iter().zip(&tokens).map(|(id, t)| Renewal { id, token: *t, last_seq: Some("5") }).collect();
-    s.renew_many("n1", T0 + 1, 20_000, &leases[..1]).await.unwrap(); // loads the script
+    s.renew_many(LeaseTerm { owner: "n1", now_ms: T0 + 1, lease_ms: 20_000 }, &leases[..1]).await.unwrap(); // loads the script
     let evalsha = || info_field(&r.cli(&["INFO", "commandstats"]), "cmdstat_evalsha", Some("calls"));
     let (before, counted) = (evalsha(), s.requests().get(StoreOp::RenewMany));
-    let got = s.renew_many("n1", T0 + 2, 20_000, &leases).await.unwrap();
+    let got = s.renew_many(LeaseTerm { owner: "n1", now_ms: T0 + 2, lease_ms: 20_000 }, &leases).await.unwrap();
     assert!(got.iter().all(Result::is_ok));
     assert_eq!(evalsha() - before, 2, "1,000 leases are 2 script calls of 500");
     assert_eq!(s.requests().get(StoreOp::RenewMany) - counted, 2, "and counted as 2 requests");
@@ -130,8 +132,13 @@ async fn redis_layout_is_readable_and_survives_a_script_flush() {
     let r = RedisProc::start();
     let s = redis_store(&r).await;
     s.put(&def("btc")).await.unwrap();
-    let t = s.acquire("btc", "node-a", T0, 20_000).await.unwrap();
-    s.renew("btc", "node-a", t, T0 + 1, 20_000, Some("77")).await.unwrap();
+    let t = s.acquire("btc", LeaseTerm { owner: "node-a", now_ms: T0, lease_ms: 20_000 }).await.unwrap();
+    s.renew(
+        LeaseTerm { owner: "node-a", now_ms: T0 + 1, lease_ms: 20_000 },
+        Renewal { id: "btc", token: t, last_seq: Some("77") },
+    )
+    .await
+    .unwrap();
     // An independent reader (redis-cli) sees the hash and the index under the key prefix.
     let key = "tether:{feeds}:feed:btc";
     assert_eq!(s.feed_key("btc"), key);
@@ -145,10 +152,14 @@ async fn redis_layout_is_readable_and_survives_a_script_flush() {
     assert_eq!(r.cli(&["SMEMBERS", "tether:{feeds}:ids"]).trim(), "btc");
     // After a restart Redis's script cache is empty: the scripts are sent again, nothing fails.
     r.cli(&["SCRIPT", "FLUSH"]);
-    assert_eq!(s.acquire("btc", "node-b", T0 + 20_001, 20_000).await, Ok(2));
+    assert_eq!(s.acquire("btc", LeaseTerm { owner: "node-b", now_ms: T0 + 20_001, lease_ms: 20_000 }).await, Ok(2));
     assert_eq!(hget("lease_owner"), "node-b");
-    // A time the Lua scripts could not add exactly is refused before it reaches Redis.
-    match s.acquire("btc", "node-c", u64::MAX - 1, 20_000).await {
+    // A time the Lua scripts could not add exactly is refused (by the front door) before it
+    // reaches Redis.
+    match AnyStore::from(redis_store(&r).await)
+        .acquire("btc", LeaseTerm { owner: "node-c", now_ms: u64::MAX - 1, lease_ms: 20_000 })
+        .await
+    {
         Err(LeaseError::Invalid(e)) => assert_eq!(e.field, "now_ms"),
         other => panic!("{other:?}"),
     }

@@ -33,7 +33,8 @@ use tether::feeds::dynamodb::DynamoCalls;
 use tether::feeds::metrics::StoreOp;
 use tether::feeds::releases::RedisReleases;
 use tether::feeds::{
-    DynamoConfig, DynamoCredentials, DynamoLeaseStore, LeaseError, LeaseStore, RedisLeaseStore, Renewal,
+    AnyStore, DynamoConfig, DynamoCredentials, DynamoLeaseStore, LeaseError, LeaseStore, LeaseTerm, RedisLeaseStore,
+    Renewal,
 };
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -63,16 +64,23 @@ async fn dynamo_start() -> (MotoProc, Arc<DynamoLeaseStore>) {
     (m, Arc::new(s))
 }
 
+/// The contract runs through the front door ([`AnyStore`]), as the runtime calls a store.
+async fn contract_start() -> (MotoProc, Arc<AnyStore>) {
+    let (m, s) = dynamo_start().await;
+    let s = Arc::into_inner(s).expect("the only handle");
+    (m, Arc::new(AnyStore::from(s)))
+}
+
 /// One SDK client (its own connection pool) per racer, as separate nodes would have.
-async fn dynamo_racers(m: &MotoProc, _: &Arc<DynamoLeaseStore>) -> Vec<Arc<DynamoLeaseStore>> {
+async fn dynamo_racers(m: &MotoProc, _: &Arc<AnyStore>) -> Vec<Arc<AnyStore>> {
     let mut nodes = Vec::with_capacity(RACERS);
     for _ in 0..RACERS {
-        nodes.push(Arc::new(connect(m).await));
+        nodes.push(Arc::new(AnyStore::from(connect(m).await)));
     }
     nodes
 }
 
-lease_contract_tests!(dynamodb, dynamo_start, dynamo_racers);
+lease_contract_tests!(dynamodb, contract_start, dynamo_racers);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ensure_table_creates_once_and_checks_the_key() {
@@ -107,8 +115,13 @@ async fn ensure_table_creates_once_and_checks_the_key() {
 async fn item_layout_is_one_item_per_feed() {
     let (_m, s) = dynamo_start().await;
     s.put(&def("btc")).await.unwrap();
-    let t = s.acquire("btc", "node-a", T0, 20_000).await.unwrap();
-    s.renew("btc", "node-a", t, T0 + 1, 20_000, Some("77")).await.unwrap();
+    let t = s.acquire("btc", LeaseTerm { owner: "node-a", now_ms: T0, lease_ms: 20_000 }).await.unwrap();
+    s.renew(
+        LeaseTerm { owner: "node-a", now_ms: T0 + 1, lease_ms: 20_000 },
+        Renewal { id: "btc", token: t, last_seq: Some("77") },
+    )
+    .await
+    .unwrap();
     // An independent reader (a plain GetItem) sees the documented attributes and types.
     let out = s
         .sdk_client()
@@ -167,12 +180,12 @@ async fn renew_many_of_1000_leases_is_10_transactions() {
     let mut tokens = Vec::new();
     for id in &ids {
         s.put(&def(id)).await.unwrap();
-        tokens.push(s.acquire(id, "n1", T0, 20_000).await.unwrap());
+        tokens.push(s.acquire(id, LeaseTerm { owner: "n1", now_ms: T0, lease_ms: 20_000 }).await.unwrap());
     }
     let leases: Vec<Renewal<'_>> =
         ids.iter().zip(&tokens).map(|(id, t)| Renewal { id, token: *t, last_seq: Some("9") }).collect();
     let (before, t) = (s.calls(), Instant::now());
-    let got = s.renew_many("n1", T0 + 5_000, 20_000, &leases).await.unwrap();
+    let got = s.renew_many(LeaseTerm { owner: "n1", now_ms: T0 + 5_000, lease_ms: 20_000 }, &leases).await.unwrap();
     let took = t.elapsed();
     assert!(got.iter().all(Result::is_ok), "every lease renewed: {:?}", got.iter().find(|r| r.is_err()));
     let ten = DynamoCalls { transact_write_items: before.transact_write_items + 10, ..before };
@@ -181,9 +194,9 @@ async fn renew_many_of_1000_leases_is_10_transactions() {
 
     // r0150 is taken over: its transaction is cancelled, and its 99 others go again.
     s.release("r0150", "n1", tokens[150], None).await.unwrap();
-    let t2 = s.acquire("r0150", "n2", T0 + 5_001, 20_000).await.unwrap();
+    let t2 = s.acquire("r0150", LeaseTerm { owner: "n2", now_ms: T0 + 5_001, lease_ms: 20_000 }).await.unwrap();
     let before = s.calls();
-    let got = s.renew_many("n1", T0 + 6_000, 20_000, &leases).await.unwrap();
+    let got = s.renew_many(LeaseTerm { owner: "n1", now_ms: T0 + 6_000, lease_ms: 20_000 }, &leases).await.unwrap();
     let lost = LeaseError::Lost { owner: Some("n2".into()), fencing_token: t2, expires_at_ms: T0 + 25_001 };
     assert_eq!(got[150], Err(lost));
     assert_eq!(got.iter().filter(|r| r.is_ok()).count(), 999);
@@ -238,7 +251,7 @@ async fn failures_are_short_store_errors_within_the_bound() {
     let cfg = DynamoConfig { call_timeout_ms: 300, ..config(format!("http://{}", mute.local_addr().unwrap())) };
     let slow = DynamoLeaseStore::connect(&cfg).await.unwrap();
     let t = Instant::now();
-    let m = store_err(slow.acquire("a", "n", T0, 1_000).await);
+    let m = store_err(slow.acquire("a", LeaseTerm { owner: "n", now_ms: T0, lease_ms: 1_000 }).await);
     let took = t.elapsed();
     assert_eq!(m, "DynamoDB UpdateItem: no answer within 300 ms");
     assert!(took >= Duration::from_millis(250) && took < Duration::from_secs(2), "took {took:?}");
@@ -286,18 +299,18 @@ async fn releases_reach_every_node_through_redis() {
         a.put(&def(id)).await.unwrap();
     }
 
-    let t = a.acquire("x", "node-a", T0, 20_000).await.unwrap();
+    let t = a.acquire("x", LeaseTerm { owner: "node-a", now_ms: T0, lease_ms: 20_000 }).await.unwrap();
     a.release("x", "node-a", t, Some("7")).await.unwrap();
     assert_eq!(next_release(&mut on_b, "the other node").await, "x");
     assert_eq!(next_release(&mut on_a, "the releasing node").await, "x");
     assert_eq!(next_release(&mut on_redis_store, "a Redis store subscriber").await, "x");
 
     // Without Redis the release stays in the process: `alone` hears its own, nobody else does.
-    let t = alone.acquire("z", "node-c", T0, 20_000).await.unwrap();
+    let t = alone.acquire("z", LeaseTerm { owner: "node-c", now_ms: T0, lease_ms: 20_000 }).await.unwrap();
     alone.release("z", "node-c", t, None).await.unwrap();
     assert_eq!(next_release(&mut on_alone, "the node without Redis").await, "z");
     // A refused release announces nothing either.
-    let t = b.acquire("y", "node-b", T0, 20_000).await.unwrap();
+    let t = b.acquire("y", LeaseTerm { owner: "node-b", now_ms: T0, lease_ms: 20_000 }).await.unwrap();
     assert!(matches!(b.release("y", "node-z", t, None).await, Err(LeaseError::Lost { .. })));
     b.release("y", "node-b", t, None).await.unwrap();
     assert_eq!(next_release(&mut on_a, "the other node").await, "y", "z stayed local, the refused y went nowhere");
@@ -321,7 +334,7 @@ async fn a_release_is_written_when_redis_is_down() {
 
     let s = connect(&m).await.with_redis_releases(RedisReleases::new(&dead));
     s.put(&def("x")).await.unwrap();
-    let t = s.acquire("x", "n1", T0, 20_000).await.unwrap();
+    let t = s.acquire("x", LeaseTerm { owner: "n1", now_ms: T0, lease_ms: 20_000 }).await.unwrap();
     let start = Instant::now();
     s.release("x", "n1", t, Some("5")).await.expect("the release itself does not need Redis");
     assert!(start.elapsed() < Duration::from_secs(3), "release took {:?}", start.elapsed());

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use super::record::{validate_id, DesiredState, Feed, FeedDef};
 use super::runtime::{now_ms, Supervisor};
-use super::LeaseError;
+use super::{LeaseError, LeaseStore};
 
 /// One admin request about feeds. Ids are checked by the feeds thread (400 naming `id`).
 #[derive(Debug, Clone, PartialEq, Eq)]

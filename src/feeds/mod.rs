@@ -20,16 +20,18 @@
 //! # Layout
 //! - [`record`]: the [`Feed`] record ([`FeedDef`] + [`Lease`]) and the validation of a
 //!   definition;
-//! - [`store`]: the [`LeaseStore`] trait and [`LeaseError`];
-//! - [`memory`]: [`MemoryLeaseStore`], for one process;
-//! - [`redis`]: [`RedisLeaseStore`], the broker's Redis, one Lua script per compare-and-set
-//!   (per 500 leases for the batched renew);
-//! - `dynamodb` (cargo feature `dynamodb`): `DynamoLeaseStore`, a DynamoDB table, one
-//!   conditional `UpdateItem` per compare-and-set (one `TransactWriteItems` per 100 leases for
-//!   the batched renew);
-//! - [`releases`]: release notifications on the broker's Redis pub/sub, shared by the Redis
-//!   store and (with the Redis broker) the DynamoDB store;
-//! - [`stores`]: [`stores::AnyStore`], the backend `[feeds] store` names;
+//! - [`store`] (one folder, `feeds/store/`): the lease store. `store/mod.rs` the
+//!   [`LeaseStore`] trait, [`LeaseError`], [`LeaseTerm`] and [`Renewal`]; `store/front.rs`
+//!   [`AnyStore`], the front door the runtime calls: the backend `[feeds] store` names, every
+//!   argument checked once there, items written counted; the backends, which only store:
+//!   `store/memory.rs` [`MemoryLeaseStore`] (one process), `store/redis.rs`
+//!   [`RedisLeaseStore`] (the broker's Redis, one Lua script per compare-and-set, per 500
+//!   leases for the batched renew), `store/dynamodb/` `DynamoLeaseStore` (cargo feature
+//!   `dynamodb`: one conditional `UpdateItem` per compare-and-set, one `TransactWriteItems`
+//!   per 100 leases for the batched renew); `store/releases.rs` release notifications on the
+//!   broker's Redis pub/sub, shared by the Redis store and (with the Redis broker) the
+//!   DynamoDB store. [`memory`], [`redis`], [`releases`] and `dynamodb` are re-exported here
+//!   under their old paths;
 //! - [`runtime`]: the feeds thread: reconcile, renew, give up in time, release on drain;
 //! - [`owner`]: one owned feed's upstream connection and its fenced publishes;
 //! - [`host`]: [`host::FeedHost`], what the feeds thread needs from the server that hosts it
@@ -41,23 +43,18 @@
 
 pub mod admin;
 pub mod cli;
-#[cfg(feature = "dynamodb")]
-pub mod dynamodb;
 pub mod host;
-pub mod memory;
 pub mod metrics;
 pub mod owner;
 pub mod record;
-pub mod redis;
-pub mod releases;
 pub mod runtime;
 pub mod store;
-pub mod stores;
 
-#[cfg(feature = "dynamodb")]
-pub use dynamodb::{DynamoConfig, DynamoCredentials, DynamoLeaseStore};
 pub use host::{FeedHost, FeedPublish};
-pub use memory::MemoryLeaseStore;
 pub use record::{DesiredState, Feed, FeedDef, FeedError, Lease};
-pub use redis::RedisLeaseStore;
-pub use store::{LeaseError, LeaseStore, Renewal};
+#[cfg(feature = "dynamodb")]
+pub use store::dynamodb;
+#[cfg(feature = "dynamodb")]
+pub use store::dynamodb::{DynamoConfig, DynamoCredentials, DynamoLeaseStore};
+pub use store::{memory, redis, releases};
+pub use store::{AnyStore, LeaseError, LeaseStore, LeaseTerm, MemoryLeaseStore, RedisLeaseStore, Renewal};

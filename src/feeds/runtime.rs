@@ -31,8 +31,7 @@ use super::host::FeedHost;
 use super::metrics::FeedProgress;
 use super::owner::{Owner, OwnerEvent};
 use super::record::{DesiredState, Feed, FeedDef};
-use super::store::Renewal;
-use super::stores::AnyStore;
+use super::store::{AnyStore, LeaseStore, LeaseTerm, Renewal};
 use super::LeaseError;
 use crate::config::Feeds as FeedsConfig;
 
@@ -234,6 +233,11 @@ impl Supervisor {
             .unwrap_or(Duration::from_secs(3600))
     }
 
+    /// This node's lease term at `now_ms`: `[feeds] lease_ms` from then.
+    fn term(&self, now_ms: u64) -> LeaseTerm<'_> {
+        LeaseTerm { owner: &self.node, now_ms, lease_ms: self.cfg.lease_ms }
+    }
+
     /// A store call bounded by the renew interval, so a hung store never delays the give-up
     /// check (nor, for an admin request, the renews) by more than that. A call cut off so may
     /// have happened: [`LeaseError::Unknown`].
@@ -351,7 +355,7 @@ impl Supervisor {
     /// it changed hands meanwhile, or the store failed (logged).
     async fn try_acquire(&self, f: Feed, now: u64) -> Option<Won> {
         let id = &f.def.id;
-        let token = match self.bounded(self.store.acquire(id, &self.node, now, self.cfg.lease_ms)).await {
+        let token = match self.bounded(self.store.acquire(id, self.term(now))).await {
             Ok(t) => t,
             Err(LeaseError::Held { .. }) | Err(LeaseError::NotFound) => return None,
             Err(e) => {
@@ -425,7 +429,7 @@ impl Supervisor {
             self.held.iter().map(|(id, h)| (id.clone(), h.token, h.progress.last_seq())).collect();
         let leases: Vec<Renewal<'_>> =
             args.iter().map(|(id, token, seq)| Renewal { id, token: *token, last_seq: seq.as_deref() }).collect();
-        let results = match self.bounded(self.store.renew_many(&self.node, now, self.cfg.lease_ms, &leases)).await {
+        let results = match self.bounded(self.store.renew_many(self.term(now), &leases)).await {
             Ok(results) => results,
             Err(e) => {
                 self.shared.metrics().renew_failures.fetch_add(leases.len() as u64, Relaxed);

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tether::feeds::metrics::StoreOp;
-use tether::feeds::{DesiredState, FeedDef, LeaseError, LeaseStore, Renewal};
+use tether::feeds::{DesiredState, FeedDef, LeaseError, LeaseStore, LeaseTerm, Renewal};
 
 /// The simulated clock's start, Unix epoch ms.
 pub const T0: u64 = 1_700_000_000_000;
@@ -64,7 +64,7 @@ async fn race<S: LeaseStore + 'static>(
         let (s, start) = (node.clone(), start.clone());
         tasks.push(tokio::spawn(async move {
             start.wait().await;
-            (i, s.acquire(id, &format!("node-{i}"), now_ms, lease_ms).await)
+            (i, s.acquire(id, LeaseTerm { owner: &format!("node-{i}"), now_ms, lease_ms }).await)
         }));
     }
     let (mut winners, mut held_by) = (Vec::new(), Vec::new());
@@ -109,7 +109,12 @@ pub async fn racing_takeovers_increase_tokens<S: LeaseStore + 'static>(nodes: Ve
         assert_eq!(token, round, "round {round}: the token grows by one per takeover");
         assert!(held_by.iter().all(|(o, e)| *o == format!("node-{w}") && *e == now + LEASE), "{held_by:?}");
         if let Some((prev, prev_token)) = last {
-            let r = nodes[prev].renew("takeovers", &format!("node-{prev}"), prev_token, now, LEASE, None).await;
+            let r = nodes[prev]
+                .renew(
+                    LeaseTerm { owner: &format!("node-{prev}"), now_ms: now, lease_ms: LEASE },
+                    Renewal { id: "takeovers", token: prev_token, last_seq: None },
+                )
+                .await;
             assert!(matches!(r, Err(LeaseError::Lost { fencing_token, .. }) if fencing_token == token), "{r:?}");
         }
         last = Some((w, token));
@@ -119,11 +124,19 @@ pub async fn racing_takeovers_increase_tokens<S: LeaseStore + 'static>(nodes: Ve
 
 pub async fn takeover_after_expiry_fences_the_old_owner<S: LeaseStore>(s: Arc<S>) {
     s.put(&def("tk")).await.unwrap();
-    let t1 = s.acquire("tk", "n1", T0, 1_000).await.unwrap();
-    s.renew("tk", "n1", t1, T0 + 500, 1_000, Some("41")).await.unwrap();
+    let t1 = s.acquire("tk", LeaseTerm { owner: "n1", now_ms: T0, lease_ms: 1_000 }).await.unwrap();
+    s.renew(
+        LeaseTerm { owner: "n1", now_ms: T0 + 500, lease_ms: 1_000 },
+        Renewal { id: "tk", token: t1, last_seq: Some("41") },
+    )
+    .await
+    .unwrap();
     // Renewed to T0 + 1,500: still held 1 ms before, free at it.
-    assert!(matches!(s.acquire("tk", "n2", T0 + 1_499, 1_000).await, Err(LeaseError::Held { .. })));
-    let t2 = s.acquire("tk", "n2", T0 + 1_500, 1_000).await.unwrap();
+    assert!(matches!(
+        s.acquire("tk", LeaseTerm { owner: "n2", now_ms: T0 + 1_499, lease_ms: 1_000 }).await,
+        Err(LeaseError::Held { .. })
+    ));
+    let t2 = s.acquire("tk", LeaseTerm { owner: "n2", now_ms: T0 + 1_500, lease_ms: 1_000 }).await.unwrap();
     assert_eq!(t2, t1 + 1, "every acquire increments the fencing token by one");
 
     let lost = |r: Result<(), LeaseError>| match r {
@@ -131,18 +144,53 @@ pub async fn takeover_after_expiry_fences_the_old_owner<S: LeaseStore>(s: Arc<S>
         other => panic!("the old owner must be refused, got {other:?}"),
     };
     let now = (Some("n2".to_owned()), t2, T0 + 2_500);
-    assert_eq!(lost(s.renew("tk", "n1", t1, T0 + 1_600, 1_000, Some("50")).await), now);
+    assert_eq!(
+        lost(
+            s.renew(
+                LeaseTerm { owner: "n1", now_ms: T0 + 1_600, lease_ms: 1_000 },
+                Renewal { id: "tk", token: t1, last_seq: Some("50") }
+            )
+            .await
+        ),
+        now
+    );
     assert_eq!(lost(s.release("tk", "n1", t1, Some("50")).await), now);
     // The right owner with a stale token is refused too.
-    assert_eq!(lost(s.renew("tk", "n2", t1, T0 + 1_600, 1_000, None).await), now);
-    assert!(matches!(s.acquire("tk", "n1", T0 + 1_600, 1_000).await, Err(LeaseError::Held { .. })));
+    assert_eq!(
+        lost(
+            s.renew(
+                LeaseTerm { owner: "n2", now_ms: T0 + 1_600, lease_ms: 1_000 },
+                Renewal { id: "tk", token: t1, last_seq: None }
+            )
+            .await
+        ),
+        now
+    );
+    assert!(matches!(
+        s.acquire("tk", LeaseTerm { owner: "n1", now_ms: T0 + 1_600, lease_ms: 1_000 }).await,
+        Err(LeaseError::Held { .. })
+    ));
 
     let f = s.get("tk").await.unwrap().unwrap();
     assert_eq!(f.lease.last_seq.as_deref(), Some("41"), "refused calls wrote nothing");
     assert_eq!((f.lease.fencing_token, f.lease.lease_expires_at_ms), (t2, T0 + 2_500));
-    s.renew("tk", "n2", t2, T0 + 2_000, 1_000, Some("60")).await.unwrap();
+    s.renew(
+        LeaseTerm { owner: "n2", now_ms: T0 + 2_000, lease_ms: 1_000 },
+        Renewal { id: "tk", token: t2, last_seq: Some("60") },
+    )
+    .await
+    .unwrap();
     // A holder whose lease ran out cannot renew, even with nobody else in.
-    assert_eq!(lost(s.renew("tk", "n2", t2, T0 + 3_000, 1_000, None).await), (Some("n2".into()), t2, T0 + 3_000));
+    assert_eq!(
+        lost(
+            s.renew(
+                LeaseTerm { owner: "n2", now_ms: T0 + 3_000, lease_ms: 1_000 },
+                Renewal { id: "tk", token: t2, last_seq: None }
+            )
+            .await
+        ),
+        (Some("n2".into()), t2, T0 + 3_000)
+    );
     assert_eq!(s.get("tk").await.unwrap().unwrap().lease.last_seq.as_deref(), Some("60"));
 }
 
@@ -150,7 +198,7 @@ pub async fn release_frees_at_once_and_notifies<S: LeaseStore>(s: Arc<S>) {
     let mut rx = s.released().await.unwrap();
     s.put(&def("rel")).await.unwrap();
     s.put(&def("other")).await.unwrap();
-    let t1 = s.acquire("rel", "n1", T0, 20_000).await.unwrap();
+    let t1 = s.acquire("rel", LeaseTerm { owner: "n1", now_ms: T0, lease_ms: 20_000 }).await.unwrap();
     s.release("rel", "n1", t1, Some("99")).await.unwrap();
     let got = tokio::time::timeout(WAIT, rx.recv()).await.expect("a release notification within 5 s");
     assert_eq!(got.as_deref(), Some("rel"));
@@ -159,14 +207,14 @@ pub async fn release_frees_at_once_and_notifies<S: LeaseStore>(s: Arc<S>) {
     assert_eq!(f.lease.lease_expires_at_ms, 0, "a release expires the lease at once");
     assert_eq!(f.lease.last_seq.as_deref(), Some("99"));
     // 1 ms later, 19,999 ms before the old expiry, another node takes it.
-    let t2 = s.acquire("rel", "n2", T0 + 1, 20_000).await.unwrap();
+    let t2 = s.acquire("rel", LeaseTerm { owner: "n2", now_ms: T0 + 1, lease_ms: 20_000 }).await.unwrap();
     assert_eq!(t2, t1 + 1);
     assert_eq!(s.get("rel").await.unwrap().unwrap().lease.last_seq.as_deref(), Some("99"), "last_seq survives");
 
     // A refused release (stale token) must not notify: the next notification is the valid
     // release of another feed, not "rel" (notifications arrive in the order they were sent).
     assert!(matches!(s.release("rel", "n1", t1, None).await, Err(LeaseError::Lost { .. })));
-    let t = s.acquire("other", "n1", T0, 20_000).await.unwrap();
+    let t = s.acquire("other", LeaseTerm { owner: "n1", now_ms: T0, lease_ms: 20_000 }).await.unwrap();
     s.release("other", "n1", t, None).await.unwrap();
     let got = tokio::time::timeout(WAIT, rx.recv()).await.expect("a release notification within 5 s");
     assert_eq!(got.as_deref(), Some("other"));
@@ -175,8 +223,13 @@ pub async fn release_frees_at_once_and_notifies<S: LeaseStore>(s: Arc<S>) {
 
 pub async fn put_replacing_keeps_the_lease<S: LeaseStore>(s: Arc<S>) {
     assert!(s.put(&def("rp")).await.unwrap(), "the first put creates");
-    let t = s.acquire("rp", "n1", T0, 20_000).await.unwrap();
-    s.renew("rp", "n1", t, T0 + 5_000, 20_000, Some("1234")).await.unwrap();
+    let t = s.acquire("rp", LeaseTerm { owner: "n1", now_ms: T0, lease_ms: 20_000 }).await.unwrap();
+    s.renew(
+        LeaseTerm { owner: "n1", now_ms: T0 + 5_000, lease_ms: 20_000 },
+        Renewal { id: "rp", token: t, last_seq: Some("1234") },
+    )
+    .await
+    .unwrap();
     let mut d = def("rp");
     d.url = "ws://127.0.0.1:9/other".into();
     d.channel = "moved".into();
@@ -190,7 +243,12 @@ pub async fn put_replacing_keeps_the_lease<S: LeaseStore>(s: Arc<S>) {
     assert_eq!(f.lease.lease_owner.as_deref(), Some("n1"));
     assert_eq!((f.lease.fencing_token, f.lease.lease_expires_at_ms), (t, T0 + 25_000));
     assert_eq!(f.lease.last_seq.as_deref(), Some("1234"));
-    s.renew("rp", "n1", t, T0 + 6_000, 20_000, None).await.expect("the holder keeps its lease across a replace");
+    s.renew(
+        LeaseTerm { owner: "n1", now_ms: T0 + 6_000, lease_ms: 20_000 },
+        Renewal { id: "rp", token: t, last_seq: None },
+    )
+    .await
+    .expect("the holder keeps its lease across a replace");
 
     let mut bad = def("rp");
     bad.url = "http://x/".into();
@@ -209,11 +267,15 @@ pub async fn renew_many_follows_the_renew_rules<S: LeaseStore>(s: Arc<S>) {
     let mut tokens = Vec::with_capacity(N);
     for (i, id) in ids.iter().enumerate() {
         s.put(&def(id)).await.unwrap();
-        tokens.push(s.acquire(id, "n1", T0, if i == expired { 1_000 } else { LEASE }).await.unwrap());
+        tokens.push(
+            s.acquire(id, LeaseTerm { owner: "n1", now_ms: T0, lease_ms: if i == expired { 1_000 } else { LEASE } })
+                .await
+                .unwrap(),
+        );
     }
     // `taken` is released and acquired by n2; `deleted` is gone; `expired` ran out at T0 + 1,000.
     s.release(&ids[taken], "n1", tokens[taken], None).await.unwrap();
-    let t2 = s.acquire(&ids[taken], "n2", T0 + 1, LEASE).await.unwrap();
+    let t2 = s.acquire(&ids[taken], LeaseTerm { owner: "n2", now_ms: T0 + 1, lease_ms: LEASE }).await.unwrap();
     assert!(s.delete(&ids[deleted]).await.unwrap());
 
     let seqs: Vec<Option<String>> = (0..N).map(|i| (i % 2 == 0).then(|| format!("s{i}"))).collect();
@@ -221,7 +283,7 @@ pub async fn renew_many_follows_the_renew_rules<S: LeaseStore>(s: Arc<S>) {
         (0..N).map(|i| Renewal { id: &ids[i], token: tokens[i], last_seq: seqs[i].as_deref() }).collect();
     let now = T0 + 5_000;
     let before = s.requests().get(StoreOp::RenewMany);
-    let got = s.renew_many("n1", now, LEASE, &leases).await.expect("renew_many");
+    let got = s.renew_many(LeaseTerm { owner: "n1", now_ms: now, lease_ms: LEASE }, &leases).await.expect("renew_many");
     let requests = s.requests().get(StoreOp::RenewMany) - before;
     assert_eq!(got.len(), N, "one result per lease");
     for (i, r) in got.iter().enumerate() {
@@ -266,15 +328,43 @@ pub async fn renew_many_follows_the_renew_rules<S: LeaseStore>(s: Arc<S>) {
     };
     let one = |i: usize, seq: Option<&'static str>| Renewal { id: &ids[i], token: tokens[i], last_seq: seq };
     let later = now + 1_000;
-    assert_eq!(field(s.renew_many("n1", later, LEASE, &[one(1, Some("x")), one(1, None)]).await), "id");
-    assert_eq!(field(s.renew_many("n1", later, LEASE, &[one(1, Some("x")), one(3, Some(""))]).await), "last_seq");
-    assert_eq!(field(s.renew_many("n1", later, 0, &[one(1, None)]).await), "lease_ms");
-    assert_eq!(field(s.renew_many("", later, LEASE, &[one(1, None)]).await), "lease_owner");
+    assert_eq!(
+        field(
+            s.renew_many(LeaseTerm { owner: "n1", now_ms: later, lease_ms: LEASE }, &[one(1, Some("x")), one(1, None)])
+                .await
+        ),
+        "id"
+    );
+    assert_eq!(
+        field(
+            s.renew_many(
+                LeaseTerm { owner: "n1", now_ms: later, lease_ms: LEASE },
+                &[one(1, Some("x")), one(3, Some(""))]
+            )
+            .await
+        ),
+        "last_seq"
+    );
+    assert_eq!(
+        field(s.renew_many(LeaseTerm { owner: "n1", now_ms: later, lease_ms: 0 }, &[one(1, None)]).await),
+        "lease_ms"
+    );
+    assert_eq!(
+        field(s.renew_many(LeaseTerm { owner: "", now_ms: later, lease_ms: LEASE }, &[one(1, None)]).await),
+        "lease_owner"
+    );
     let bad_id = Renewal { id: "no way", token: 1, last_seq: None };
-    assert_eq!(field(s.renew_many("n1", later, LEASE, &[one(1, None), bad_id]).await), "id");
+    assert_eq!(
+        field(s.renew_many(LeaseTerm { owner: "n1", now_ms: later, lease_ms: LEASE }, &[one(1, None), bad_id]).await),
+        "id"
+    );
     let f1 = s.get(&ids[1]).await.unwrap().unwrap();
     assert_eq!((f1.lease.lease_expires_at_ms, f1.lease.last_seq), (now + LEASE, None), "refused calls wrote nothing");
-    assert_eq!(s.renew_many("n1", later, LEASE, &[]).await, Ok(Vec::new()), "an empty batch is no error");
+    assert_eq!(
+        s.renew_many(LeaseTerm { owner: "n1", now_ms: later, lease_ms: LEASE }, &[]).await,
+        Ok(Vec::new()),
+        "an empty batch is no error"
+    );
 }
 
 pub async fn many_feeds<S: LeaseStore>(s: Arc<S>) {
@@ -283,7 +373,7 @@ pub async fn many_feeds<S: LeaseStore>(s: Arc<S>) {
     for id in &ids {
         s.put(&def(id)).await.unwrap();
     }
-    let t = s.acquire("f0007", "n1", T0, 20_000).await.unwrap();
+    let t = s.acquire("f0007", LeaseTerm { owner: "n1", now_ms: T0, lease_ms: 20_000 }).await.unwrap();
     let mut ask = ids.clone();
     ask.insert(500, "missing".into());
     ask.push("f0003".into()); // asked twice: answered twice
@@ -300,8 +390,18 @@ pub async fn many_feeds<S: LeaseStore>(s: Arc<S>) {
     assert!(s.delete("f0007").await.unwrap());
     assert!(!s.delete("f0007").await.unwrap(), "a second delete finds nothing");
     assert_eq!(s.get("f0007").await.unwrap(), None);
-    assert_eq!(s.renew("f0007", "n1", t, T0 + 1, 20_000, None).await, Err(LeaseError::NotFound));
-    assert_eq!(s.acquire("f0007", "n1", T0 + 1, 20_000).await, Err(LeaseError::NotFound));
+    assert_eq!(
+        s.renew(
+            LeaseTerm { owner: "n1", now_ms: T0 + 1, lease_ms: 20_000 },
+            Renewal { id: "f0007", token: t, last_seq: None }
+        )
+        .await,
+        Err(LeaseError::NotFound)
+    );
+    assert_eq!(
+        s.acquire("f0007", LeaseTerm { owner: "n1", now_ms: T0 + 1, lease_ms: 20_000 }).await,
+        Err(LeaseError::NotFound)
+    );
     assert_eq!(s.release("f0007", "n1", t, None).await, Err(LeaseError::NotFound));
     let mut listed: Vec<String> = s.list().await.unwrap().into_iter().map(|f| f.def.id).collect();
     listed.sort();
@@ -316,15 +416,28 @@ pub async fn bad_arguments_name_the_field<S: LeaseStore>(s: Arc<S>) {
         LeaseError::Invalid(f) => f.field,
         other => panic!("{other:?}"),
     };
-    assert_eq!(field(s.acquire("a", "", T0, 1_000).await.unwrap_err()), "lease_owner");
-    assert_eq!(field(s.acquire("a", "n", T0, 0).await.unwrap_err()), "lease_ms");
-    assert_eq!(field(s.acquire("a:b", "n", T0, 10).await.unwrap_err()), "id");
-    assert_eq!(field(s.renew("a", "n", 1, T0, 10, Some("")).await.unwrap_err()), "last_seq");
+    assert_eq!(
+        field(s.acquire("a", LeaseTerm { owner: "", now_ms: T0, lease_ms: 1_000 }).await.unwrap_err()),
+        "lease_owner"
+    );
+    assert_eq!(field(s.acquire("a", LeaseTerm { owner: "n", now_ms: T0, lease_ms: 0 }).await.unwrap_err()), "lease_ms");
+    assert_eq!(field(s.acquire("a:b", LeaseTerm { owner: "n", now_ms: T0, lease_ms: 10 }).await.unwrap_err()), "id");
+    assert_eq!(
+        field(
+            s.renew(
+                LeaseTerm { owner: "n", now_ms: T0, lease_ms: 10 },
+                Renewal { id: "a", token: 1, last_seq: Some("") }
+            )
+            .await
+            .unwrap_err()
+        ),
+        "last_seq"
+    );
     assert_eq!(field(s.release("a", "n b", 1, None).await.unwrap_err()), "lease_owner");
     assert_eq!(field(s.get("").await.unwrap_err()), "id");
     assert_eq!(field(s.get_many(&["ok".into(), "no way".into()]).await.unwrap_err()), "id");
     assert_eq!(field(s.delete("x/y").await.unwrap_err()), "id");
-    assert_eq!(s.acquire("zz", "n", T0, 10).await, Err(LeaseError::NotFound));
+    assert_eq!(s.acquire("zz", LeaseTerm { owner: "n", now_ms: T0, lease_ms: 10 }).await, Err(LeaseError::NotFound));
     let f = s.get("a").await.unwrap().unwrap();
     assert_eq!(f.lease.fencing_token, 0, "refused calls wrote nothing");
 }

@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-use super::metrics::{StoreOp, StoreRequests};
-use super::record::{validate_id, Feed, FeedDef, Lease};
-use super::store::{check_lease_args, check_renewals, LeaseError, LeaseStore, Renewal};
+use super::{LeaseError, LeaseStore, LeaseTerm, Renewal};
+use crate::feeds::metrics::{StoreOp, StoreRequests};
+use crate::feeds::record::{Feed, FeedDef, Lease};
 
 /// A lease store in this process's memory. Cheap to share behind an `Arc`.
 #[derive(Default)]
@@ -58,20 +58,13 @@ fn holder_matches(lease: &Lease, owner: &str, token: u64) -> bool {
 }
 
 /// `renew`'s rule on one feed of the map (`None`: no such feed).
-fn renew_in(
-    feed: Option<&mut Feed>,
-    owner: &str,
-    token: u64,
-    now_ms: u64,
-    lease_ms: u64,
-    last_seq: Option<&str>,
-) -> Result<(), LeaseError> {
+fn renew_in(feed: Option<&mut Feed>, term: LeaseTerm<'_>, r: Renewal<'_>) -> Result<(), LeaseError> {
     let lease = &mut feed.ok_or(LeaseError::NotFound)?.lease;
-    if !holder_matches(lease, owner, token) || !lease.is_held(now_ms) {
+    if !holder_matches(lease, term.owner, r.token) || !lease.is_held(term.now_ms) {
         return Err(lost(lease));
     }
-    lease.lease_expires_at_ms = now_ms.saturating_add(lease_ms);
-    if let Some(s) = last_seq {
+    lease.lease_expires_at_ms = term.now_ms.saturating_add(term.lease_ms);
+    if let Some(s) = r.last_seq {
         lease.last_seq = Some(s.to_owned());
     }
     Ok(())
@@ -79,7 +72,7 @@ fn renew_in(
 
 impl LeaseStore for MemoryLeaseStore {
     async fn put(&self, def: &FeedDef) -> Result<bool, LeaseError> {
-        def.validate()?;
+        debug_assert!(def.validate().is_ok(), "checked by the front door");
         let mut g = self.lock_for(StoreOp::Put);
         match g.feeds.get_mut(&def.id) {
             Some(f) => {
@@ -94,17 +87,15 @@ impl LeaseStore for MemoryLeaseStore {
     }
 
     async fn get(&self, id: &str) -> Result<Option<Feed>, LeaseError> {
-        validate_id(id)?;
         Ok(self.lock_for(StoreOp::Get).feeds.get(id).cloned())
     }
 
     async fn delete(&self, id: &str) -> Result<bool, LeaseError> {
-        validate_id(id)?;
         Ok(self.lock_for(StoreOp::Delete).feeds.remove(id).is_some())
     }
 
-    async fn acquire(&self, id: &str, owner: &str, now_ms: u64, lease_ms: u64) -> Result<u64, LeaseError> {
-        check_lease_args(id, owner, Some(lease_ms), None)?;
+    async fn acquire(&self, id: &str, term: LeaseTerm<'_>) -> Result<u64, LeaseError> {
+        let LeaseTerm { owner, now_ms, lease_ms } = term;
         let mut g = self.lock_for(StoreOp::Acquire);
         let lease = &mut g.feeds.get_mut(id).ok_or(LeaseError::NotFound)?.lease;
         if lease.is_held(now_ms) {
@@ -119,37 +110,21 @@ impl LeaseStore for MemoryLeaseStore {
         Ok(lease.fencing_token)
     }
 
-    async fn renew(
-        &self,
-        id: &str,
-        owner: &str,
-        token: u64,
-        now_ms: u64,
-        lease_ms: u64,
-        last_seq: Option<&str>,
-    ) -> Result<(), LeaseError> {
-        check_lease_args(id, owner, Some(lease_ms), last_seq)?;
+    async fn renew(&self, term: LeaseTerm<'_>, lease: Renewal<'_>) -> Result<(), LeaseError> {
         let mut g = self.lock_for(StoreOp::Renew);
-        renew_in(g.feeds.get_mut(id), owner, token, now_ms, lease_ms, last_seq)
+        renew_in(g.feeds.get_mut(lease.id), term, lease)
     }
 
     async fn renew_many(
         &self,
-        owner: &str,
-        now_ms: u64,
-        lease_ms: u64,
+        term: LeaseTerm<'_>,
         leases: &[Renewal<'_>],
     ) -> Result<Vec<Result<(), LeaseError>>, LeaseError> {
-        check_renewals(owner, lease_ms, leases)?;
         let mut g = self.lock_for(StoreOp::RenewMany);
-        Ok(leases
-            .iter()
-            .map(|r| renew_in(g.feeds.get_mut(r.id), owner, r.token, now_ms, lease_ms, r.last_seq))
-            .collect())
+        Ok(leases.iter().map(|r| renew_in(g.feeds.get_mut(r.id), term, *r)).collect())
     }
 
     async fn release(&self, id: &str, owner: &str, token: u64, last_seq: Option<&str>) -> Result<(), LeaseError> {
-        check_lease_args(id, owner, None, last_seq)?;
         let mut g = self.lock_for(StoreOp::Release);
         let lease = &mut g.feeds.get_mut(id).ok_or(LeaseError::NotFound)?.lease;
         if !holder_matches(lease, owner, token) {
@@ -164,9 +139,6 @@ impl LeaseStore for MemoryLeaseStore {
     }
 
     async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<Feed>>, LeaseError> {
-        for id in ids {
-            validate_id(id)?;
-        }
         let g = self.lock_for(StoreOp::GetMany);
         Ok(ids.iter().map(|id| g.feeds.get(id).cloned()).collect())
     }
@@ -203,6 +175,11 @@ mod tests {
         }
     }
 
+    /// A lease of 1,000 ms for `owner` at `now_ms`.
+    fn term(owner: &str, now_ms: u64) -> LeaseTerm<'_> {
+        LeaseTerm { owner, now_ms, lease_ms: 1_000 }
+    }
+
     /// A simulated clock: the tests step it explicitly.
     struct Clock(u64);
 
@@ -211,37 +188,25 @@ mod tests {
         let s = MemoryLeaseStore::new();
         let mut clock = Clock(1_000_000);
         assert!(s.put(&def("a")).await.unwrap());
-        assert_eq!(s.acquire("a", "n1", clock.0, 1_000).await, Ok(1));
-        assert!(matches!(s.acquire("a", "n2", clock.0 + 999, 1_000).await, Err(LeaseError::Held { .. })));
+        assert_eq!(s.acquire("a", term("n1", clock.0)).await, Ok(1));
+        assert!(matches!(s.acquire("a", term("n2", clock.0 + 999)).await, Err(LeaseError::Held { .. })));
         clock.0 += 500;
-        s.renew("a", "n1", 1, clock.0, 1_000, Some("7")).await.unwrap();
+        s.renew(term("n1", clock.0), Renewal { id: "a", token: 1, last_seq: Some("7") }).await.unwrap();
         // The renew moved the expiry to clock + 1,000: still held just before it.
-        assert!(matches!(s.acquire("a", "n2", clock.0 + 999, 1_000).await, Err(LeaseError::Held { .. })));
+        assert!(matches!(s.acquire("a", term("n2", clock.0 + 999)).await, Err(LeaseError::Held { .. })));
         clock.0 += 1_000; // exactly at expiry: free
-        assert_eq!(s.acquire("a", "n2", clock.0, 1_000).await, Ok(2));
-        assert!(matches!(s.renew("a", "n1", 1, clock.0, 1_000, None).await, Err(LeaseError::Lost { .. })));
+        assert_eq!(s.acquire("a", term("n2", clock.0)).await, Ok(2));
+        assert!(matches!(
+            s.renew(term("n1", clock.0), Renewal { id: "a", token: 1, last_seq: None }).await,
+            Err(LeaseError::Lost { .. })
+        ));
         assert!(matches!(s.release("a", "n1", 1, Some("9")).await, Err(LeaseError::Lost { .. })));
         // The holder's own renew fails once its lease has expired, even with nobody else in.
         clock.0 += 5_000;
-        let e = s.renew("a", "n2", 2, clock.0, 1_000, None).await.unwrap_err();
+        let e = s.renew(term("n2", clock.0), Renewal { id: "a", token: 2, last_seq: None }).await.unwrap_err();
         assert!(matches!(e, LeaseError::Lost { fencing_token: 2, .. }), "{e:?}");
         let f = s.get("a").await.unwrap().unwrap();
         assert_eq!(f.lease.last_seq.as_deref(), Some("7"));
         assert_eq!(f.lease.lease_owner.as_deref(), Some("n2"));
-    }
-
-    #[tokio::test]
-    async fn bad_arguments_are_refused_with_the_field() {
-        let s = MemoryLeaseStore::new();
-        s.put(&def("a")).await.unwrap();
-        let field = |e: LeaseError| match e {
-            LeaseError::Invalid(f) => f.field,
-            other => panic!("{other:?}"),
-        };
-        assert_eq!(field(s.acquire("a", "", 0, 1_000).await.unwrap_err()), "lease_owner");
-        assert_eq!(field(s.acquire("a", "n", 0, 0).await.unwrap_err()), "lease_ms");
-        assert_eq!(field(s.acquire("a:b", "n", 0, 10).await.unwrap_err()), "id");
-        assert_eq!(field(s.renew("a", "n", 1, 0, 10, Some("")).await.unwrap_err()), "last_seq");
-        assert_eq!(s.acquire("zz", "n", 0, 10).await, Err(LeaseError::NotFound));
     }
 }

@@ -30,7 +30,7 @@ use futures::StreamExt;
 use super::item::{key, lease_of, n, s, sdk_err, EXPIRES, ID, LAST_SEQ, OWNER, TOKEN};
 use super::{names, DynamoLeaseStore, Op, Refused, RENEW_CONDITION};
 use crate::feeds::metrics::StoreOp;
-use crate::feeds::store::{merge_chunks, LeaseError, Renewal};
+use crate::feeds::store::{merge_chunks, LeaseError, LeaseTerm, Renewal};
 
 /// Most actions in one `TransactWriteItems` (DynamoDB's limit).
 pub const TRANSACT_ITEMS: usize = 100;
@@ -49,14 +49,11 @@ impl DynamoLeaseStore {
     /// chunk failed, else per lease of a failed chunk.
     pub(super) async fn transact_renew(
         &self,
-        owner: &str,
-        now_ms: u64,
-        lease_ms: u64,
+        term: LeaseTerm<'_>,
         leases: &[Renewal<'_>],
     ) -> Result<Vec<Result<(), LeaseError>>, LeaseError> {
         // Collected first: a lazy `map` in the stream trips the `Send` check of the trait's future.
-        let chunks: Vec<_> =
-            leases.chunks(TRANSACT_ITEMS).map(|c| self.renew_chunk(owner, now_ms, lease_ms, c)).collect();
+        let chunks: Vec<_> = leases.chunks(TRANSACT_ITEMS).map(|c| self.renew_chunk(term, c)).collect();
         let replies = futures::stream::iter(chunks).buffered(TRANSACTIONS_IN_FLIGHT).collect().await;
         merge_chunks(leases, TRANSACT_ITEMS, replies)
     }
@@ -65,9 +62,7 @@ impl DynamoLeaseStore {
     /// says; one result per lease.
     async fn renew_chunk(
         &self,
-        owner: &str,
-        now_ms: u64,
-        lease_ms: u64,
+        term: LeaseTerm<'_>,
         chunk: &[Renewal<'_>],
     ) -> Result<Vec<Result<(), LeaseError>>, LeaseError> {
         let mut slots: Slots = vec![None; chunk.len()];
@@ -80,10 +75,7 @@ impl DynamoLeaseStore {
                 let cap = 25u64 << (attempt - 1);
                 tokio::time::sleep(Duration::from_millis(rand::random_range(cap / 2..=cap))).await;
             }
-            let actions = pending
-                .iter()
-                .map(|&i| self.renew_action(owner, now_ms, lease_ms, &chunk[i]))
-                .collect::<Result<Vec<_>, _>>()?;
+            let actions = pending.iter().map(|&i| self.renew_action(term, &chunk[i])).collect::<Result<Vec<_>, _>>()?;
             self.sent(Op::TransactWriteItems, StoreOp::RenewMany);
             let sent = self.client.transact_write_items().set_transact_items(Some(actions)).send().await;
             let err = match sent {
@@ -153,13 +145,8 @@ impl DynamoLeaseStore {
     }
 
     /// The `Update` of one lease: `renew`'s update and condition.
-    fn renew_action(
-        &self,
-        owner: &str,
-        now_ms: u64,
-        lease_ms: u64,
-        r: &Renewal<'_>,
-    ) -> Result<TransactWriteItem, LeaseError> {
+    fn renew_action(&self, term: LeaseTerm<'_>, r: &Renewal<'_>) -> Result<TransactWriteItem, LeaseError> {
+        let LeaseTerm { owner, now_ms, lease_ms } = term;
         let mut names = names(&[("#id", ID), ("#o", OWNER), ("#t", TOKEN), ("#e", EXPIRES)]);
         let mut values = HashMap::from([
             (":owner".to_owned(), s(owner)),

@@ -28,11 +28,11 @@ use std::sync::Arc;
 use redis::Script;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::metrics::{StoreOp, StoreRequests};
-use super::record::{validate_id, DesiredState, Feed, FeedDef, FeedError, Lease};
 use super::releases::{pubsub_url, released_topic, subscribe};
-use super::store::{check_lease_args, check_renewals, merge_chunks, LeaseError, LeaseStore, Renewal};
+use super::{merge_chunks, LeaseError, LeaseStore, LeaseTerm, Renewal};
 use crate::config::Broker as BrokerConfig;
+use crate::feeds::metrics::{StoreOp, StoreRequests};
+use crate::feeds::record::{validate_id, DesiredState, Feed, FeedDef, Lease};
 use crate::redis::clock::{clock_offset_ms, local_ms};
 use crate::redis::link::Link;
 use crate::redis::REPLY_GRACE;
@@ -168,19 +168,6 @@ for i = 1, #KEYS do
 end
 return out
 "#;
-
-/// Largest `now_ms + lease_ms` the scripts compute exactly: Lua numbers are doubles, exact up
-/// to 2^53 (year 287,396 in Unix epoch ms).
-const MAX_EXACT_MS: u64 = 1 << 53;
-
-/// Refuses a time the scripts could not add exactly; errors name `now_ms`.
-fn check_time(now_ms: u64, lease_ms: u64) -> Result<(), LeaseError> {
-    if now_ms.saturating_add(lease_ms) <= MAX_EXACT_MS {
-        Ok(())
-    } else {
-        Err(LeaseError::Invalid(FeedError { field: "now_ms", reason: format!("{now_ms} + lease_ms is past 2^53 ms") }))
-    }
-}
 
 /// The hash fields `get_many` reads, in order.
 const FIELDS: usize = 10;
@@ -356,13 +343,11 @@ impl RedisLeaseStore {
     /// One `renew_many` script call for at most [`RENEW_CHUNK`] checked leases.
     async fn renew_chunk(
         &self,
-        owner: &str,
-        now_ms: u64,
-        lease_ms: u64,
+        term: LeaseTerm<'_>,
         leases: &[Renewal<'_>],
     ) -> Result<Vec<Result<(), LeaseError>>, LeaseError> {
         let mut inv = self.renew_many.prepare_invoke();
-        inv.arg(owner).arg(now_ms).arg(lease_ms);
+        inv.arg(term.owner).arg(term.now_ms).arg(term.lease_ms);
         for r in leases {
             inv.key(self.feed_key(r.id));
             inv.arg(r.token).arg(if r.last_seq.is_some() { "1" } else { "0" }).arg(r.last_seq.unwrap_or(""));
@@ -393,7 +378,7 @@ impl RedisLeaseStore {
 
 impl LeaseStore for RedisLeaseStore {
     async fn put(&self, def: &FeedDef) -> Result<bool, LeaseError> {
-        def.validate()?;
+        debug_assert!(def.validate().is_ok(), "checked by the front door");
         let mut inv = self.put.key(self.feed_key(&def.id));
         inv.key(self.index_key()).arg(&def.id).arg(&def.url).arg(&def.channel);
         inv.arg(def.desired_state.as_str()).arg(&def.subscribe).arg(&def.resume_query).arg(&def.seq_pointer);
@@ -403,13 +388,11 @@ impl LeaseStore for RedisLeaseStore {
     }
 
     async fn get(&self, id: &str) -> Result<Option<Feed>, LeaseError> {
-        validate_id(id)?;
         let mut v = self.read_many(&[id.to_owned()], StoreOp::Get).await?;
         Ok(v.pop().flatten())
     }
 
     async fn delete(&self, id: &str) -> Result<bool, LeaseError> {
-        validate_id(id)?;
         let mut inv = self.delete.key(self.feed_key(id));
         inv.key(self.index_key()).arg(id);
         self.requests.add(StoreOp::Delete, 1);
@@ -417,11 +400,9 @@ impl LeaseStore for RedisLeaseStore {
         Ok(n == 1)
     }
 
-    async fn acquire(&self, id: &str, owner: &str, now_ms: u64, lease_ms: u64) -> Result<u64, LeaseError> {
-        check_lease_args(id, owner, Some(lease_ms), None)?;
-        check_time(now_ms, lease_ms)?;
+    async fn acquire(&self, id: &str, term: LeaseTerm<'_>) -> Result<u64, LeaseError> {
         let mut inv = self.acquire.key(self.feed_key(id));
-        inv.arg(owner).arg(now_ms).arg(lease_ms);
+        inv.arg(term.owner).arg(term.now_ms).arg(term.lease_ms);
         self.requests.add(StoreOp::Acquire, 1);
         let reply: Vec<String> = self.write(inv).await?;
         match reply.first().map(String::as_str) {
@@ -437,19 +418,10 @@ impl LeaseStore for RedisLeaseStore {
         }
     }
 
-    async fn renew(
-        &self,
-        id: &str,
-        owner: &str,
-        token: u64,
-        now_ms: u64,
-        lease_ms: u64,
-        last_seq: Option<&str>,
-    ) -> Result<(), LeaseError> {
-        check_lease_args(id, owner, Some(lease_ms), last_seq)?;
-        check_time(now_ms, lease_ms)?;
+    async fn renew(&self, term: LeaseTerm<'_>, lease: Renewal<'_>) -> Result<(), LeaseError> {
+        let Renewal { id, token, last_seq } = lease;
         let mut inv = self.renew.key(self.feed_key(id));
-        inv.arg(owner).arg(token).arg(now_ms).arg(lease_ms);
+        inv.arg(term.owner).arg(token).arg(term.now_ms).arg(term.lease_ms);
         inv.arg(if last_seq.is_some() { "1" } else { "0" }).arg(last_seq.unwrap_or(""));
         self.requests.add(StoreOp::Renew, 1);
         outcome(self.write(inv).await?)
@@ -457,20 +429,15 @@ impl LeaseStore for RedisLeaseStore {
 
     async fn renew_many(
         &self,
-        owner: &str,
-        now_ms: u64,
-        lease_ms: u64,
+        term: LeaseTerm<'_>,
         leases: &[Renewal<'_>],
     ) -> Result<Vec<Result<(), LeaseError>>, LeaseError> {
-        check_renewals(owner, lease_ms, leases)?;
-        check_time(now_ms, lease_ms)?;
         // The chunks go out together on the multiplexed connection: pipelined, one round trip.
-        let chunks = leases.chunks(RENEW_CHUNK).map(|c| self.renew_chunk(owner, now_ms, lease_ms, c));
+        let chunks = leases.chunks(RENEW_CHUNK).map(|c| self.renew_chunk(term, c));
         merge_chunks(leases, RENEW_CHUNK, futures::future::join_all(chunks).await)
     }
 
     async fn release(&self, id: &str, owner: &str, token: u64, last_seq: Option<&str>) -> Result<(), LeaseError> {
-        check_lease_args(id, owner, None, last_seq)?;
         let mut inv = self.release.key(self.feed_key(id));
         inv.arg(owner).arg(token);
         inv.arg(if last_seq.is_some() { "1" } else { "0" }).arg(last_seq.unwrap_or(""));
@@ -480,9 +447,6 @@ impl LeaseStore for RedisLeaseStore {
     }
 
     async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<Feed>>, LeaseError> {
-        for id in ids {
-            validate_id(id)?;
-        }
         self.read_many(ids, StoreOp::GetMany).await
     }
 

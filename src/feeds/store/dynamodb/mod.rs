@@ -55,10 +55,10 @@ use item::{
     def_values, feed_of, item_id, key, lease_of, n, s, sdk_err, Item, DEF_FIELDS, EXPIRES, ID, LAST_SEQ, OWNER, TOKEN,
 };
 
-use super::metrics::{StoreOp, StoreRequests};
-use super::record::{validate_id, Feed, FeedDef, Lease};
 use super::releases::RedisReleases;
-use super::store::{check_lease_args, check_renewals, LeaseError, LeaseStore, Renewal};
+use super::{LeaseError, LeaseStore, LeaseTerm, Renewal};
+use crate::feeds::metrics::{StoreOp, StoreRequests};
+use crate::feeds::record::{validate_id, Feed, FeedDef, Lease};
 
 /// Most keys in one `BatchGetItem` (DynamoDB's limit).
 pub const BATCH_KEYS: usize = 100;
@@ -397,7 +397,7 @@ impl DynamoLeaseStore {
 
 impl LeaseStore for DynamoLeaseStore {
     async fn put(&self, def: &FeedDef) -> Result<bool, LeaseError> {
-        def.validate()?;
+        debug_assert!(def.validate().is_ok(), "checked by the front door");
         let mut names = names(&[("#t", TOKEN), ("#e", EXPIRES)]);
         let mut values: Item = HashMap::from([(":zero".to_owned(), n(0))]);
         let mut sets = Vec::with_capacity(DEF_FIELDS.len() + 2);
@@ -426,12 +426,10 @@ impl LeaseStore for DynamoLeaseStore {
     }
 
     async fn get(&self, id: &str) -> Result<Option<Feed>, LeaseError> {
-        validate_id(id)?;
         self.get_item(id, StoreOp::Get).await?.as_ref().map(feed_of).transpose()
     }
 
     async fn delete(&self, id: &str) -> Result<bool, LeaseError> {
-        validate_id(id)?;
         self.sent(Op::DeleteItem, StoreOp::Delete);
         let out = self
             .client
@@ -445,8 +443,8 @@ impl LeaseStore for DynamoLeaseStore {
         Ok(out.attributes().is_some_and(|a| !a.is_empty()))
     }
 
-    async fn acquire(&self, id: &str, owner: &str, now_ms: u64, lease_ms: u64) -> Result<u64, LeaseError> {
-        check_lease_args(id, owner, Some(lease_ms), None)?;
+    async fn acquire(&self, id: &str, term: LeaseTerm<'_>) -> Result<u64, LeaseError> {
+        let LeaseTerm { owner, now_ms, lease_ms } = term;
         let values = HashMap::from([
             (":owner".to_owned(), s(owner)),
             (":exp".to_owned(), n(now_ms.saturating_add(lease_ms))),
@@ -469,16 +467,8 @@ impl LeaseStore for DynamoLeaseStore {
         }
     }
 
-    async fn renew(
-        &self,
-        id: &str,
-        owner: &str,
-        token: u64,
-        now_ms: u64,
-        lease_ms: u64,
-        last_seq: Option<&str>,
-    ) -> Result<(), LeaseError> {
-        check_lease_args(id, owner, Some(lease_ms), last_seq)?;
+    async fn renew(&self, term: LeaseTerm<'_>, lease: Renewal<'_>) -> Result<(), LeaseError> {
+        let (LeaseTerm { owner, now_ms, lease_ms }, Renewal { id, token, last_seq }) = (term, lease);
         let values = HashMap::from([
             (":owner".to_owned(), s(owner)),
             (":token".to_owned(), n(token)),
@@ -493,17 +483,13 @@ impl LeaseStore for DynamoLeaseStore {
 
     async fn renew_many(
         &self,
-        owner: &str,
-        now_ms: u64,
-        lease_ms: u64,
+        term: LeaseTerm<'_>,
         leases: &[Renewal<'_>],
     ) -> Result<Vec<Result<(), LeaseError>>, LeaseError> {
-        check_renewals(owner, lease_ms, leases)?;
-        self.transact_renew(owner, now_ms, lease_ms, leases).await
+        self.transact_renew(term, leases).await
     }
 
     async fn release(&self, id: &str, owner: &str, token: u64, last_seq: Option<&str>) -> Result<(), LeaseError> {
-        check_lease_args(id, owner, None, last_seq)?;
         let values = HashMap::from([
             (":owner".to_owned(), s(owner)),
             (":token".to_owned(), n(token)),
@@ -518,9 +504,6 @@ impl LeaseStore for DynamoLeaseStore {
     }
 
     async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<Feed>>, LeaseError> {
-        for id in ids {
-            validate_id(id)?;
-        }
         // BatchGetItem refuses a request naming one key twice.
         let mut seen = HashSet::with_capacity(ids.len());
         let distinct: Vec<&str> = ids.iter().map(String::as_str).filter(|id| seen.insert(*id)).collect();

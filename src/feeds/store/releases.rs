@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio::sync::Mutex;
 
-use super::store::LeaseError;
+use super::LeaseError;
 use crate::config::Broker as BrokerConfig;
 use crate::redis::link::Link;
 

@@ -1,14 +1,42 @@
-//! The lease store seam (STYLE 5): one small async trait, three backends ([`super::memory`],
-//! [`super::redis`], `super::dynamodb`).
+//! The lease store seam (STYLE 5): one small async trait, three backends, and the front door
+//! the runtime calls them through.
+//!
+//! # Layout
+//! - this file: the [`LeaseStore`] trait, [`LeaseError`], the arguments [`LeaseTerm`] and
+//!   [`Renewal`];
+//! - [`front`]: [`AnyStore`], the front door: the backend `[feeds] store` names; it checks
+//!   every argument once, before any backend sees it, and counts the items written;
+//! - [`memory`]: [`MemoryLeaseStore`], for one process;
+//! - [`redis`]: [`RedisLeaseStore`], the broker's Redis, one Lua script per compare-and-set
+//!   (per 500 leases for the batched renew);
+//! - `dynamodb` (cargo feature `dynamodb`): `DynamoLeaseStore`, a DynamoDB table, one
+//!   conditional `UpdateItem` per compare-and-set (one `TransactWriteItems` per 100 leases for
+//!   the batched renew);
+//! - [`releases`]: release notifications on the broker's Redis pub/sub, shared by the Redis
+//!   store and (with the Redis broker) the DynamoDB store.
+//!
+//! The backends only store: they trust their arguments (checked with `debug_assert!` in debug
+//! builds). Call them through [`AnyStore`], which refuses a malformed argument with
+//! [`LeaseError::Invalid`] naming the field.
 
-use std::collections::HashSet;
+#[cfg(feature = "dynamodb")]
+pub mod dynamodb;
+pub mod front;
+pub mod memory;
+pub mod redis;
+pub mod releases;
+
+pub use front::AnyStore;
+pub use memory::MemoryLeaseStore;
+pub use redis::RedisLeaseStore;
+
 use std::future::Future;
 use std::sync::Arc;
 
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::metrics::StoreRequests;
-use super::record::{validate_id, validate_owner, validate_seq, Feed, FeedDef, FeedError};
+use super::record::{Feed, FeedDef, FeedError};
 
 /// Why a lease store call did not do what was asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,25 +105,27 @@ impl From<FeedError> for LeaseError {
     }
 }
 
-/// Checks the arguments of `acquire`, `renew` and `release` before any store sees them: the
-/// id, the owner, `lease_ms` when the call has one (1 ..= 86,400,000, one day) and `last_seq`
-/// when given. Errors name the field.
-pub(super) fn check_lease_args(
-    id: &str,
-    owner: &str,
-    lease_ms: Option<u64>,
-    last_seq: Option<&str>,
-) -> Result<(), FeedError> {
-    validate_id(id)?;
-    validate_owner(owner)?;
-    if let Some(ms) = lease_ms.filter(|ms| !(1..=86_400_000).contains(ms)) {
-        return Err(FeedError { field: "lease_ms", reason: format!("{ms} is not 1 ..= 86400000 ms") });
-    }
-    last_seq.map(validate_seq).transpose()?;
-    Ok(())
+/// Who asks for a lease and for how long: the term shared by [`LeaseStore::acquire`],
+/// [`LeaseStore::renew`] and every lease of a [`LeaseStore::renew_many`]. The lease runs
+/// until `now_ms + lease_ms`.
+///
+/// Checked by the front door ([`AnyStore`]) before any backend sees it; errors
+/// ([`LeaseError::Invalid`]) name `lease_owner` (not 1–128 bytes of printable ASCII without
+/// spaces, [`super::record::validate_owner`]), `lease_ms` (not 1 ..= 86,400,000, one day) or
+/// `now_ms` (`now_ms + lease_ms` past 2^53 ms, the Redis scripts' exact range).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseTerm<'a> {
+    /// The node asking (the lease's `lease_owner`).
+    pub owner: &'a str,
+    /// The caller's clock, Unix epoch milliseconds.
+    pub now_ms: u64,
+    /// How long the lease runs from `now_ms`, milliseconds.
+    pub lease_ms: u64,
 }
 
-/// One lease of a [`LeaseStore::renew_many`] call: what [`LeaseStore::renew`] takes per feed.
+/// One held lease to renew: the feed and the fencing token the caller holds for it, plus the
+/// progress to store. What [`LeaseStore::renew`] takes, and each lease of a
+/// [`LeaseStore::renew_many`]. Checked by the front door: errors name `id` or `last_seq`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Renewal<'a> {
     /// The feed id.
@@ -106,24 +136,11 @@ pub struct Renewal<'a> {
     pub last_seq: Option<&'a str>,
 }
 
-/// Checks the arguments of `renew_many` as [`check_lease_args`] does for each lease, and that
-/// no id appears twice (errors name `id`).
-pub(super) fn check_renewals(owner: &str, lease_ms: u64, leases: &[Renewal<'_>]) -> Result<(), FeedError> {
-    let mut seen = HashSet::with_capacity(leases.len());
-    for r in leases {
-        check_lease_args(r.id, owner, Some(lease_ms), r.last_seq)?;
-        if !seen.insert(r.id) {
-            return Err(FeedError { field: "id", reason: format!("{:?} given twice in one renew_many", r.id) });
-        }
-    }
-    Ok(())
-}
-
 /// The results of a `renew_many` sent as requests of `chunk` leases each, `replies` one per
 /// request in order: the whole call's error when every request failed (nothing was renewed;
 /// with [`LeaseError::Unknown`], perhaps some were), else one result per lease, the
 /// request's error for each lease of a failed one.
-pub(super) fn merge_chunks(
+fn merge_chunks(
     leases: &[Renewal<'_>],
     chunk: usize,
     replies: Vec<Result<Vec<Result<(), LeaseError>>, LeaseError>>,
@@ -148,8 +165,9 @@ pub(super) fn merge_chunks(
 /// script or one command on Redis, one critical section in memory); the lease rules are those
 /// of the module doc ([`crate::feeds`]). Times are milliseconds given by the caller, so the
 /// lease rules never read the store's clock (the Redis store reads Redis `TIME` only for
-/// its writes' deadlines, [`LeaseError::Unknown`]); ids, owners and `last_seq` are checked first and refused with
-/// [`LeaseError::Invalid`] naming the field.
+/// its writes' deadlines, [`LeaseError::Unknown`]). Ids, owners, `lease_ms` and `last_seq`
+/// are checked by the front door ([`AnyStore`]), which refuses a malformed one with
+/// [`LeaseError::Invalid`] naming the field; a backend trusts its arguments.
 pub trait LeaseStore: Send + Sync {
     /// Creates or replaces a feed definition after [`FeedDef::validate`]; the lease fields
     /// of an existing feed are kept. Returns `true` if the feed was created.
@@ -162,32 +180,20 @@ pub trait LeaseStore: Send + Sync {
     /// renew then fails with [`LeaseError::NotFound`].
     fn delete(&self, id: &str) -> impl Future<Output = Result<bool, LeaseError>> + Send;
 
-    /// Takes the lease for `owner` until `now_ms + lease_ms` if it is free at `now_ms`
-    /// (`lease_expires_at_ms <= now_ms`); returns the new fencing token (the previous one plus
-    /// one). Errors: [`LeaseError::Held`], [`LeaseError::NotFound`]. The desired state is not
-    /// checked: the caller decides which feeds to run.
-    fn acquire(
-        &self,
-        id: &str,
-        owner: &str,
-        now_ms: u64,
-        lease_ms: u64,
-    ) -> impl Future<Output = Result<u64, LeaseError>> + Send;
+    /// Takes the lease of feed `id` for `term.owner` until `term.now_ms + term.lease_ms` if it
+    /// is free at `term.now_ms` (`lease_expires_at_ms <= now_ms`); returns the new fencing
+    /// token (the previous one plus one). Errors: [`LeaseError::Held`],
+    /// [`LeaseError::NotFound`]. The desired state is not checked: the caller decides which
+    /// feeds to run.
+    fn acquire(&self, id: &str, term: LeaseTerm<'_>) -> impl Future<Output = Result<u64, LeaseError>> + Send;
 
-    /// Extends the lease of `owner` holding fencing token `token` to `now_ms + lease_ms` and
-    /// stores `last_seq` when given. Errors: [`LeaseError::Lost`] when the owner or token
-    /// differ or the lease expired at `now_ms`; [`LeaseError::NotFound`].
-    fn renew(
-        &self,
-        id: &str,
-        owner: &str,
-        token: u64,
-        now_ms: u64,
-        lease_ms: u64,
-        last_seq: Option<&str>,
-    ) -> impl Future<Output = Result<(), LeaseError>> + Send;
+    /// Extends the lease `lease.id` of `term.owner` holding fencing token `lease.token` to
+    /// `term.now_ms + term.lease_ms` and stores `lease.last_seq` when given. Errors:
+    /// [`LeaseError::Lost`] when the owner or token differ or the lease expired at
+    /// `term.now_ms`; [`LeaseError::NotFound`].
+    fn renew(&self, term: LeaseTerm<'_>, lease: Renewal<'_>) -> impl Future<Output = Result<(), LeaseError>> + Send;
 
-    /// Renews many leases of `owner` at one `now_ms`/`lease_ms`: for each of `leases`, what
+    /// Renews many leases of one `term` (owner, `now_ms`, `lease_ms`): for each of `leases`, what
     /// [`LeaseStore::renew`] does, by the same rules, in as few requests as the backend
     /// allows (memory: one critical section; Redis: one script call per 500 leases; DynamoDB:
     /// one `TransactWriteItems` per 100). Returns one result per lease, in order: `Ok(())`,
@@ -198,9 +204,7 @@ pub trait LeaseStore: Send + Sync {
     /// store failed before any lease was renewed.
     fn renew_many(
         &self,
-        owner: &str,
-        now_ms: u64,
-        lease_ms: u64,
+        term: LeaseTerm<'_>,
         leases: &[Renewal<'_>],
     ) -> impl Future<Output = Result<Vec<Result<(), LeaseError>>, LeaseError>> + Send;
 
