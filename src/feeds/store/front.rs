@@ -215,3 +215,45 @@ impl LeaseStore for AnyStore {
         each!(self, s => s.requests())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::feeds::DesiredState;
+
+    fn def(id: &str) -> FeedDef {
+        FeedDef {
+            id: id.into(),
+            url: "ws://127.0.0.1:1/".into(),
+            channel: format!("feed.{id}"),
+            desired_state: DesiredState::Started,
+            subscribe: String::new(),
+            resume_query: String::new(),
+            seq_pointer: "/seq".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_arguments_are_refused_with_the_field_before_the_backend() {
+        let s = AnyStore::from(MemoryLeaseStore::new());
+        s.put(&def("a")).await.unwrap();
+        let asked = s.requests().total();
+        let field = |e: LeaseError| match e {
+            LeaseError::Invalid(f) => f.field,
+            other => panic!("{other:?}"),
+        };
+        let term = |owner, lease_ms| LeaseTerm { owner, now_ms: 0, lease_ms };
+        let lease = |id, last_seq| Renewal { id, token: 1, last_seq };
+        assert_eq!(field(s.acquire("a", term("", 1_000)).await.unwrap_err()), "lease_owner");
+        assert_eq!(field(s.acquire("a", term("n", 0)).await.unwrap_err()), "lease_ms");
+        assert_eq!(field(s.acquire("a:b", term("n", 10)).await.unwrap_err()), "id");
+        assert_eq!(field(s.renew(term("n", 10), lease("a", Some(""))).await.unwrap_err()), "last_seq");
+        let late = LeaseTerm { owner: "n", now_ms: MAX_EXACT_MS, lease_ms: 1 };
+        assert_eq!(field(s.renew(late, lease("a", None)).await.unwrap_err()), "now_ms");
+        let twice = [lease("a", None), lease("a", None)];
+        assert_eq!(field(s.renew_many(term("n", 10), &twice).await.unwrap_err()), "id");
+        assert_eq!(field(s.release("a", "n b", 1, None).await.unwrap_err()), "lease_owner");
+        assert_eq!(s.requests().total(), asked, "nothing refused reached the backend");
+        assert_eq!(s.acquire("zz", term("n", 10)).await, Err(LeaseError::NotFound));
+    }
+}
