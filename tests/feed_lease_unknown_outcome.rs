@@ -97,7 +97,7 @@ async fn renew_while_redis_is_busy() {
     let r = s
         .renew(
             LeaseTerm { owner: "node-a", now_ms: t + 1, lease_ms: LEASE_MS },
-            Renewal { id: "f2", token: token, last_seq: Some("7") },
+            Renewal { id: "f2", token, last_seq: Some("7") },
         )
         .await;
     let took = t0.elapsed();
@@ -115,7 +115,7 @@ async fn renew_while_redis_is_busy() {
     let r = s
         .renew(
             LeaseTerm { owner: "node-a", now_ms: t + 2, lease_ms: LEASE_MS },
-            Renewal { id: "f2", token: token, last_seq: Some("8") },
+            Renewal { id: "f2", token, last_seq: Some("8") },
         )
         .await;
     woken(sleeper).await;
@@ -167,7 +167,7 @@ async fn a_killed_connection_is_opened_again() {
     let first = s
         .renew(
             LeaseTerm { owner: "node-a", now_ms: now_ms(), lease_ms: LEASE_MS },
-            Renewal { id: "f3", token: token, last_seq: None },
+            Renewal { id: "f3", token, last_seq: None },
         )
         .await;
     eprintln!("renew after CLIENT KILL: {first:?}");
@@ -175,7 +175,7 @@ async fn a_killed_connection_is_opened_again() {
     assert_eq!(
         s.renew(
             LeaseTerm { owner: "node-a", now_ms: now_ms(), lease_ms: LEASE_MS },
-            Renewal { id: "f3", token: token, last_seq: None }
+            Renewal { id: "f3", token, last_seq: None }
         )
         .await,
         Ok(()),

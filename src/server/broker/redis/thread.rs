@@ -53,7 +53,6 @@ const DRAIN_PER_CORE: usize = 1024;
 /// The `retry_after_ms` of an `unavailable` answer: how long a client should wait before
 /// retrying a publish or a `sub` while the broker reconnects.
 pub const UNAVAILABLE_RETRY_MS: u64 = 1_000;
-use crate::redis::REPLY_GRACE;
 
 /// Error kinds, indexes into `metrics::BROKER_ERROR_KINDS`.
 const ERR_TIMEOUT: usize = 0;
