@@ -17,7 +17,7 @@
 //! - [`channel`]: one task per channel with subscribers on this node: seq continuity, gap
 //!   repair, epoch changes, the subscribe seam;
 //! - [`links`]: the tasks that keep the command and pub/sub links up;
-//! - [`link`]: a connection to one Redis or a Redis Cluster;
+//! - [`crate::redis::link`]: a connection to one Redis or a Redis Cluster;
 //! - [`keys`]: key names, payloads and the server-side scripts;
 //! - [`clock`]: Redis's clock against this node's, for the scripts' deadlines.
 
