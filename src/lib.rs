@@ -6,12 +6,14 @@
 //! Bottom first: a module names only modules above it in this list (tests/layers.rs checks
 //! every `crate::` path; CONTRIBUTING.md, "Layout").
 //!
-//! - [`ws`]: RFC 6455 pieces, sans-IO: [`ws::handshake`] (HTTP/1.1 request parsing and the
-//!   upgrade check, §4.2) and [`ws::codec`] (frame decoding and encoding, fragments, UTF-8, close
+//! - [`http`]: plain HTTP/1.1, sans-IO: request heads parsed ([`http::request`]), bodies
+//!   decoded ([`http::body`]), responses built ([`http::response`]) for the non-WebSocket
+//!   endpoints and refused upgrades.
+//! - [`ws`]: RFC 6455 pieces, sans-IO: [`ws::handshake`] (the upgrade check on a parsed
+//!   request, §4.2) and [`ws::codec`] (frame decoding and encoding, fragments, UTF-8, close
 //!   codes, §5–§7).
 //! - [`protocol`]: the pub/sub wire protocol v1 (docs/protocol.md), sans-IO: client ops in, server
 //!   frames out, the close-code contract and the reconnect backoff.
-//! - [`http`]: plain HTTP/1.1 responses for the non-WebSocket endpoints.
 //! - [`log_limit`]: a sans-IO rate limiter for log lines a flood can produce; [`logging`]: the
 //!   `TETHER_LOG` filter, checked before use.
 //! - [`config`]: the TOML configuration (docs/configuration.md), its defaults, its validation,

@@ -9,9 +9,10 @@ use base64::Engine as _;
 use proptest::collection::vec;
 use proptest::prelude::*;
 use serde_json::{json, Value};
+use tether::http::parse_request;
 use tether::protocol::{parse_client_op, ClientOp};
 use tether::ws::codec::{Decoder, Message};
-use tether::ws::handshake::{check_upgrade, parse_request};
+use tether::ws::handshake::check_upgrade;
 
 // ---- HTTP requests ----
 

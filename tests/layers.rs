@@ -13,11 +13,11 @@ use std::path::{Path, PathBuf};
 /// The top-level modules of `src/lib.rs`, bottom first: a module may name only modules listed
 /// before it. Also the order of src/lib.rs's "Layout".
 const LAYERS: &[&str] = &[
-    // The RFC 6455 frame codec; HTTP/1.1 requests and responses; the pub/sub wire protocol
-    // and close contract: sans-IO, no config.
+    // HTTP/1.1 requests and responses; the RFC 6455 handshake check and frame codec; the
+    // pub/sub wire protocol and close contract: sans-IO, no config.
+    "http",
     "ws",
     "protocol",
-    "http",
     "log_limit",
     "logging",
     // The configuration, and what reads it without serving.

@@ -1,5 +1,5 @@
 //! A session driven without sockets, the way a core drives it (`server::core`,
-//! `server::http_api`): bytes in, requests taken out and answered, the upgrade, and a socket
+//! `server::http::route`): bytes in, requests taken out and answered, the upgrade, and a socket
 //! that writes everything at once.
 
 use std::io::IoSlice;
@@ -9,10 +9,11 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use super::{MAX_BODY_BYTES, MAX_HEAD_BYTES, MAX_MESSAGE_BYTES};
+use crate::http::{HttpError, Method, Request};
 use crate::server::metrics::CoreMetrics;
 use crate::server::requests::Inbound;
 use crate::server::session::{queue, Ctx, Flags, Session, SessionConfig, State};
-use crate::ws::handshake::{self, HttpError, Method, Request};
+use crate::ws::handshake;
 
 /// What happened on one simulated connection, in order. Equal for every split of the same
 /// input: that is the split invariant of the session targets.
@@ -110,7 +111,7 @@ impl Sim {
                                 t.events.push(format!("upgrade {accept}"));
                                 let ctx = Ctx { now: 0, cfg: &self.cfg, metrics: &self.metrics };
                                 s.upgrade(&ctx, handshake::switching_protocols(&accept), false, &mut self.rng);
-                                // Frames sent right behind the head (`http_api::upgrade`).
+                                // Frames sent right behind the head (`server::http::route` upgrade).
                                 s.handle_bytes(&self.ctx(), &[], ops);
                             }
                             Err(e) => return self.refuse(s, e, t),
@@ -124,7 +125,7 @@ impl Sim {
         }
     }
 
-    /// A refusal answered and the connection finished, as `http_api::reject` does (with a
+    /// A refusal answered and the connection finished, as `route::reject` does (with a
     /// marker answer: the real one carries a `Date`, which would differ between runs).
     fn refuse(&self, s: &mut Session, e: HttpError, t: &mut Transcript) {
         t.events.push(format!("refused {e}"));

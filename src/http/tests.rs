@@ -146,7 +146,7 @@ fn chunked_errors() {
 }
 
 fn parsed(head: &str) -> Request {
-    crate::ws::handshake::parse_request(head.as_bytes(), 8192).expect("valid head").expect("complete head")
+    crate::http::parse_request(head.as_bytes(), 8192).expect("valid head").expect("complete head")
 }
 
 #[test]

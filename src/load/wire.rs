@@ -13,7 +13,6 @@ use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use base64::Engine;
-use sha1::{Digest, Sha1};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -24,8 +23,6 @@ use crate::ws::codec::{decode_server_frame, encode_client_frame};
 const MAX_RESPONSE_HEAD: usize = 8192;
 /// Per-thread read buffer: one read drains up to this much from a socket.
 const SCRATCH_BYTES: usize = 64 * 1024;
-/// RFC 6455 §1.3 GUID appended to the key for `Sec-WebSocket-Accept`.
-const WS_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 
 thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = RefCell::new(vec![0; SCRATCH_BYTES]);
@@ -152,11 +149,9 @@ fn random_key() -> String {
 }
 
 /// The `Sec-WebSocket-Accept` a server must answer `key` with (§4.2.2).
+/// Computed by tungstenite's `derive_accept_key`, the same function the server's handshake uses.
 pub fn accept_key(key: &str) -> String {
-    let mut sha = Sha1::new();
-    sha.update(key.as_bytes());
-    sha.update(WS_GUID.as_bytes());
-    base64::engine::general_purpose::STANDARD.encode(sha.finalize())
+    tungstenite::handshake::derive_accept_key(key.as_bytes())
 }
 
 /// An open client WebSocket connection.

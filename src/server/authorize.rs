@@ -9,10 +9,10 @@ use std::sync::Arc;
 use super::core::CoreState;
 use super::session::{token_due, ConnId, ReapReason, CANCELLED};
 use crate::auth::{unix_now_ms, AuthError, Verified};
+use crate::http::Request;
 use crate::protocol::close::{CloseReason, FORBIDDEN};
 use crate::protocol::{self, codes};
 use crate::ws::codec;
-use crate::ws::handshake::Request;
 
 /// A right a token's `channels` claim grants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -157,7 +157,7 @@ pub struct Gathering {
     /// The HTTP connection that asked.
     pub conn: ConnId,
     /// Which endpoint answers once every core has.
-    pub what: super::inspect::Gather,
+    pub what: super::http::inspect::Gather,
     /// Cores that have yet to answer.
     pub missing: usize,
     /// Rows wanted.

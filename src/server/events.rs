@@ -20,11 +20,11 @@ use tracing::Level;
 
 use super::metrics::HandshakeFailure;
 use super::session::reap::ReapReason;
+use crate::http::Request;
 use crate::log_limit::{Admit, LogLimiter};
 use crate::logging::Escaped;
 use crate::protocol::close::CloseCode;
 use crate::protocol::RequestError;
-use crate::ws::handshake::Request;
 
 /// Lines per second per kind per core before suppression.
 pub const LINES_PER_SECOND: u32 = 10;

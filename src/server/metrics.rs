@@ -151,7 +151,7 @@ pub struct CoreMetrics {
     pub pings_sent: AtomicU64,
     /// HTTP requests served (non-upgrade).
     pub http_requests: AtomicU64,
-    /// HTTP API requests refused with 401, by [`Guarded`](super::http_auth::Guarded).
+    /// HTTP API requests refused with 401, by [`Guarded`](super::http::auth::Guarded).
     pub http_auth_failures: [AtomicU64; 2],
     /// Connections still to be closed by the drain on this core (gauge).
     pub drain_remaining: AtomicI64,
@@ -204,6 +204,32 @@ impl CoreMetrics {
         self.overflow_queue_bytes[b].fetch_add(1, Relaxed);
         self.overflow_queue_bytes_sum.fetch_add(queued_bytes, Relaxed);
     }
+}
+
+/// Writes a Prometheus histogram (`_bucket{le=…}` cumulative, `_sum`, `_count`): `bounds` are
+/// the buckets' upper bounds in the recorded unit (the last `u64::MAX`, written `+Inf`),
+/// `counts[i]` the samples in bucket `i` (not cumulative), `sum` their total in the recorded
+/// unit; `scale` divides bounds and sum on the way out (1e6 turns microseconds into seconds).
+fn histogram(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    bounds: &[u64],
+    counts: impl Iterator<Item = u64>,
+    sum: u64,
+    scale: f64,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    let mut cumulative = 0u64;
+    for (ub, n) in bounds.iter().zip(counts) {
+        cumulative += n;
+        if *ub == u64::MAX {
+            let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+        } else {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{}\"}} {cumulative}", *ub as f64 / scale);
+        }
+    }
+    let _ = writeln!(out, "{name}_sum {}\n{name}_count {cumulative}", sum as f64 / scale);
 }
 
 fn counter(out: &mut String, name: &str, kind: &str, help: &str, samples: impl Iterator<Item = (String, u64)>) {
@@ -283,7 +309,7 @@ pub fn render(cores: &[CoreMetrics], draining: bool) -> String {
         per_core(&|m| m.http_requests.load(Relaxed)),
     );
     let auth_failures = cores.iter().enumerate().flat_map(|(c, m)| {
-        super::http_auth::GUARDED_NAMES
+        super::http::auth::GUARDED_NAMES
             .iter()
             .enumerate()
             .map(move |(i, n)| (format!("core=\"{c}\",endpoint=\"{n}\""), m.http_auth_failures[i].load(Relaxed)))
@@ -363,15 +389,15 @@ pub fn render(cores: &[CoreMetrics], draining: bool) -> String {
         "Requests and control frames refused by an abuse limit, by limit.",
         labelled(&LIMIT_NAMES, "limit", &|m, i| m.limit_refusals[i].load(Relaxed)),
     );
-    let _ = writeln!(out, "# HELP tether_overflow_queue_bytes Outbound queue size at overflow.\n# TYPE tether_overflow_queue_bytes histogram");
-    let mut cumulative = 0u64;
-    for (b, ub) in QUEUE_BUCKETS.iter().enumerate() {
-        cumulative += cores.iter().map(|m| m.overflow_queue_bytes[b].load(Relaxed)).sum::<u64>();
-        let le = if *ub == u64::MAX { "+Inf".to_string() } else { ub.to_string() };
-        let _ = writeln!(out, "tether_overflow_queue_bytes_bucket{{le=\"{le}\"}} {cumulative}");
-    }
-    let sum: u64 = cores.iter().map(|m| m.overflow_queue_bytes_sum.load(Relaxed)).sum();
-    let _ = writeln!(out, "tether_overflow_queue_bytes_sum {sum}\ntether_overflow_queue_bytes_count {cumulative}");
+    histogram(
+        &mut out,
+        "tether_overflow_queue_bytes",
+        "Outbound queue size at overflow.",
+        &QUEUE_BUCKETS,
+        (0..QUEUE_BUCKETS.len()).map(|b| cores.iter().map(|m| m.overflow_queue_bytes[b].load(Relaxed)).sum()),
+        cores.iter().map(|m| m.overflow_queue_bytes_sum.load(Relaxed)).sum(),
+        1.0,
+    );
     let _ = writeln!(
         out,
         "# HELP tether_draining 1 while the server drains.\n# TYPE tether_draining gauge\ntether_draining {}",
@@ -514,15 +540,14 @@ impl BrokerMetrics {
             "Broker request errors, by kind.",
             BROKER_ERROR_KINDS.iter().enumerate().map(|(i, k)| (format!("kind=\"{k}\""), self.errors[i].load(Relaxed))),
         );
-        let _ = writeln!(out, "# HELP tether_broker_request_seconds Latency of broker requests (pipelines, scripts, reads).\n# TYPE tether_broker_request_seconds histogram");
-        let mut cumulative = 0u64;
-        for (b, ub) in BROKER_BUCKETS_US.iter().enumerate() {
-            cumulative += self.request_buckets[b].load(Relaxed);
-            let le = if *ub == u64::MAX { "+Inf".to_string() } else { format!("{}", *ub as f64 / 1e6) };
-            let _ = writeln!(out, "tether_broker_request_seconds_bucket{{le=\"{le}\"}} {cumulative}");
-        }
-        let sum = self.request_sum_us.load(Relaxed) as f64 / 1e6;
-        let _ =
-            writeln!(out, "tether_broker_request_seconds_sum {sum}\ntether_broker_request_seconds_count {cumulative}");
+        histogram(
+            out,
+            "tether_broker_request_seconds",
+            "Latency of broker requests (pipelines, scripts, reads).",
+            &BROKER_BUCKETS_US,
+            self.request_buckets.iter().map(|b| b.load(Relaxed)),
+            self.request_sum_us.load(Relaxed),
+            1e6,
+        );
     }
 }

@@ -18,15 +18,12 @@
 //!   generation as user data) and the one task that turns readiness into work.
 //! - [`core`]: one core's state: sessions, clock, drain; feeds the sessions and writes what
 //!   they queue.
-//! - [`http_api`]: the upgrade and the HTTP endpoints.
-//! - [`http_feeds`]: the admin API of feeds (`/feeds`), answered by the feeds thread.
+//! - [`http`]: the HTTP side of a core: routing the upgrade and every HTTP endpoint
+//!   ([`http::route`]), the admin guard ([`http::auth`]), `/feeds` ([`http::feeds`]), the
+//!   status page ([`http::status`]) and `GET /connections` ([`http::inspect`]).
 //! - [`subscribe`]: `sub`/`unsub` and the broker's confirmation, at the subscriber's core.
 //! - [`authorize`]: JWT auth at the core: the token of an upgrade, channel rights on
 //!   `sub`/`pub`, `refresh`, and the core's table of interned grants.
-//! - [`inspect`]: `GET /connections` and the per-core part of `/status.json`, gathered from
-//!   every core.
-//! - [`status`]: the live status page `GET /status`, its assets (compiled in from
-//!   `server/status/`) and `GET /status.json`.
 //! - [`feed_port`]: the feeds thread's entry into the broker path (bounded, answered per
 //!   publish).
 //! - [`events`]: log lines about connections (handshake failures, reaps, overflow closes,
@@ -54,10 +51,7 @@ pub mod core;
 pub mod events;
 pub mod feed_port;
 pub mod flush;
-pub mod http_api;
-pub mod http_auth;
-pub mod http_feeds;
-pub mod inspect;
+pub mod http;
 pub mod io;
 pub mod local;
 pub mod metrics;
@@ -66,7 +60,6 @@ pub mod reactor;
 pub mod reclaim;
 pub mod requests;
 pub mod session;
-pub mod status;
 pub mod subscribe;
 pub mod tick;
 pub mod timer;

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use rand::Rng;
 
 use super::{Ctx, Flags, Session, SessionConfig, State, NO_CHAN};
-use crate::ws::handshake::{self, HttpError, Request};
+use crate::http::{self, HttpError, Request};
 
 impl Session {
     /// The next complete HTTP request held in the input (head and body), in order; `None`
@@ -19,7 +19,7 @@ impl Session {
         if phase.awaiting || self.flags.has(Flags::WANT_WRITE) || self.pending_in.is_empty() {
             return None;
         }
-        let req = match handshake::parse_request(self.pending_in.as_slice(), cfg.max_header_bytes) {
+        let req = match http::parse_request(self.pending_in.as_slice(), cfg.max_header_bytes) {
             Ok(None) => return None,
             Ok(Some(r)) => r,
             Err(e) => return Some(Err(e)),
@@ -48,7 +48,7 @@ impl Session {
         self.pending_in.consume(consumed);
         if let State::Http(p) = &mut self.state {
             p.continued = false;
-            p.head = req.method == handshake::Method::Head;
+            p.head = req.method == http::Method::Head;
         }
         Some(Ok((req, body)))
     }

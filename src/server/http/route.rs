@@ -1,24 +1,25 @@
 //! Plain HTTP on the WebSocket port: the upgrade itself (`GET /ws`, `GET /echo`) and the API
 //! (`POST /publish/{channel}`, `/healthz`, `/readyz`, `/metrics`, `/connections`; the status
-//! page is [`super::status`], `/feeds` is [`super::http_feeds`]). HTTP/1.1 keep-alive and
+//! page is [`super::status`], `/feeds` is [`super::feeds`]). HTTP/1.1 keep-alive and
 //! pipelining are honoured; an upgraded connection leaves this module for good.
-//! The session parses requests ([`Session::next_request`](super::session::Session::next_request));
+//! The session parses requests ([`Session::next_request`](crate::server::session::Session::next_request));
 //! this module routes them and answers.
 
 use std::sync::atomic::Ordering::Relaxed;
 
 use bytes::Bytes;
 
-use super::bus::{ConnRow, PublishResult};
-use super::core::CoreState;
-use super::http_auth::{self, Guarded, Refusal};
+use super::auth::{self, Guarded, Refusal};
 use super::inspect::Gather;
-use super::metrics::{self, HandshakeFailure};
-use super::session::{ConnId, State};
 use super::status;
 use crate::http;
+use crate::http::{HttpError, Method, Request};
 use crate::protocol;
-use crate::ws::handshake::{self, HttpError, Method, Request};
+use crate::server::bus::{ConnRow, PublishResult};
+use crate::server::core::CoreState;
+use crate::server::metrics::{self, HandshakeFailure};
+use crate::server::session::{ConnId, State};
+use crate::ws::handshake;
 
 /// `Retry-After` (seconds) sent with 503 answers to upgrades refused for capacity or rate.
 const RETRY_AFTER_S: &str = "1";
@@ -39,7 +40,7 @@ impl CoreState {
                     let max = cfg.max_publish_bytes;
                     self.metrics().handshake_failure(HandshakeFailure::BadRequest);
                     let fd = self.conn(id).map(|s| s.fd);
-                    super::events::handshake_failed(self.me, fd, HandshakeFailure::BadRequest, 413, e.reason);
+                    crate::server::events::handshake_failed(self.me, fd, HandshakeFailure::BadRequest, 413, e.reason);
                     let reason = format!("request body larger than limits.max_publish_bytes = {max} bytes");
                     return self.send(id, http::error_response(413, &reason, &[], false), false);
                 }
@@ -125,7 +126,7 @@ impl CoreState {
                     keep_alive,
                 );
             }
-            if let Err(r) = http_auth::check_publish(&self.shared.config, req) {
+            if let Err(r) = auth::check_publish(&self.shared.config, req) {
                 return self.refuse_auth(id, Guarded::Publish, r, keep_alive);
             }
             return self.http_publish(id, req, ch, body);
@@ -177,15 +178,15 @@ impl CoreState {
         self.send(id, resp, keep_alive);
     }
 
-    /// [`http_auth::check_admin`] for a request on connection `id`, with the connection's two
+    /// [`auth::check_admin`] for a request on connection `id`, with the connection's two
     /// addresses.
     pub(super) fn check_admin(&mut self, id: ConnId, req: &Request) -> Result<(), Refusal> {
         let s = self.conn(id);
-        let ends = http_auth::Ends {
+        let ends = auth::Ends {
             peer: s.as_ref().and_then(|s| s.peer()).map(|a| a.ip()),
             local: s.and_then(|s| s.local()).map(|a| a.ip()),
         };
-        http_auth::check_admin(&self.shared.config, req, ends)
+        auth::check_admin(&self.shared.config, req, ends)
     }
 
     /// Answers a request refused by a guard with the refusal's status (401 with
@@ -194,7 +195,7 @@ impl CoreState {
     pub(super) fn refuse_auth(&mut self, id: ConnId, what: Guarded, r: Refusal, keep_alive: bool) {
         self.metrics().http_auth_failures[what as usize].fetch_add(1, Relaxed);
         let fd = self.conn(id).map(|s| s.fd);
-        super::events::http_auth_failed(self.me, fd, http_auth::GUARDED_NAMES[what as usize], r.reason);
+        crate::server::events::http_auth_failed(self.me, fd, auth::GUARDED_NAMES[what as usize], r.reason);
         let challenge = [("WWW-Authenticate", r.challenge)];
         let headers: &[(&str, &str)] = if r.status == 401 { &challenge } else { &[] };
         let resp = http::error_response(r.status, r.reason, headers, keep_alive);
@@ -226,7 +227,7 @@ impl CoreState {
             Ok(ok) => ok,
             Err(reason) => {
                 let sent = decoded.as_deref().unwrap_or(raw_ch);
-                super::events::publish_refused(self.me, self.conn(id).map(|s| s.fd), &reason, sent.as_bytes());
+                crate::server::events::publish_refused(self.me, self.conn(id).map(|s| s.fd), &reason, sent.as_bytes());
                 return self.send(id, http::error_response(400, &reason, &[], keep_alive), keep_alive);
             }
         };
@@ -262,7 +263,7 @@ impl CoreState {
                 return self.reject(id, e, HandshakeFailure::BadRequest, &[]);
             }
             Err(e) => {
-                let challenge = [("WWW-Authenticate", super::authorize::www_authenticate(e))];
+                let challenge = [("WWW-Authenticate", crate::server::authorize::www_authenticate(e))];
                 return self.reject(id, HttpError::new(401, e.reason()), HandshakeFailure::Unauthorized, &challenge);
             }
         };
@@ -295,7 +296,7 @@ impl CoreState {
     /// Answers a refused request and closes the connection once the answer is written.
     fn reject(&mut self, id: ConnId, e: HttpError, why: HandshakeFailure, extra: &[(&str, &str)]) {
         self.metrics().handshake_failure(why);
-        super::events::handshake_failed(self.me, self.conn(id).map(|s| s.fd), why, e.status, e.reason);
+        crate::server::events::handshake_failed(self.me, self.conn(id).map(|s| s.fd), why, e.status, e.reason);
         self.send(id, http::handshake_rejection(e, extra), false);
     }
 
@@ -303,7 +304,7 @@ impl CoreState {
     /// target and `Origin` (escaped).
     fn refuse(&mut self, id: ConnId, req: &Request, e: HttpError, why: HandshakeFailure, extra: &[(&str, &str)]) {
         self.metrics().handshake_failure(why);
-        super::events::handshake_failed_for(self.me, self.conn(id).map(|s| s.fd), why, e.status, e.reason, req);
+        crate::server::events::handshake_failed_for(self.me, self.conn(id).map(|s| s.fd), why, e.status, e.reason, req);
         self.send(id, http::handshake_rejection(e, extra), false);
     }
 

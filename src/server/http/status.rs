@@ -18,15 +18,15 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use serde_json::{json, Map, Value};
 
-use super::bus::{ConnRow, CoreLoad};
-use super::core::CoreState;
-use super::http_auth::Guarded;
+use super::auth::Guarded;
 use super::inspect::Gather;
-use super::metrics::OVERFLOW_POLICIES;
-use super::session::{ConnId, ReapReason};
-use super::Shared;
 use crate::http;
-use crate::ws::handshake::{Method, Request};
+use crate::http::{Method, Request};
+use crate::server::bus::{ConnRow, CoreLoad};
+use crate::server::core::CoreState;
+use crate::server::metrics::OVERFLOW_POLICIES;
+use crate::server::session::{ConnId, ReapReason};
+use crate::server::Shared;
 
 /// The page, its script and its style sheet, as compiled in.
 const PAGE: &str = include_str!("status/status.html");
@@ -155,7 +155,7 @@ pub fn status_json(shared: &Shared, uptime_ms: u64, top: Vec<ConnRow>, loads: &[
             })
         })
         .collect();
-    let sum = |f: &dyn Fn(&super::metrics::CoreMetrics) -> u64| m.iter().map(f).sum::<u64>();
+    let sum = |f: &dyn Fn(&crate::server::metrics::CoreMetrics) -> u64| m.iter().map(f).sum::<u64>();
     let mut overflow = Map::new();
     for (i, policy) in OVERFLOW_POLICIES.iter().enumerate() {
         overflow.insert((*policy).into(), sum(&|c| c.overflows()[i]).into());
@@ -215,7 +215,7 @@ mod tests {
     fn top_defaults_to_10_and_stops_at_10000() {
         let top = |target: &str| {
             let head = format!("GET {target} HTTP/1.1\r\nHost: h\r\n\r\n");
-            super::super::inspect::top_of(&crate::ws::handshake::parse_request(head.as_bytes(), 8192).unwrap().unwrap())
+            crate::server::http::inspect::top_of(&crate::http::parse_request(head.as_bytes(), 8192).unwrap().unwrap())
         };
         assert_eq!(top("/status.json"), 10);
         assert_eq!(top("/status.json?top=3"), 3);

@@ -14,7 +14,7 @@ use std::net::IpAddr;
 use subtle::ConstantTimeEq;
 
 use crate::config::{normalize_origin, Config};
-use crate::ws::handshake::{Method, Request};
+use crate::http::{Method, Request};
 
 /// Which guard refused a request: the `endpoint` label of
 /// `tether_http_auth_failures_total`.
@@ -197,7 +197,7 @@ mod tests {
             Some(b) => format!("POST /publish/a HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer {b}\r\n\r\n"),
             None => "POST /publish/a HTTP/1.1\r\nHost: h\r\n\r\n".to_owned(),
         };
-        crate::ws::handshake::parse_request(head.as_bytes(), 8192).unwrap().unwrap()
+        crate::http::parse_request(head.as_bytes(), 8192).unwrap().unwrap()
     }
 
     #[test]
@@ -216,7 +216,7 @@ mod tests {
 
     fn admin_req(method: &str, path: &str, extra: &str) -> Request {
         let head = format!("{method} {path} HTTP/1.1\r\n{extra}\r\n");
-        crate::ws::handshake::parse_request(head.as_bytes(), 8192).unwrap().unwrap()
+        crate::http::parse_request(head.as_bytes(), 8192).unwrap().unwrap()
     }
 
     fn at(peer: IpAddr) -> Ends {
@@ -275,7 +275,7 @@ mod tests {
             let r = admin_req("GET", "/connections", &format!("Host: {host}\r\n"));
             assert_eq!(check_admin(&cfg, &r, own), Err(FOREIGN_HOST), "{host}");
         }
-        let http10 = crate::ws::handshake::parse_request(b"GET /connections HTTP/1.0\r\n\r\n", 8192);
+        let http10 = crate::http::parse_request(b"GET /connections HTTP/1.0\r\n\r\n", 8192);
         assert_eq!(check_admin(&cfg, &http10.unwrap().unwrap(), own), Err(FOREIGN_HOST));
     }
 

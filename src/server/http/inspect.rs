@@ -5,12 +5,12 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use super::bus::{ConnRef, ConnRow, CoreLoad, CoreMsg};
-use super::core::{CoreState, Gathering};
-use super::session::{ConnId, Flags};
-use super::timer::TICK_MS;
 use crate::http;
-use crate::ws::handshake::Request;
+use crate::http::Request;
+use crate::server::bus::{ConnRef, ConnRow, CoreLoad, CoreMsg};
+use crate::server::core::{CoreState, Gathering};
+use crate::server::session::{ConnId, Flags};
+use crate::server::timer::TICK_MS;
 
 /// Which endpoint a gathering answers once every core has sent its rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

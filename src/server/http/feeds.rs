@@ -2,15 +2,15 @@
 //! `GET /feeds/{id}`, `PUT /feeds/{id}`, `POST /feeds/{id}/start|stop`, `DELETE /feeds/{id}`,
 //! behind the admin token like `/connections`. The core routes the request and hands it to
 //! the feeds thread ([`crate::feeds::runtime::Command::Admin`]); the answer comes back through
-//! [`super::feed_port`] and is written then, so a core never waits on the lease store.
+//! [`crate::server::feed_port`] and is written then, so a core never waits on the lease store.
 
-use super::core::CoreState;
-use super::http_auth::Guarded;
-use super::session::ConnId;
+use super::auth::Guarded;
 use crate::feeds::admin::{AdminReply, AdminRequest};
 use crate::feeds::runtime::Command;
 use crate::http;
-use crate::ws::handshake::{Method, Request};
+use crate::http::{Method, Request};
+use crate::server::core::CoreState;
+use crate::server::session::ConnId;
 
 /// What a `/feeds…` request resolves to before the feeds thread sees it.
 enum Route {
