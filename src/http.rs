@@ -6,7 +6,7 @@
 //! - [`request`]: the request head ([`parse_request`] → [`Request`] or [`HttpError`]) and the
 //!   target ([`percent_decode`], [`query_param`]).
 //! - [`body`]: the `chunked` transfer coding ([`decode_chunked`]).
-//! - [`response`]: responses and heads, the JSON error body, refused upgrades, `HEAD`
+//! - [`response`](mod@response): responses and heads, the JSON error body, refused upgrades, `HEAD`
 //!   answers, `Expect: 100-continue`.
 //! - `date`: the `Date` header (IMF-fixdate), formatted once per second.
 //! - [`json`]: JSON bodies that refuse duplicate keys.
@@ -19,6 +19,8 @@ pub mod json;
 pub mod request;
 pub mod response;
 
+/// HTTP status codes (RFC 9110 §15), from the `http` crate: every status tether answers with.
+pub use ::http::StatusCode;
 pub use body::decode_chunked;
 pub use date::imf_fixdate;
 pub use request::{parse_request, percent_decode, query_param, query_values, HttpError, Method, Request, MAX_HEADERS};

@@ -7,7 +7,7 @@
 //! every `crate::` path; CONTRIBUTING.md, "Layout").
 //!
 //! - [`http`]: plain HTTP/1.1, sans-IO: request heads parsed ([`http::request`]), bodies
-//!   decoded ([`http::body`]), responses built ([`http::response`]) for the non-WebSocket
+//!   decoded ([`http::body`]), responses built ([`http::response`](mod@http::response)) for the non-WebSocket
 //!   endpoints and refused upgrades.
 //! - [`ws`]: RFC 6455 pieces, sans-IO: [`ws::handshake`] (the upgrade check on a parsed
 //!   request, §4.2) and [`ws::codec`] (frame decoding and encoding, fragments, UTF-8, close

@@ -3,6 +3,7 @@
 //! thread and answers with the [`AdminReply`] when it comes back; the core never waits on the
 //! store.
 
+use crate::http::StatusCode;
 use std::sync::atomic::Ordering::Relaxed;
 
 use serde_json::{json, Value};
@@ -33,37 +34,37 @@ pub enum AdminRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdminReply {
     /// 200, 201, 400, 404 or 503.
-    pub status: u16,
+    pub status: StatusCode,
     /// Compact JSON: the record(s), or `{"error":…,"field":…}`.
     pub body: Vec<u8>,
 }
 
 impl AdminReply {
-    fn json(status: u16, v: &Value) -> AdminReply {
+    fn json(status: StatusCode, v: &Value) -> AdminReply {
         AdminReply { status, body: serde_json::to_vec(v).unwrap_or_default() }
     }
 
     /// 400 naming `field`.
     pub fn bad(field: &str, reason: impl std::fmt::Display) -> AdminReply {
-        AdminReply::json(400, &json!({"error": format!("{field}: {reason}"), "field": field}))
+        AdminReply::json(StatusCode::BAD_REQUEST, &json!({"error": format!("{field}: {reason}"), "field": field}))
     }
 
     fn not_found(id: &str) -> AdminReply {
-        AdminReply::json(404, &json!({"error": format!("no feed {id}")}))
+        AdminReply::json(StatusCode::NOT_FOUND, &json!({"error": format!("no feed {id}")}))
     }
 
     /// 503: the lease store cannot answer now.
     pub fn unavailable(reason: impl std::fmt::Display) -> AdminReply {
-        AdminReply::json(503, &json!({"error": reason.to_string()}))
+        AdminReply::json(StatusCode::SERVICE_UNAVAILABLE, &json!({"error": reason.to_string()}))
     }
 
     fn from_store(e: LeaseError) -> AdminReply {
         match e {
             LeaseError::Invalid(f) => AdminReply::bad(f.field, f.reason),
-            LeaseError::NotFound => AdminReply::json(404, &json!({"error": "no such feed"})),
+            LeaseError::NotFound => AdminReply::json(StatusCode::NOT_FOUND, &json!({"error": "no such feed"})),
             // Sent and not answered in time: 504, and the body says so (docs/feeds.md).
             e @ LeaseError::Unknown(_) => AdminReply::json(
-                504,
+                StatusCode::GATEWAY_TIMEOUT,
                 &json!({"error": format!("{e}: read the feed, or retry the same request"), "outcome": "unknown"}),
             ),
             other => AdminReply::unavailable(other),
@@ -123,12 +124,12 @@ impl Supervisor {
             AdminRequest::List => match self.bounded(self.store.list()).await {
                 Ok(mut feeds) => {
                     feeds.sort_by(|a, b| a.def.id.cmp(&b.def.id));
-                    AdminReply::json(200, &Value::Array(feeds.iter().map(|f| self.view(f)).collect()))
+                    AdminReply::json(StatusCode::OK, &Value::Array(feeds.iter().map(|f| self.view(f)).collect()))
                 }
                 Err(e) => AdminReply::from_store(e),
             },
             AdminRequest::Get(_) => match self.bounded(self.store.get(&id)).await {
-                Ok(Some(f)) => AdminReply::json(200, &self.view(&f)),
+                Ok(Some(f)) => AdminReply::json(StatusCode::OK, &self.view(&f)),
                 Ok(None) => AdminReply::not_found(&id),
                 Err(e) => AdminReply::from_store(e),
             },
@@ -142,7 +143,7 @@ impl Supervisor {
                     Err(e) => return AdminReply::from_store(e),
                 };
                 self.settle(&id).await;
-                self.get_reply(&id, if created { 201 } else { 200 }).await
+                self.get_reply(&id, if created { StatusCode::CREATED } else { StatusCode::OK }).await
             }
             AdminRequest::Start(_) | AdminRequest::Stop(_) => {
                 let want =
@@ -157,12 +158,12 @@ impl Supervisor {
                     return AdminReply::from_store(e);
                 }
                 self.settle(&id).await;
-                self.get_reply(&id, 200).await
+                self.get_reply(&id, StatusCode::OK).await
             }
             AdminRequest::Delete(_) => match self.bounded(self.store.delete(&id)).await {
                 Ok(true) => {
                     self.hard_stop(&id).await;
-                    AdminReply::json(200, &json!({"deleted": id}))
+                    AdminReply::json(StatusCode::OK, &json!({"deleted": id}))
                 }
                 Ok(false) => AdminReply::not_found(&id),
                 Err(e) => AdminReply::from_store(e),
@@ -181,7 +182,7 @@ impl Supervisor {
 
     /// The answer to a write that succeeded: `status` with the feed as read back. A read that
     /// fails then does not turn the answer into a failure (the write happened).
-    async fn get_reply(&self, id: &str, status: u16) -> AdminReply {
+    async fn get_reply(&self, id: &str, status: StatusCode) -> AdminReply {
         match self.bounded(self.store.get(id)).await {
             Ok(Some(f)) => AdminReply::json(status, &self.view(&f)),
             Ok(None) => AdminReply::not_found(id),

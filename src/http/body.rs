@@ -2,6 +2,7 @@
 //! from the bytes after a request head.
 
 use super::request::HttpError;
+use crate::http::StatusCode;
 
 /// Longest chunk-size line (size plus extensions, RFC 9112 §7.1.1) accepted in a chunked body.
 const MAX_CHUNK_LINE: usize = 4096;
@@ -55,19 +56,19 @@ fn walk_chunks(
                     return Ok(Some((body_len, pos)));
                 }
                 if pos - trailer_start > MAX_TRAILER_BYTES {
-                    return Err(HttpError::new(400, "chunked trailers too large"));
+                    return Err(HttpError::new(StatusCode::BAD_REQUEST, "chunked trailers too large"));
                 }
             }
         }
         body_len = body_len
             .checked_add(size)
             .filter(|&n| n <= max_body_bytes)
-            .ok_or(HttpError::new(413, "request body too large"))?;
+            .ok_or(HttpError::new(StatusCode::PAYLOAD_TOO_LARGE, "request body too large"))?;
         let Some(end) = pos.checked_add(size).filter(|&end| end + 2 <= buf.len()) else {
             return Ok(None);
         };
         if &buf[end..end + 2] != b"\r\n" {
-            return Err(HttpError::new(400, "missing CRLF after chunk"));
+            return Err(HttpError::new(StatusCode::BAD_REQUEST, "missing CRLF after chunk"));
         }
         on_chunk(&buf[pos..end]);
         pos = end + 2;
@@ -80,8 +81,8 @@ fn line_at(buf: &[u8], pos: usize, limit: usize) -> Result<Option<usize>, HttpEr
     let rest = &buf[pos.min(buf.len())..];
     match rest.windows(2).position(|w| w == b"\r\n") {
         Some(n) if n <= limit => Ok(Some(n)),
-        Some(_) => Err(HttpError::new(400, "chunk line too long")),
-        None if rest.len() > limit + 1 => Err(HttpError::new(400, "chunk line too long")),
+        Some(_) => Err(HttpError::new(StatusCode::BAD_REQUEST, "chunk line too long")),
+        None if rest.len() > limit + 1 => Err(HttpError::new(StatusCode::BAD_REQUEST, "chunk line too long")),
         None => Ok(None),
     }
 }
@@ -90,15 +91,15 @@ fn line_at(buf: &[u8], pos: usize, limit: usize) -> Result<Option<usize>, HttpEr
 /// Parsed by `httparse::parse_chunk_size`; a size past `u64` (which httparse refuses as
 /// invalid) or `usize` is 413, like any body too large.
 fn chunk_size(line: &[u8]) -> Result<usize, HttpError> {
-    let too_large = || HttpError::new(413, "request body too large");
+    let too_large = || HttpError::new(StatusCode::PAYLOAD_TOO_LARGE, "request body too large");
     // httparse takes an empty size as 0; RFC 9112 §7.1 needs at least one HEXDIG.
     if !line.first().is_some_and(u8::is_ascii_hexdigit) {
-        return Err(HttpError::new(400, "bad chunk size"));
+        return Err(HttpError::new(StatusCode::BAD_REQUEST, "bad chunk size"));
     }
     match httparse::parse_chunk_size(line) {
         Ok(httparse::Status::Complete((_, size))) => usize::try_from(size).map_err(|_| too_large()),
         _ if overflows_u64(line) => Err(too_large()),
-        _ => Err(HttpError::new(400, "bad chunk size")),
+        _ => Err(HttpError::new(StatusCode::BAD_REQUEST, "bad chunk size")),
     }
 }
 

@@ -5,6 +5,8 @@
 //! [`percent_decode`] and [`query_param`] decode the target. Refusals are [`HttpError`]s that
 //! [`super::handshake_rejection`] turns into bytes.
 
+use super::StatusCode;
+
 /// Most header fields accepted in one request head; one more is answered with 431
 /// (RFC 6585 §5). Browsers send 10–20; 64 leaves room for proxies.
 pub const MAX_HEADERS: usize = 64;
@@ -90,26 +92,26 @@ pub struct Request {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HttpError {
     /// HTTP status code of the answer.
-    pub status: u16,
+    pub status: StatusCode,
     /// Why, in a few words (the answer's body, and a metrics label).
     pub reason: &'static str,
 }
 
 impl HttpError {
     /// A refusal with `status` and `reason`.
-    pub const fn new(status: u16, reason: &'static str) -> Self {
+    pub const fn new(status: StatusCode, reason: &'static str) -> Self {
         Self { status, reason }
     }
 
     /// A `400 Bad Request` refusal with `reason`.
     pub const fn bad(reason: &'static str) -> Self {
-        Self::new(400, reason)
+        Self::new(StatusCode::BAD_REQUEST, reason)
     }
 }
 
 impl std::fmt::Display for HttpError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}", self.status, self.reason)
+        write!(f, "{} {}", self.status.as_u16(), self.reason)
     }
 }
 
@@ -151,16 +153,18 @@ pub fn parse_request(buf: &[u8], max_head_bytes: usize) -> Result<Option<Request
         Ok(httparse::Status::Partial) => {
             // A head that fills the limit without ending can only complete beyond it.
             return if buf.len() >= max_head_bytes {
-                Err(HttpError::new(431, "request head too large"))
+                Err(HttpError::new(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "request head too large"))
             } else {
                 Ok(None)
             };
         }
-        Err(httparse::Error::TooManyHeaders) => return Err(HttpError::new(431, "too many header fields")),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(HttpError::new(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "too many header fields"))
+        }
         Err(_) => return Err(HttpError::bad("malformed request head")),
     };
     if head_len > max_head_bytes {
-        return Err(HttpError::new(431, "request head too large"));
+        return Err(HttpError::new(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "request head too large"));
     }
 
     let method = match parsed.method {
@@ -292,7 +296,7 @@ pub fn parse_request(buf: &[u8], max_head_bytes: usize) -> Result<Option<Request
             return Err(HttpError::bad("chunked applied more than once"));
         }
         if transfer_codings.len() > 1 {
-            return Err(HttpError::new(501, "only the chunked transfer coding is supported"));
+            return Err(HttpError::new(StatusCode::NOT_IMPLEMENTED, "only the chunked transfer coding is supported"));
         }
         req.chunked = true;
     }

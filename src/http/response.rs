@@ -42,7 +42,7 @@ pub fn expectation(req: &Request) -> Expectation {
         if member.eq_ignore_ascii_case("100-continue") {
             result = Expectation::Continue;
         } else {
-            return Expectation::Failed(HttpError::new(417, "unsupported expectation"));
+            return Expectation::Failed(HttpError::new(StatusCode::EXPECTATION_FAILED, "unsupported expectation"));
         }
     }
     result
@@ -61,11 +61,11 @@ pub fn head_only(mut resp: Vec<u8>) -> Vec<u8> {
 /// The standard reason phrase of `status` (RFC 9110 §15, RFC 6585: the `http` crate's
 /// `StatusCode::canonical_reason`), or `""` for a code without one (the phrase is optional on
 /// the wire, RFC 9112 §4).
-pub fn reason_phrase(status: u16) -> &'static str {
+pub fn reason_phrase(status: StatusCode) -> &'static str {
     match status {
         // RFC 9110 §15.5.14 renamed 413; `http` still says RFC 7231's "Payload Too Large".
-        413 => "Content Too Large",
-        _ => StatusCode::from_u16(status).ok().and_then(|s| s.canonical_reason()).unwrap_or(""),
+        StatusCode::PAYLOAD_TOO_LARGE => "Content Too Large",
+        _ => status.canonical_reason().unwrap_or(""),
     }
 }
 
@@ -78,7 +78,13 @@ pub fn reason_phrase(status: u16) -> &'static str {
 /// §15.3.5, §15.4.5), whatever `body` holds. An `extra` header whose name or value contains
 /// CR or LF is skipped, so a header built from request data can never split the response.
 /// For a `HEAD` request use [`response_head`] with the length the `GET` body would have.
-pub fn response(status: u16, content_type: &str, body: &[u8], extra: &[(&str, &str)], keep_alive: bool) -> Vec<u8> {
+pub fn response(
+    status: StatusCode,
+    content_type: &str,
+    body: &[u8],
+    extra: &[(&str, &str)],
+    keep_alive: bool,
+) -> Vec<u8> {
     let mut out = head_with_capacity(status, content_type, body.len(), extra, keep_alive, body.len());
     if has_body(status) {
         out.extend_from_slice(body);
@@ -90,7 +96,7 @@ pub fn response(status: u16, content_type: &str, body: &[u8], extra: &[(&str, &s
 /// for `HEAD` requests, or when the body is sent separately (e.g. a large `/metrics` text
 /// written with `writev`).
 pub fn response_head(
-    status: u16,
+    status: StatusCode,
     content_type: &str,
     content_length: usize,
     extra: &[(&str, &str)],
@@ -101,7 +107,7 @@ pub fn response_head(
 
 /// A JSON error body `{"error":REASON}` (REASON JSON-escaped) with the given status and
 /// `Content-Type: application/json`.
-pub fn error_response(status: u16, reason: &str, extra: &[(&str, &str)], keep_alive: bool) -> Vec<u8> {
+pub fn error_response(status: StatusCode, reason: &str, extra: &[(&str, &str)], keep_alive: bool) -> Vec<u8> {
     let mut body = Vec::with_capacity(reason.len() + 16);
     body.extend_from_slice(b"{\"error\":");
     // Writing into a Vec cannot fail, and a &str always serializes.
@@ -119,7 +125,7 @@ pub fn handshake_rejection(err: HttpError, extra: &[(&str, &str)]) -> Vec<u8> {
     body.push_str(err.reason);
     body.push('\n');
     let content_type = "text/plain; charset=utf-8";
-    if err.status == 426 {
+    if err.status == StatusCode::UPGRADE_REQUIRED {
         let mut headers = Vec::with_capacity(extra.len() + 2);
         headers.push(("Sec-WebSocket-Version", "13"));
         headers.push(("Upgrade", "websocket"));
@@ -131,12 +137,12 @@ pub fn handshake_rejection(err: HttpError, extra: &[(&str, &str)]) -> Vec<u8> {
 }
 
 /// 1xx, 204 and 304 never carry content (RFC 9110 §6.4.1).
-fn has_body(status: u16) -> bool {
-    !(100..200).contains(&status) && status != 204 && status != 304
+fn has_body(status: StatusCode) -> bool {
+    !status.is_informational() && status != StatusCode::NO_CONTENT && status != StatusCode::NOT_MODIFIED
 }
 
 fn head_with_capacity(
-    status: u16,
+    status: StatusCode,
     content_type: &str,
     content_length: usize,
     extra: &[(&str, &str)],
@@ -146,7 +152,7 @@ fn head_with_capacity(
     let extra_len: usize = extra.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
     let mut out = Vec::with_capacity(128 + content_type.len() + extra_len + body_capacity);
     out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(itoa::Buffer::new().format(status).as_bytes());
+    out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(reason_phrase(status).as_bytes());
     out.extend_from_slice(b"\r\n");

@@ -1,4 +1,5 @@
 use super::*;
+use crate::http::StatusCode;
 
 /// The response as text with its `Date` line removed, after checking there is exactly one,
 /// right after the status line (RFC 9110 §6.6.1).
@@ -14,29 +15,29 @@ fn text(v: &[u8]) -> String {
 
 #[test]
 fn plain_response() {
-    let out = response(200, "application/json", b"{\"seq\":1}", &[("X-A", "1")], true);
+    let out = response(StatusCode::OK, "application/json", b"{\"seq\":1}", &[("X-A", "1")], true);
     assert_eq!(
         text(&out),
         "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 9\r\n\
          Connection: keep-alive\r\nX-A: 1\r\n\r\n{\"seq\":1}"
     );
-    let out = response(404, "", b"", &[], false);
+    let out = response(StatusCode::NOT_FOUND, "", b"", &[], false);
     assert_eq!(text(&out), "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
 }
 
 #[test]
 fn bodiless_statuses_and_unknown_reason() {
-    let out = response(204, "text/plain", b"ignored", &[], true);
+    let out = response(StatusCode::NO_CONTENT, "text/plain", b"ignored", &[], true);
     assert_eq!(text(&out), "HTTP/1.1 204 No Content\r\nContent-Type: text/plain\r\nConnection: keep-alive\r\n\r\n");
-    let out = response(599, "", b"x", &[], false);
+    let out = response(StatusCode::from_u16(599).unwrap(), "", b"x", &[], false);
     assert!(text(&out).starts_with("HTTP/1.1 599 \r\nContent-Length: 1\r\n"));
-    assert_eq!(reason_phrase(431), "Request Header Fields Too Large");
-    assert_eq!(reason_phrase(413), "Content Too Large");
+    assert_eq!(reason_phrase(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE), "Request Header Fields Too Large");
+    assert_eq!(reason_phrase(StatusCode::PAYLOAD_TOO_LARGE), "Content Too Large");
 }
 
 #[test]
 fn response_head_announces_a_length() {
-    let out = response_head(200, "text/plain; version=0.0.4", 12345, &[], true);
+    let out = response_head(StatusCode::OK, "text/plain; version=0.0.4", 12345, &[], true);
     assert_eq!(
         text(&out),
         "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: 12345\r\n\
@@ -46,7 +47,8 @@ fn response_head_announces_a_length() {
 
 #[test]
 fn header_injection_is_dropped() {
-    let out = response(200, "", b"", &[("X-Evil", "a\r\nSet-Cookie: x"), ("X\nB", "v"), ("X-Ok", "v")], true);
+    let out =
+        response(StatusCode::OK, "", b"", &[("X-Evil", "a\r\nSet-Cookie: x"), ("X\nB", "v"), ("X-Ok", "v")], true);
     let t = &text(&out);
     assert!(!t.contains("Evil") && !t.contains("Set-Cookie") && !t.contains("X\nB"));
     assert!(t.contains("X-Ok: v\r\n"));
@@ -54,7 +56,7 @@ fn header_injection_is_dropped() {
 
 #[test]
 fn json_error_response() {
-    let out = error_response(400, "body is not JSON: \"x\" at line 1\n", &[], true);
+    let out = error_response(StatusCode::BAD_REQUEST, "body is not JSON: \"x\" at line 1\n", &[], true);
     let t = &text(&out);
     let (head, body) = t.split_once("\r\n\r\n").unwrap();
     assert!(head.starts_with("HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"));
@@ -65,23 +67,28 @@ fn json_error_response() {
 
 #[test]
 fn rejections() {
-    let out = handshake_rejection(HttpError::new(400, "missing Host header"), &[]);
+    let out = handshake_rejection(HttpError::new(StatusCode::BAD_REQUEST, "missing Host header"), &[]);
     assert_eq!(
         text(&out),
         "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 20\r\n\
          Connection: close\r\n\r\nmissing Host header\n"
     );
-    let out = handshake_rejection(HttpError::new(426, "unsupported Sec-WebSocket-Version"), &[]);
+    let out =
+        handshake_rejection(HttpError::new(StatusCode::UPGRADE_REQUIRED, "unsupported Sec-WebSocket-Version"), &[]);
     let t = &text(&out);
     assert!(t.starts_with("HTTP/1.1 426 Upgrade Required\r\n"));
     assert!(t.contains("\r\nSec-WebSocket-Version: 13\r\n") && t.contains("\r\nConnection: close\r\n"));
     assert!(t.contains("\r\nUpgrade: websocket\r\n"));
-    let out = handshake_rejection(HttpError::new(503, "too many connections"), &[("Retry-After", "5")]);
+    let out = handshake_rejection(
+        HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "too many connections"),
+        &[("Retry-After", "5")],
+    );
     let t = &text(&out);
     assert!(t.starts_with("HTTP/1.1 503 Service Unavailable\r\n"));
     assert!(t.contains("\r\nRetry-After: 5\r\n") && t.ends_with("\r\n\r\ntoo many connections\n"));
     assert!(!t.contains("Sec-WebSocket-Version"));
-    let t = handshake_rejection(HttpError::new(431, "request head too large"), &[]);
+    let t =
+        handshake_rejection(HttpError::new(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "request head too large"), &[]);
     let t = t.as_slice();
     assert!(text(t).starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"));
 }
@@ -162,7 +169,7 @@ fn expectations() {
     assert_eq!(with("1.1", None), Expectation::None);
     assert_eq!(with("1.1", Some("100-continue")), Expectation::Continue);
     assert_eq!(with("1.1", Some("100-Continue")), Expectation::Continue);
-    let failed = Expectation::Failed(HttpError::new(417, "unsupported expectation"));
+    let failed = Expectation::Failed(HttpError::new(StatusCode::EXPECTATION_FAILED, "unsupported expectation"));
     assert_eq!(with("1.1", Some("200-ok")), failed);
     assert_eq!(with("1.1", Some("100-continue, x=1")), failed);
     // RFC 9110 §10.1.1 / §15.2: HTTP/1.0 expectations are ignored, no 1xx is ever sent.
@@ -173,7 +180,7 @@ fn expectations() {
 
 #[test]
 fn head_answers_keep_the_head_and_drop_the_content() {
-    let get = response(200, "application/json", b"{\"status\":\"ok\"}", &[], true);
+    let get = response(StatusCode::OK, "application/json", b"{\"status\":\"ok\"}", &[], true);
     let head = head_only(get.clone());
     assert_eq!(text(&head), text(&get[..get.len() - 15]));
     assert!(text(&head).contains("Content-Length: 15\r\n"));

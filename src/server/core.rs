@@ -462,7 +462,7 @@ impl CoreState {
                 self.me,
                 fd,
                 HandshakeFailure::Timeout,
-                0,
+                None,
                 "no complete request head in time",
             );
         }

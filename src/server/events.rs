@@ -20,7 +20,7 @@ use tracing::Level;
 
 use super::metrics::HandshakeFailure;
 use super::session::reap::ReapReason;
-use crate::http::Request;
+use crate::http::{Request, StatusCode};
 use crate::log_limit::{Admit, LogLimiter};
 use crate::logging::Escaped;
 use crate::protocol::close::CloseCode;
@@ -116,9 +116,17 @@ fn peer(fd: Option<RawFd>) -> String {
     fd.and_then(super::io::peer_addr).map_or_else(|| "unknown".to_owned(), |a| a.to_string())
 }
 
-/// A request refused before (or instead of) an upgrade: `debug`, rate-limited.
-pub fn handshake_failed(core: usize, fd: Option<RawFd>, why: HandshakeFailure, status: u16, reason: &str) {
+/// A request refused before (or instead of) an upgrade: `debug`, rate-limited. `status` is
+/// the answer sent, `None` when none was (a head that never completed; logged as 0).
+pub fn handshake_failed(
+    core: usize,
+    fd: Option<RawFd>,
+    why: HandshakeFailure,
+    status: Option<StatusCode>,
+    reason: &str,
+) {
     if tracing::enabled!(Level::DEBUG) && admit(Kind::Handshake, Level::DEBUG, core) {
+        let status = status.map_or(0, |s| s.as_u16());
         tracing::debug!(core, peer = %peer(fd), why = why.label(), status, reason, "handshake failed");
     }
 }
@@ -137,14 +145,14 @@ pub fn handshake_failed_for(
     core: usize,
     fd: Option<RawFd>,
     why: HandshakeFailure,
-    status: u16,
+    status: StatusCode,
     reason: &str,
     req: &Request,
 ) {
     if tracing::enabled!(Level::DEBUG) && admit(Kind::Handshake, Level::DEBUG, core) {
         let path = Escaped::str(&req.path);
         let origin = Escaped::str(req.origin.as_deref().unwrap_or(""));
-        tracing::debug!(core, peer = %peer(fd), why = why.label(), status, reason, ?path, ?origin, "handshake failed");
+        tracing::debug!(core, peer = %peer(fd), why = why.label(), status = status.as_u16(), reason, ?path, ?origin, "handshake failed");
     }
 }
 

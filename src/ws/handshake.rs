@@ -5,6 +5,7 @@
 //! [`switching_protocols`] writes the `101` answer (§4.2.2). Rejections are
 //! [`HttpError`]s that `crate::http::handshake_rejection` turns into bytes.
 
+use crate::http::StatusCode;
 use base64::Engine as _;
 
 use crate::http::{HttpError, Method, Request};
@@ -46,7 +47,7 @@ pub fn check_upgrade(req: &Request) -> Result<String, HttpError> {
         return Err(HttpError::bad("bad Sec-WebSocket-Key"));
     }
     if req.ws_version.as_deref() != Some("13") {
-        return Err(HttpError::new(426, "unsupported Sec-WebSocket-Version"));
+        return Err(HttpError::new(StatusCode::UPGRADE_REQUIRED, "unsupported Sec-WebSocket-Version"));
     }
     Ok(tungstenite::handshake::derive_accept_key(key.as_bytes()))
 }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::http::StatusCode;
 
 /// The sample key of RFC 6455 §1.3.
 const SAMPLE_KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
@@ -90,8 +91,14 @@ fn bytes_beyond_the_head_limit_do_not_decide_the_answer() {
     let mut head = b"GET / HTTP/1.1\r\nHost: h\r\nX-Big: ".to_vec();
     head.resize(60, b'a');
     head.extend_from_slice(b"\x01\r\n\r\n");
-    assert_eq!(parse_request(&head, 60).unwrap_err(), HttpError::new(431, "request head too large"));
-    assert_eq!(parse_request(&head[..60], 60).unwrap_err(), HttpError::new(431, "request head too large"));
+    assert_eq!(
+        parse_request(&head, 60).unwrap_err(),
+        HttpError::new(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "request head too large")
+    );
+    assert_eq!(
+        parse_request(&head[..60], 60).unwrap_err(),
+        HttpError::new(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "request head too large")
+    );
     // Within the limit, the same bytes are malformed.
     assert_eq!(parse_request(&head, 100).unwrap_err().status, 400);
 }
@@ -102,7 +109,10 @@ fn header_count_limit() {
     let ok = format!("GET / HTTP/1.1\r\nHost: h\r\n{}\r\n", fields(MAX_HEADERS - 1));
     assert!(parse(&ok).unwrap().is_some());
     let too_many = format!("GET / HTTP/1.1\r\nHost: h\r\n{}\r\n", fields(MAX_HEADERS));
-    assert_eq!(parse(&too_many).unwrap_err(), HttpError::new(431, "too many header fields"));
+    assert_eq!(
+        parse(&too_many).unwrap_err(),
+        HttpError::new(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "too many header fields")
+    );
 }
 
 #[test]
@@ -210,8 +220,14 @@ fn transfer_encoding_rules() {
 #[test]
 fn host_rules() {
     // RFC 9112 §3.2: HTTP/1.1 needs exactly one valid Host; HTTP/1.0 may omit it.
-    assert_eq!(parse("GET / HTTP/1.1\r\n\r\n").unwrap_err(), HttpError::new(400, "missing Host header"));
-    assert_eq!(parse("GET http://h/ HTTP/1.1\r\n\r\n").unwrap_err(), HttpError::new(400, "missing Host header"));
+    assert_eq!(
+        parse("GET / HTTP/1.1\r\n\r\n").unwrap_err(),
+        HttpError::new(StatusCode::BAD_REQUEST, "missing Host header")
+    );
+    assert_eq!(
+        parse("GET http://h/ HTTP/1.1\r\n\r\n").unwrap_err(),
+        HttpError::new(StatusCode::BAD_REQUEST, "missing Host header")
+    );
     assert!(req("GET / HTTP/1.0\r\n\r\n").host.is_none());
     for good in ["", "example.com", "example.com:8080", "127.0.0.1:80", "[::1]:8080", "[::1]", "a%41b"] {
         let r = req(&format!("GET / HTTP/1.1\r\nHost: {good}\r\n\r\n"));
@@ -219,10 +235,14 @@ fn host_rules() {
     }
     for bad in ["a b", "a/b", "user@h", "h:80x", "[::1", "[]:80", "h?q", "[::1]x"] {
         let head = format!("GET / HTTP/1.1\r\nHost: {bad}\r\n\r\n");
-        assert_eq!(parse(&head).unwrap_err(), HttpError::new(400, "invalid Host header"), "{bad:?}");
+        assert_eq!(
+            parse(&head).unwrap_err(),
+            HttpError::new(StatusCode::BAD_REQUEST, "invalid Host header"),
+            "{bad:?}"
+        );
     }
     let twice = head_of(&["GET / HTTP/1.1", "Host: a", "Host: b"]);
-    assert_eq!(parse(&twice).unwrap_err(), HttpError::new(400, "repeated Host header"));
+    assert_eq!(parse(&twice).unwrap_err(), HttpError::new(StatusCode::BAD_REQUEST, "repeated Host header"));
     // Absolute form: the target's authority replaces Host (RFC 9112 §3.2.2).
     let r = req(&head_of(&["GET http://Node-1:8080/publish/x?q=1 HTTP/1.1", "Host: ignored"]));
     assert_eq!((r.path.as_str(), r.query.as_deref()), ("/publish/x", Some("q=1")));
@@ -262,5 +282,5 @@ fn bearer_credentials_are_read_and_a_repeat_is_refused() {
     assert_eq!(req(&upgrade_head("Authorization: Bearer\r\n")).bearer, None);
     assert_eq!(req(&upgrade_head("")).bearer, None);
     let twice = upgrade_head("Authorization: Bearer a\r\nAuthorization: Bearer b\r\n");
-    assert_eq!(parse(&twice).unwrap_err(), HttpError::new(400, "repeated Authorization header"));
+    assert_eq!(parse(&twice).unwrap_err(), HttpError::new(StatusCode::BAD_REQUEST, "repeated Authorization header"));
 }

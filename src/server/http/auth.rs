@@ -9,6 +9,7 @@
 //! (421, DNS rebinding). Every refusal is counted in `tether_http_auth_failures_total{endpoint}`
 //! and logged at debug with the peer's address, never with the credentials sent.
 
+use crate::http::StatusCode;
 use std::net::IpAddr;
 
 use subtle::ConstantTimeEq;
@@ -37,7 +38,7 @@ pub const GUARDED_NAMES: [&str; 2] = ["publish", "admin"];
 pub struct Refusal {
     /// HTTP status: 401 (credentials), 403 (a browser's cross-origin request), 421 (a `Host`
     /// this server does not answer to without a token, RFC 9110 §15.5.20).
-    pub status: u16,
+    pub status: StatusCode,
     /// Short reason, e.g. `missing bearer token`.
     pub reason: &'static str,
     /// The `WWW-Authenticate` value (RFC 6750 §3: `error="invalid_token"` when credentials
@@ -46,31 +47,34 @@ pub struct Refusal {
 }
 
 const REALM: &str = "Bearer realm=\"tether\"";
-const MISSING: Refusal =
-    Refusal { status: 401, reason: "missing bearer token (Authorization: Bearer …)", challenge: REALM };
+const MISSING: Refusal = Refusal {
+    status: StatusCode::UNAUTHORIZED,
+    reason: "missing bearer token (Authorization: Bearer …)",
+    challenge: REALM,
+};
 const WRONG: Refusal = Refusal {
-    status: 401,
+    status: StatusCode::UNAUTHORIZED,
     reason: "invalid bearer token",
     challenge: "Bearer realm=\"tether\", error=\"invalid_token\"",
 };
 const NOT_LOCAL: Refusal = Refusal {
-    status: 401,
+    status: StatusCode::UNAUTHORIZED,
     reason: "admin endpoint: only local peers may call it without admin.token",
     challenge: REALM,
 };
 const FOREIGN_ORIGIN: Refusal = Refusal {
-    status: 403,
+    status: StatusCode::FORBIDDEN,
     reason: "admin endpoint: a state-changing request from another origin is refused \
              (Origin is neither this server's nor in allowed_origins)",
     challenge: REALM,
 };
 const CROSS_SITE: Refusal = Refusal {
-    status: 403,
+    status: StatusCode::FORBIDDEN,
     reason: "admin endpoint: a state-changing request from another site is refused (Sec-Fetch-Site)",
     challenge: REALM,
 };
 const FOREIGN_HOST: Refusal = Refusal {
-    status: 421,
+    status: StatusCode::MISDIRECTED_REQUEST,
     reason: "admin endpoint: without admin.token, Host must be localhost, a loopback address \
              or this server's own address",
     challenge: REALM,
@@ -298,7 +302,11 @@ mod tests {
                     "Origin: http://127.0.0.1:8080\r\nSec-Fetch-Site: cross-site\r\n",
                 ] {
                     let r = admin_req(method, path, &format!("{host}{auth}{bad}"));
-                    assert_eq!(check_admin(&cfg, &r, at(lo)).map_err(|e| e.status), Err(403), "{method} {bad}");
+                    assert_eq!(
+                        check_admin(&cfg, &r, at(lo)).map_err(|e| e.status),
+                        Err(StatusCode::FORBIDDEN),
+                        "{method} {bad}"
+                    );
                 }
                 for good in [
                     "",

@@ -8,6 +8,7 @@ use super::auth::Guarded;
 use crate::feeds::admin::{AdminReply, AdminRequest};
 use crate::feeds::runtime::Command;
 use crate::http;
+use crate::http::StatusCode;
 use crate::http::{Method, Request};
 use crate::server::core::CoreState;
 use crate::server::session::ConnId;
@@ -17,7 +18,7 @@ enum Route {
     /// Hand it to the feeds thread.
     Ask(AdminRequest),
     /// Answer at once: a status, its reason and the `Allow` header of a 405.
-    Refuse(u16, &'static str, Option<&'static str>),
+    Refuse(StatusCode, &'static str, Option<&'static str>),
 }
 
 /// Routes `method` on `rest`, the path after `/feeds`.
@@ -25,15 +26,19 @@ fn route(method: Method, rest: &str, body: &[u8]) -> Route {
     let segments: Vec<&str> = rest.strip_prefix('/').map_or(Vec::new(), |r| r.split('/').collect());
     match (method, segments.as_slice()) {
         (Method::Get | Method::Head, []) => Route::Ask(AdminRequest::List),
-        (_, []) => Route::Refuse(405, "use GET or HEAD", Some("GET, HEAD")),
+        (_, []) => Route::Refuse(StatusCode::METHOD_NOT_ALLOWED, "use GET or HEAD", Some("GET, HEAD")),
         (Method::Get | Method::Head, [id]) => Route::Ask(AdminRequest::Get((*id).into())),
         (Method::Put, [id]) => Route::Ask(AdminRequest::Put((*id).into(), body.to_vec())),
         (Method::Delete, [id]) => Route::Ask(AdminRequest::Delete((*id).into())),
-        (_, [_]) => Route::Refuse(405, "use GET, HEAD, PUT or DELETE", Some("GET, HEAD, PUT, DELETE")),
+        (_, [_]) => Route::Refuse(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "use GET, HEAD, PUT or DELETE",
+            Some("GET, HEAD, PUT, DELETE"),
+        ),
         (Method::Post, [id, "start"]) => Route::Ask(AdminRequest::Start((*id).into())),
         (Method::Post, [id, "stop"]) => Route::Ask(AdminRequest::Stop((*id).into())),
-        (_, [_, "start" | "stop"]) => Route::Refuse(405, "use POST", Some("POST")),
-        _ => Route::Refuse(404, "no such endpoint", None),
+        (_, [_, "start" | "stop"]) => Route::Refuse(StatusCode::METHOD_NOT_ALLOWED, "use POST", Some("POST")),
+        _ => Route::Refuse(StatusCode::NOT_FOUND, "no such endpoint", None),
     }
 }
 

@@ -5,6 +5,7 @@
 //! The session parses requests ([`Session::next_request`](crate::server::session::Session::next_request));
 //! this module routes them and answers.
 
+use crate::http::StatusCode;
 use std::sync::atomic::Ordering::Relaxed;
 
 use bytes::Bytes;
@@ -35,18 +36,28 @@ impl CoreState {
             match next {
                 None => return,
                 Some(Ok((req, body))) => self.route(id, &req, &body),
-                Some(Err(e)) if e.status == 413 => {
+                Some(Err(e)) if e.status == StatusCode::PAYLOAD_TOO_LARGE => {
                     // Name the limit and its value, so the sender knows what to change.
                     let max = cfg.max_publish_bytes;
                     self.metrics().handshake_failure(HandshakeFailure::BadRequest);
                     let fd = self.conn(id).map(|s| s.fd);
-                    crate::server::events::handshake_failed(self.me, fd, HandshakeFailure::BadRequest, 413, e.reason);
+                    crate::server::events::handshake_failed(
+                        self.me,
+                        fd,
+                        HandshakeFailure::BadRequest,
+                        Some(StatusCode::PAYLOAD_TOO_LARGE),
+                        e.reason,
+                    );
                     let reason = format!("request body larger than limits.max_publish_bytes = {max} bytes");
-                    return self.send(id, http::error_response(413, &reason, &[], false), false);
+                    return self.send(
+                        id,
+                        http::error_response(StatusCode::PAYLOAD_TOO_LARGE, &reason, &[], false),
+                        false,
+                    );
                 }
                 Some(Err(e)) => {
                     let why = match e.status {
-                        431 => HandshakeFailure::HeadTooLarge,
+                        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => HandshakeFailure::HeadTooLarge,
                         _ => HandshakeFailure::BadRequest,
                     };
                     return self.reject(id, e, why, &[]);
@@ -66,7 +77,7 @@ impl CoreState {
     pub fn answer_publish(&mut self, id: ConnId, result: PublishResult, keep_alive: bool) {
         let resp = match result {
             PublishResult::Stored { seq } => {
-                http::response(200, "application/json", &protocol::seq_json(seq), &[], keep_alive)
+                http::response(StatusCode::OK, "application/json", &protocol::seq_json(seq), &[], keep_alive)
             }
             // Sent to Redis and not answered in time: perhaps stored (docs/redis.md). 504,
             // RFC 9110 §15.6.5: the upstream did not answer in time.
@@ -76,7 +87,13 @@ impl CoreState {
                 body.extend_from_slice(b"{\"error\":");
                 protocol::push_json_str(&mut body, &e.reason);
                 body.extend_from_slice(b",\"outcome\":\"unknown\"}");
-                http::response(504, "application/json", &body, &[("Retry-After", &secs)], keep_alive)
+                http::response(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "application/json",
+                    &body,
+                    &[("Retry-After", &secs)],
+                    keep_alive,
+                )
             }
             PublishResult::Refused(e) => match e.retry_after_ms {
                 // The broker cannot store it now (Redis unreachable), or `limits.max_channels`
@@ -85,9 +102,14 @@ impl CoreState {
                 // client sent too many requests). docs/security.md.
                 Some(ms) => {
                     let secs = ms.div_ceil(1000).max(1).to_string();
-                    http::error_response(503, &e.reason, &[("Retry-After", &secs)], keep_alive)
+                    http::error_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        &e.reason,
+                        &[("Retry-After", &secs)],
+                        keep_alive,
+                    )
                 }
-                None => http::error_response(409, &e.reason, &[], keep_alive),
+                None => http::error_response(StatusCode::CONFLICT, &e.reason, &[], keep_alive),
             },
         };
         self.send(id, resp, keep_alive);
@@ -98,7 +120,7 @@ impl CoreState {
     pub fn answer_inspect(&mut self, id: ConnId, rows: Vec<ConnRow>) {
         let Some(keep_alive) = self.conn(id).and_then(|s| s.awaiting()) else { return };
         let body = serde_json::to_vec(&serde_json::json!({ "connections": rows })).unwrap_or_default();
-        self.send(id, http::response(200, "application/json", &body, &[], keep_alive), keep_alive);
+        self.send(id, http::response(StatusCode::OK, "application/json", &body, &[], keep_alive), keep_alive);
         self.serve_pending(id);
     }
 
@@ -108,7 +130,7 @@ impl CoreState {
         if req.method == Method::Other {
             // RFC 9110 §9.1: a method the server does not implement at all gets 501.
             let resp = http::error_response(
-                501,
+                StatusCode::NOT_IMPLEMENTED,
                 "method not implemented: use GET, HEAD, POST, PUT or DELETE",
                 &[],
                 keep_alive,
@@ -122,7 +144,7 @@ impl CoreState {
             if req.method != Method::Post {
                 return self.send(
                     id,
-                    http::error_response(405, "use POST", &[("Allow", "POST")], keep_alive),
+                    http::error_response(StatusCode::METHOD_NOT_ALLOWED, "use POST", &[("Allow", "POST")], keep_alive),
                     keep_alive,
                 );
             }
@@ -146,23 +168,31 @@ impl CoreState {
         let draining = self.shared.draining();
         let resp = match (req.method, path) {
             (Method::Get | Method::Head, "/healthz") => {
-                http::response(200, "application/json", b"{\"status\":\"ok\"}", &[], keep_alive)
+                http::response(StatusCode::OK, "application/json", b"{\"status\":\"ok\"}", &[], keep_alive)
             }
-            (Method::Get | Method::Head, "/readyz") if draining => {
-                http::response(503, "application/json", b"{\"status\":\"draining\"}", &[], keep_alive)
-            }
-            (Method::Get | Method::Head, "/readyz") if !self.shared.broker.ready() => {
-                http::response(503, "application/json", b"{\"status\":\"broker_down\"}", &[], keep_alive)
-            }
+            (Method::Get | Method::Head, "/readyz") if draining => http::response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "application/json",
+                b"{\"status\":\"draining\"}",
+                &[],
+                keep_alive,
+            ),
+            (Method::Get | Method::Head, "/readyz") if !self.shared.broker.ready() => http::response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "application/json",
+                b"{\"status\":\"broker_down\"}",
+                &[],
+                keep_alive,
+            ),
             (Method::Get | Method::Head, "/readyz") => {
-                http::response(200, "application/json", b"{\"status\":\"ready\"}", &[], keep_alive)
+                http::response(StatusCode::OK, "application/json", b"{\"status\":\"ready\"}", &[], keep_alive)
             }
             (Method::Get | Method::Head, "/metrics") => {
                 let mut text = metrics::render(&self.shared.metrics, draining);
                 metrics::render_channels(&mut text, self.shared.channels.count());
                 self.shared.broker.render_into(&mut text, self.shared.config.broker.kind.as_str());
                 self.shared.feeds.render_into(&mut text, crate::feeds::runtime::now_ms());
-                http::response(200, "text/plain; version=0.0.4", text.as_bytes(), &[], keep_alive)
+                http::response(StatusCode::OK, "text/plain; version=0.0.4", text.as_bytes(), &[], keep_alive)
             }
             (Method::Get | Method::Head, "/connections") => {
                 if let Some(s) = self.conn(id) {
@@ -170,10 +200,13 @@ impl CoreState {
                 }
                 return self.start_inspect(id, super::inspect::top_of(req), Gather::Connections);
             }
-            (_, "/healthz" | "/readyz" | "/metrics" | "/connections") => {
-                http::error_response(405, "use GET or HEAD", &[("Allow", "GET, HEAD")], keep_alive)
-            }
-            _ => http::error_response(404, "no such endpoint", &[], keep_alive),
+            (_, "/healthz" | "/readyz" | "/metrics" | "/connections") => http::error_response(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "use GET or HEAD",
+                &[("Allow", "GET, HEAD")],
+                keep_alive,
+            ),
+            _ => http::error_response(StatusCode::NOT_FOUND, "no such endpoint", &[], keep_alive),
         };
         self.send(id, resp, keep_alive);
     }
@@ -197,7 +230,7 @@ impl CoreState {
         let fd = self.conn(id).map(|s| s.fd);
         crate::server::events::http_auth_failed(self.me, fd, auth::GUARDED_NAMES[what as usize], r.reason);
         let challenge = [("WWW-Authenticate", r.challenge)];
-        let headers: &[(&str, &str)] = if r.status == 401 { &challenge } else { &[] };
+        let headers: &[(&str, &str)] = if r.status == StatusCode::UNAUTHORIZED { &challenge } else { &[] };
         let resp = http::error_response(r.status, r.reason, headers, keep_alive);
         self.send(id, resp, keep_alive);
     }
@@ -228,7 +261,11 @@ impl CoreState {
             Err(reason) => {
                 let sent = decoded.as_deref().unwrap_or(raw_ch);
                 crate::server::events::publish_refused(self.me, self.conn(id).map(|s| s.fd), &reason, sent.as_bytes());
-                return self.send(id, http::error_response(400, &reason, &[], keep_alive), keep_alive);
+                return self.send(
+                    id,
+                    http::error_response(StatusCode::BAD_REQUEST, &reason, &[], keep_alive),
+                    keep_alive,
+                );
             }
         };
         if let Some(s) = self.conn(id) {
@@ -244,36 +281,57 @@ impl CoreState {
         let accept = match handshake::check_upgrade(req) {
             Ok(a) => a,
             Err(e) => {
-                let why = if e.status == 426 { HandshakeFailure::Version } else { HandshakeFailure::BadRequest };
+                let why = if e.status == StatusCode::UPGRADE_REQUIRED {
+                    HandshakeFailure::Version
+                } else {
+                    HandshakeFailure::BadRequest
+                };
                 return self.refuse(id, req, e, why, &[]);
             }
         };
         let shared = self.shared.clone();
         let retry = [("Retry-After", RETRY_AFTER_S)];
         if shared.draining() {
-            return self.refuse(id, req, HttpError::new(503, "server is draining"), HandshakeFailure::Draining, &retry);
+            return self.refuse(
+                id,
+                req,
+                HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "server is draining"),
+                HandshakeFailure::Draining,
+                &retry,
+            );
         }
         if !shared.config.origin_allowed(req.origin.as_deref()) {
-            return self.refuse(id, req, HttpError::new(403, "origin not allowed"), HandshakeFailure::Origin, &[]);
+            return self.refuse(
+                id,
+                req,
+                HttpError::new(StatusCode::FORBIDDEN, "origin not allowed"),
+                HandshakeFailure::Origin,
+                &[],
+            );
         }
         let verified = match self.verify_upgrade(req) {
             Ok(v) => v,
             Err(crate::auth::AuthError::Ambiguous) => {
-                let e = HttpError::new(400, crate::auth::AuthError::Ambiguous.reason());
+                let e = HttpError::new(StatusCode::BAD_REQUEST, crate::auth::AuthError::Ambiguous.reason());
                 return self.reject(id, e, HandshakeFailure::BadRequest, &[]);
             }
             Err(e) => {
                 let challenge = [("WWW-Authenticate", crate::server::authorize::www_authenticate(e))];
-                return self.reject(id, HttpError::new(401, e.reason()), HandshakeFailure::Unauthorized, &challenge);
+                return self.reject(
+                    id,
+                    HttpError::new(StatusCode::UNAUTHORIZED, e.reason()),
+                    HandshakeFailure::Unauthorized,
+                    &challenge,
+                );
             }
         };
         if !self.take_accept_token() {
-            let e = HttpError::new(503, "accept_rate exceeded");
+            let e = HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "accept_rate exceeded");
             return self.refuse(id, req, e, HandshakeFailure::RateLimited, &retry);
         }
         if shared.open.fetch_add(1, Relaxed) >= shared.config.max_connections {
             shared.open.fetch_sub(1, Relaxed);
-            let e = HttpError::new(503, "max_connections reached");
+            let e = HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "max_connections reached");
             return self.refuse(id, req, e, HandshakeFailure::OverCapacity, &retry);
         }
         let m = self.metrics();
@@ -296,7 +354,7 @@ impl CoreState {
     /// Answers a refused request and closes the connection once the answer is written.
     fn reject(&mut self, id: ConnId, e: HttpError, why: HandshakeFailure, extra: &[(&str, &str)]) {
         self.metrics().handshake_failure(why);
-        crate::server::events::handshake_failed(self.me, self.conn(id).map(|s| s.fd), why, e.status, e.reason);
+        crate::server::events::handshake_failed(self.me, self.conn(id).map(|s| s.fd), why, Some(e.status), e.reason);
         self.send(id, http::handshake_rejection(e, extra), false);
     }
 

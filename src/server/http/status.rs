@@ -14,6 +14,7 @@
 //! `sessionStorage`, and sends it as `Authorization: Bearer` on every `/status.json` fetch;
 //! when that fetch is refused, the page shows the server's reason and how to pass the token.
 
+use crate::http::StatusCode;
 use std::sync::atomic::Ordering::Relaxed;
 
 use serde_json::{json, Map, Value};
@@ -70,7 +71,12 @@ impl CoreState {
     pub fn serve_status(&mut self, id: ConnId, req: &Request, what: Resource) {
         let keep_alive = req.keep_alive;
         if !matches!(req.method, Method::Get | Method::Head) {
-            let resp = http::error_response(405, "use GET or HEAD", &[("Allow", "GET, HEAD")], keep_alive);
+            let resp = http::error_response(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "use GET or HEAD",
+                &[("Allow", "GET, HEAD")],
+                keep_alive,
+            );
             return self.send(id, resp, keep_alive);
         }
         let guard = match what {
@@ -81,19 +87,27 @@ impl CoreState {
         let resp = match what {
             Resource::Script => {
                 let headers = [("Cache-Control", "no-cache"), nosniff];
-                http::response(200, "text/javascript; charset=utf-8", SCRIPT.as_bytes(), &headers, keep_alive)
+                http::response(
+                    StatusCode::OK,
+                    "text/javascript; charset=utf-8",
+                    SCRIPT.as_bytes(),
+                    &headers,
+                    keep_alive,
+                )
             }
             Resource::Style => {
                 let headers = [("Cache-Control", "no-cache"), nosniff];
-                http::response(200, "text/css; charset=utf-8", STYLE.as_bytes(), &headers, keep_alive)
+                http::response(StatusCode::OK, "text/css; charset=utf-8", STYLE.as_bytes(), &headers, keep_alive)
             }
             Resource::Page => {
                 // Refused, the page is still what the browser needs: it carries no data, and
                 // its script gets the token to `/status.json`. Not counted as an auth failure:
                 // every browser that opens the page with a token gets this 401 first.
                 let (status, challenge) = match guard {
-                    Ok(()) => (200, None),
-                    Err(r) if r.status == 401 => (401, Some(("WWW-Authenticate", r.challenge))),
+                    Ok(()) => (StatusCode::OK, None),
+                    Err(r) if r.status == StatusCode::UNAUTHORIZED => {
+                        (StatusCode::UNAUTHORIZED, Some(("WWW-Authenticate", r.challenge)))
+                    }
                     Err(r) => return self.refuse_auth(id, Guarded::Admin, r, keep_alive),
                 };
                 let mut headers = vec![
@@ -123,7 +137,7 @@ impl CoreState {
         let Some(keep_alive) = self.conn(id).and_then(|s| s.awaiting()) else { return };
         let body = status_json(&self.shared, self.clock.now_ms(), top, &loads);
         let headers = [("Cache-Control", "no-store")];
-        self.send(id, http::response(200, "application/json", &body, &headers, keep_alive), keep_alive);
+        self.send(id, http::response(StatusCode::OK, "application/json", &body, &headers, keep_alive), keep_alive);
         self.serve_pending(id);
     }
 }

@@ -1,6 +1,7 @@
 //! The session's plain HTTP side: taking complete requests out of the input (head, content,
 //! `Expect: 100-continue`), answering them, and the upgrade to WebSocket.
 
+use crate::http::StatusCode;
 use bytes::Bytes;
 use rand::Rng;
 
@@ -38,7 +39,10 @@ impl Session {
         } else {
             let len = req.content_length.unwrap_or(0);
             if len > cfg.max_publish_bytes {
-                return Some(Err(HttpError::new(413, "request body larger than limits.max_publish_bytes")));
+                return Some(Err(HttpError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "request body larger than limits.max_publish_bytes",
+                )));
             }
             if body_area.len() < len {
                 return self.send_continue(expect);

@@ -1,5 +1,6 @@
 use super::*;
 use crate::http::parse_request;
+use crate::http::StatusCode;
 
 /// The sample handshake of RFC 6455 §1.3.
 const SAMPLE_KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
@@ -56,7 +57,7 @@ fn drop_line(prefix: &'static str) -> impl Fn(&str) -> Option<String> {
 
 #[test]
 fn each_upgrade_rule_is_checked() {
-    let bad = |reason| Err(HttpError::new(400, reason));
+    let bad = |reason| Err(HttpError::new(StatusCode::BAD_REQUEST, reason));
     assert_eq!(upgrade_with(replace("GET", "POST /ws HTTP/1.1")), bad("method must be GET"));
     assert_eq!(upgrade_with(replace("GET", "GET /ws HTTP/1.0")), bad("HTTP/1.1 required"));
     // An HTTP/1.1 request without Host is refused by the parser already (RFC 9112 §3.2).
@@ -83,7 +84,7 @@ fn each_upgrade_rule_is_checked() {
 
 #[test]
 fn wrong_or_missing_version_gets_426() {
-    let unsupported = Err(HttpError::new(426, "unsupported Sec-WebSocket-Version"));
+    let unsupported = Err(HttpError::new(StatusCode::UPGRADE_REQUIRED, "unsupported Sec-WebSocket-Version"));
     for v in ["Sec-WebSocket-Version: 8", "Sec-WebSocket-Version: 13, 8", "Sec-WebSocket-Version: 14"] {
         assert_eq!(upgrade_with(replace("Sec-WebSocket-Version", v)), unsupported, "{v}");
     }
