@@ -9,7 +9,8 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use bytes::Bytes;
 
-use super::bus::{ConnRow, PublishResult};
+use super::broker::PublishResult;
+use super::bus::ConnRow;
 use super::core::CoreState;
 use super::http_auth::{self, Guarded, Refusal};
 use super::inspect::Gather;
