@@ -24,7 +24,7 @@ use tether::server::broker::cap::ChannelCap;
 use tether::server::broker::epoch::{Numbering, TOMBSTONES_PER_CORE};
 use tether::server::broker::home::{Dedup, FenceCheck, Homes};
 use tether::server::broker::redis::keys::{Keys, PublishCall, PublishParams, PUBLISH_LUA};
-use tether::server::bus::Fence;
+use tether::server::broker::Fence;
 
 const CH: &str = "feed.ticks";
 const PREFIX: &str = "fence:";

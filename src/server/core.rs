@@ -22,8 +22,8 @@ use std::time::Instant;
 use bytes::Bytes;
 use slab::Slab;
 
-use super::broker::{memory::MemoryBroker, Broker, Request};
-use super::bus::{ConnRef, ConnRow, CoreLoad, CoreMsg, Endpoint, PublishResult, Router};
+use super::broker::{Broker, PublishResult, Request};
+use super::bus::{ConnRef, ConnRow, CoreLoad, CoreMsg, Endpoint, Router};
 use super::local::LocalChannels;
 use super::metrics::{CoreMetrics, HandshakeFailure};
 use super::reactor::Reactor;
@@ -208,14 +208,14 @@ pub struct CoreState {
 }
 
 impl CoreState {
-    /// Fresh state for core `me` with `broker` (`None`: the memory broker) and its readiness
-    /// source `reactor`; `start` is the process's clock origin.
+    /// Fresh state for core `me` with its share of the broker (`broker::open`) and its
+    /// readiness source `reactor`; `start` is the process's clock origin.
     pub fn new(
         me: usize,
         shared: Arc<Shared>,
         ep: Endpoint,
         start: Instant,
-        broker: Option<Box<dyn Broker>>,
+        broker: Box<dyn Broker>,
         reactor: Reactor,
     ) -> CoreState {
         let cfg = &shared.config;
@@ -224,7 +224,7 @@ impl CoreState {
             me,
             conns: Conns::default(),
             local: LocalChannels::default(),
-            broker: broker.unwrap_or_else(|| Box::new(MemoryBroker::new(shared.clone()))),
+            broker,
             router: Router::new(me, ep, shared.clone()),
             clock: Clock {
                 start,

@@ -16,7 +16,8 @@ use crossbeam_channel::{Receiver, Sender, TrySendError};
 use tokio::sync::oneshot;
 
 use super::broker::home::home_of;
-use super::bus::{ConnRef, Doorbell, Fence, PublishResult, Request};
+use super::broker::{Fence, PublishResult, Request};
+use super::bus::{ConnRef, Doorbell};
 use super::session::ConnId;
 use crate::feeds::FeedPublish;
 use crate::protocol::RequestError;

@@ -29,8 +29,11 @@
 //! - [`events`]: log lines about connections (handshake failures, reaps, overflow closes,
 //!   drain progress), rate-limited per core.
 //! - [`broker`]: the home side of channels behind the [`broker::Broker`] trait (seq, epoch,
-//!   history, dedup); [`broker::memory`] is the embedded one.
-//! - [`bus`]: the queues between cores and the messages they carry.
+//!   history, dedup), its vocabulary ([`broker::request`]), the [`broker::Outbox`] it answers
+//!   through and [`broker::open`], which builds each core's broker; [`broker::memory`] is the
+//!   embedded one.
+//! - [`bus`]: the queues between cores and the messages they carry (the broker's requests
+//!   for home cores, the cores' messages).
 //! - [`local`]: channels at a subscriber's core: the subscriber lists.
 //! - [`processor`]: the task that applies messages and fans frames out in chunks.
 //! - [`tick`]: the per-core clock task, tickless (it sleeps until the next thing due):
@@ -210,26 +213,15 @@ impl Server {
             config,
         });
         let (addr, listeners) = bind_listeners(shared.config.listen, cores)?;
-        let mut brokers: Vec<Option<Box<dyn broker::Broker + Send>>> = match shared.config.broker.kind {
-            BrokerKind::Memory => (0..cores).map(|_| None).collect(),
-            BrokerKind::Redis => {
-                // rediss:// needs a TLS crypto provider; a second install is harmless.
-                let _ = rustls::crypto::ring::default_provider().install_default();
-                broker::redis::start(shared.clone())?
-                    .into_iter()
-                    .map(|b| Some(Box::new(b) as Box<dyn broker::Broker + Send>))
-                    .collect()
-            }
-        };
+        let brokers = broker::open(&shared)?;
         tracing::info!(%addr, listeners = cores, "listening (one SO_REUSEPORT listener per core)");
         let start = Instant::now();
         let endpoints = bus.into_endpoints();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let mut threads = Vec::with_capacity(cores);
-        for (i, (listener, ep)) in listeners.into_iter().zip(endpoints).enumerate() {
+        for (i, ((listener, ep), broker)) in listeners.into_iter().zip(endpoints).zip(brokers).enumerate() {
             let shared = shared.clone();
             let ready = ready_tx.clone();
-            let broker = brokers[i].take();
             let t = std::thread::Builder::new()
                 .name(format!("tether-core-{i}"))
                 .spawn(move || core_thread(i, shared, listener, ep, start, broker, ready))?;
@@ -405,7 +397,7 @@ fn core_thread(
     listener: std::net::TcpListener,
     ep: Endpoint,
     start: Instant,
-    broker: Option<Box<dyn broker::Broker + Send>>,
+    broker: Box<dyn broker::Broker + Send>,
     ready: std::sync::mpsc::Sender<std::io::Result<()>>,
 ) {
     match pin_to_cpu(i) {
@@ -442,7 +434,6 @@ fn core_thread(
                 return;
             }
         };
-        let broker = broker.map(|b| b as Box<dyn broker::Broker>);
         tracing::info!(
             core = i,
             readiness = reactor.kind(),

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use super::broker::Request;
-use super::bus::{ConnRef, Resume};
+use super::broker::Resume;
+use super::bus::ConnRef;
 use super::core::CoreState;
 use super::local::relocate_entry;
 use super::metrics::Limit;

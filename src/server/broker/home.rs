@@ -11,8 +11,8 @@ use bytes::Bytes;
 
 use super::cap::ChannelCap;
 use super::epoch::Numbering;
+use super::{Fence, Resume};
 use crate::protocol::ResetReason;
-use crate::server::bus::{Fence, Resume};
 
 /// Home core of a channel: FNV-1a of its name modulo the core count. Deterministic, so every
 /// core computes the same home without asking.

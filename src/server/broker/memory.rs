@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use super::epoch::{Numbering, TOMBSTONES_PER_CORE};
 use super::home::{home_of, Dedup, FenceCheck, Homes, MAX_FEEDS_PER_CHANNEL};
-use super::{Broker, Request};
+use super::{Broker, Outbox, PublishResult, Request, Resume};
 use crate::protocol::RequestError;
-use crate::server::bus::{BusMsg, CoreMsg, PublishResult, Resume, Router};
+use crate::server::bus::CoreMsg;
 use crate::server::metrics::Limit;
 use crate::server::Shared;
 
@@ -33,13 +33,13 @@ impl MemoryBroker {
 }
 
 impl Broker for MemoryBroker {
-    fn request(&mut self, router: &mut Router, req: Request) {
+    fn request(&mut self, out: &mut dyn Outbox, req: Request) {
         let home = home_of(req.channel(), self.shared.cores);
-        router.send(home, BusMsg::Broker(req));
+        out.to_home(home, req);
     }
 
-    fn serve(&mut self, router: &mut Router, now_ms: u64, req: Request) {
-        let metrics = &self.shared.metrics[router.me()];
+    fn serve(&mut self, out: &mut dyn Outbox, now_ms: u64, req: Request) {
+        let metrics = &self.shared.metrics[out.me()];
         match req {
             Request::Publish { ch, id, data, reply, fence } => {
                 let cap = self.shared.config.channel_rule(&ch).history;
@@ -64,7 +64,7 @@ impl Broker for MemoryBroker {
                 if let Some(refusal) = refusal {
                     if let Some(r) = reply {
                         let result = PublishResult::Refused(Box::new(refusal));
-                        router.to_core(r.core as usize, CoreMsg::Published { reply: r, ch, id, result });
+                        out.to_core(r.core as usize, CoreMsg::Published { reply: r, ch, id, result });
                     }
                     return;
                 }
@@ -72,7 +72,7 @@ impl Broker for MemoryBroker {
                     metrics.limit_refused(Limit::MaxChannels);
                     if let Some(r) = reply {
                         let result = PublishResult::Refused(Box::new(self.shared.channels.refusal()));
-                        router.to_core(r.core as usize, CoreMsg::Published { reply: r, ch, id, result });
+                        out.to_core(r.core as usize, CoreMsg::Published { reply: r, ch, id, result });
                     }
                     return;
                 };
@@ -81,7 +81,7 @@ impl Broker for MemoryBroker {
                         metrics.published.fetch_add(1, Relaxed);
                         if let Some(c) = self.homes.get(&ch) {
                             for core in c.interested() {
-                                router.to_core(
+                                out.to_core(
                                     core,
                                     CoreMsg::Deliver { ch: name.clone(), seq: p.seq, frame: frame.clone() },
                                 );
@@ -94,7 +94,7 @@ impl Broker for MemoryBroker {
                 }
                 if let Some(r) = reply {
                     let result = PublishResult::Stored { seq: p.seq };
-                    router.to_core(r.core as usize, CoreMsg::Published { reply: r, ch: name, id, result });
+                    out.to_core(r.core as usize, CoreMsg::Published { reply: r, ch: name, id, result });
                 }
             }
             Request::Subscribe { ch, conn, from, epoch } => {
@@ -109,7 +109,7 @@ impl Broker for MemoryBroker {
                         CoreMsg::Subscribed { ch, conn: conn.id, head: 0, epoch: "".into(), resume }
                     }
                 };
-                router.to_core(conn.core as usize, msg);
+                out.to_core(conn.core as usize, msg);
             }
             Request::Unsubscribe { ch, core } => self.homes.unsubscribe(&ch, core as usize),
             Request::Fetch { ch, conn, after, until } => {
@@ -117,7 +117,7 @@ impl Broker for MemoryBroker {
                     Ok(f) => (f, None),
                     Err(oldest) => (Vec::new(), Some(oldest)),
                 };
-                router.to_core(conn.core as usize, CoreMsg::ReplayBatch { ch, conn: conn.id, frames, evicted });
+                out.to_core(conn.core as usize, CoreMsg::ReplayBatch { ch, conn: conn.id, frames, evicted });
             }
         }
     }

@@ -7,7 +7,10 @@
 //! broker (multi-node) keeps it in Redis behind a broker thread, and implements the same trait.
 //!
 //! # Layout
-//! - this file: the [`Broker`] trait and its contract (its [`Request`]s travel on the bus);
+//! - this file: the [`Broker`] trait and its contract, the [`Outbox`] a broker answers
+//!   through, and [`open`], which builds the configured broker for every core;
+//! - [`request`]: the seam's vocabulary: [`Request`], [`PublishResult`], [`Fence`],
+//!   [`Resume`];
 //! - [`memory`]: the embedded broker (one process), routing requests to home cores;
 //! - [`home`]: the memory broker's per-core channel store (seq, epoch, history, dedup);
 //! - [`redis`]: the Redis broker (several nodes): a broker thread per process;
@@ -20,10 +23,33 @@ pub mod epoch;
 pub mod home;
 pub mod memory;
 pub mod redis;
+pub mod request;
+
+use std::io;
+use std::sync::Arc;
+
+pub use request::{Fence, PublishResult, Request, Resume};
 
 use super::bus::CoreMsg;
-pub use super::bus::Request;
-use super::bus::Router;
+use super::Shared;
+use crate::config::BrokerKind;
+
+/// Where a broker's requests and answers go: the asking core's way out to the other cores
+/// (the bus's `Router`, for the memory broker, whose homes live on cores). What one core hands
+/// to one destination arrives there in the order it was handed, and never blocks (a full
+/// queue spills).
+pub trait Outbox {
+    /// This core's index: `0 ..` [`Shared::cores`].
+    fn me(&self) -> usize;
+
+    /// Hands `req` to the broker at core `home` (`0 .. Shared::cores`, this core included),
+    /// where it reaches [`Broker::serve`].
+    fn to_home(&mut self, home: usize, req: Request);
+
+    /// Sends `msg` (an answer, a delivery) to core `core` (`0 .. Shared::cores`, this core
+    /// included) about that core's connections.
+    fn to_core(&mut self, core: usize, msg: CoreMsg);
+}
 
 /// The home side of channels.
 ///
@@ -48,15 +74,15 @@ use super::bus::Router;
 ///   for resume; a resume point older than that is answered with a reset (`evicted`).
 ///
 /// Calls never block: a request is handed on and answered later through the asking core's
-/// inbox. A broker that cannot store a publish now answers [`super::bus::PublishResult::Refused`].
+/// inbox. A broker that cannot store a publish now answers [`PublishResult::Refused`].
 pub trait Broker {
-    /// Hands `req` to the channel's home, through `router` when the home is a core.
-    fn request(&mut self, router: &mut Router, req: Request);
+    /// Hands `req` to the channel's home, through `out` when the home is a core.
+    fn request(&mut self, out: &mut dyn Outbox, req: Request);
 
     /// Serves a request that reached this core because it is the channel's home, answering
-    /// through `router`; `now_ms` is the core's clock in milliseconds. Only a broker that
+    /// through `out`; `now_ms` is the core's clock in milliseconds. Only a broker that
     /// keeps homes on cores (memory) routes requests here; others never receive one.
-    fn serve(&mut self, router: &mut Router, now_ms: u64, req: Request);
+    fn serve(&mut self, out: &mut dyn Outbox, now_ms: u64, req: Request);
 
     /// Periodic upkeep at `now_ms` (forgetting idle channels, …), every `tick::SWEEP_MS`
     /// while [`Broker::wants_sweep`] says so.
@@ -83,5 +109,22 @@ pub trait Broker {
     /// Whether requests wait for room in a full queue (the processor then retries soon).
     fn has_backlog(&self) -> bool {
         false
+    }
+}
+
+/// Builds the broker of `shared.config.broker` for every core, index = core
+/// (`shared.cores` of them): a [`memory::MemoryBroker`] shard per core, or each core's side
+/// of the Redis broker, whose thread this starts ([`redis::start`]: it connects in the
+/// background). Errors: the Redis broker's thread could not be spawned.
+pub fn open(shared: &Arc<Shared>) -> io::Result<Vec<Box<dyn Broker + Send>>> {
+    match shared.config.broker.kind {
+        BrokerKind::Memory => Ok((0..shared.cores)
+            .map(|_| Box::new(memory::MemoryBroker::new(shared.clone())) as Box<dyn Broker + Send>)
+            .collect()),
+        BrokerKind::Redis => {
+            // rediss:// needs a TLS crypto provider; a second install is harmless.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            Ok(redis::start(shared.clone())?.into_iter().map(|b| Box::new(b) as Box<dyn Broker + Send>).collect())
+        }
     }
 }

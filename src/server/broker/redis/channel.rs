@@ -40,7 +40,8 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use super::thread::{unavailable, Ctx};
 use crate::protocol::ResetReason;
 use crate::server::broker::home::REPLAY_BATCH;
-use crate::server::bus::{ConnRef, CoreMsg, Resume};
+use crate::server::broker::Resume;
+use crate::server::bus::{ConnRef, CoreMsg};
 
 /// What a channel task is told, in order.
 #[derive(Debug)]

@@ -34,8 +34,8 @@ use std::sync::Arc;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use tokio::sync::Notify;
 
-use super::{Broker, Request};
-use crate::server::bus::{CoreMsg, Router};
+use super::{Broker, Outbox, Request};
+use crate::server::bus::CoreMsg;
 use crate::server::Shared;
 
 /// Capacity of each queue between a core and the broker thread, in messages.
@@ -78,11 +78,11 @@ impl RedisBroker {
 }
 
 impl Broker for RedisBroker {
-    fn request(&mut self, _router: &mut Router, req: Request) {
+    fn request(&mut self, _out: &mut dyn Outbox, req: Request) {
         self.push(req);
     }
 
-    fn serve(&mut self, _router: &mut Router, _now_ms: u64, req: Request) {
+    fn serve(&mut self, _out: &mut dyn Outbox, _now_ms: u64, req: Request) {
         // Requests never travel to a core with this broker; one that did goes to Redis.
         self.push(req);
     }

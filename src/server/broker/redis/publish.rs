@@ -18,7 +18,8 @@ use super::thread::{script_cmd, unavailable, unknown, warn_limited, Ctx, ERR_SCR
 use crate::protocol::RequestError;
 use crate::redis::REPLY_GRACE;
 use crate::server::broker::epoch::new_epoch;
-use crate::server::bus::{ConnRef, CoreMsg, Fence, PublishResult};
+use crate::server::broker::{Fence, PublishResult};
+use crate::server::bus::{ConnRef, CoreMsg};
 
 /// Publishes per batch at most (one script call on one Redis).
 const BATCH_MAX: usize = 512;

@@ -32,7 +32,8 @@ use crate::protocol::RequestError;
 use crate::redis::clock::local_ms;
 use crate::redis::link::Link;
 use crate::server::broker::epoch::new_epoch;
-use crate::server::bus::{CoreMsg, Request, Resume};
+use crate::server::broker::{Request, Resume};
+use crate::server::bus::CoreMsg;
 use crate::server::metrics::Limit;
 use crate::server::Shared;
 

@@ -1,0 +1,138 @@
+//! The broker seam's vocabulary: what a core asks a channel's home ([`Request`]) and the
+//! parts of its answers that are the broker's own ([`PublishResult`], [`Resume`]), with the
+//! fence of a feed's publish ([`Fence`]). The answers themselves travel as
+//! [`CoreMsg`](crate::server::bus::CoreMsg)s; requests for a home core travel on the bus
+//! ([`BusMsg::Broker`](crate::server::bus::BusMsg::Broker)).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::protocol::RequestError;
+use crate::server::bus::ConnRef;
+
+/// What a publish resolved to at the channel's home.
+#[derive(Debug)]
+pub enum PublishResult {
+    /// Stored as `seq` (also for a duplicate id: the original seq).
+    Stored {
+        /// The channel's seq for this message.
+        seq: u64,
+    },
+    /// Refused (a broker that cannot store it now, `limits.max_channels` reached, or a fenced
+    /// publish whose token is stale: [`crate::protocol::codes::FENCED`]).
+    Refused(Box<RequestError>),
+}
+
+/// The fence of a publish made on behalf of an upstream feed (docs/feeds.md "Fencing", issue 11
+/// item 5): the channel's home refuses it (code [`crate::protocol::codes::FENCED`]) when it has
+/// seen a higher `token` for `feed`, and otherwise raises the highest token it keeps for `feed`
+/// to `token`, atomically with the publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// The feed's id (`crate::feeds::FeedDef::id`: 1–64 bytes of `[A-Za-z0-9._-]`; the Redis
+    /// publish script relies on it holding no space).
+    pub feed: Box<str>,
+    /// The fencing token of the lease the publisher holds (`crate::feeds::Lease`'s
+    /// `fencing_token`: 1 on the first acquire, one more on each next one).
+    pub token: u64,
+}
+
+/// A request about one channel, from a subscriber's or publisher's core to the channel's
+/// home.
+#[derive(Debug)]
+pub enum Request {
+    /// Publish `data` (raw JSON text) on `ch`; `id` is the publisher's dedup key. The answer
+    /// ([`CoreMsg::Published`](crate::server::bus::CoreMsg::Published)) goes to `reply` when given.
+    Publish {
+        /// Channel name.
+        ch: Arc<str>,
+        /// The publisher's message id (`pub.id`, `Idempotency-Key`), for dedup.
+        id: Option<Box<str>>,
+        /// The message: compact JSON text, validated on the way in.
+        data: Bytes,
+        /// Who gets the answer.
+        reply: Option<ConnRef>,
+        /// `Some` for a feed's publish: refused as `fenced` (not stored, no seq, not recorded
+        /// for dedup) when the home saw a higher token for the feed. `None` for every other
+        /// publish (clients, HTTP).
+        fence: Option<Fence>,
+    },
+    /// Subscribe `conn` to `ch`, resuming after `from` when given (and `epoch` matches).
+    /// Answered with [`CoreMsg::Subscribed`](crate::server::bus::CoreMsg::Subscribed).
+    Subscribe {
+        /// Channel name.
+        ch: Arc<str>,
+        /// The subscribing connection.
+        conn: ConnRef,
+        /// The last seq the client processed, to resume after.
+        from: Option<u64>,
+        /// The epoch `from` belongs to, as the client last saw it.
+        epoch: Option<Box<str>>,
+    },
+    /// One subscription of core `core` to `ch` ended. Not answered.
+    Unsubscribe {
+        /// Channel name.
+        ch: Arc<str>,
+        /// The core whose subscription ended.
+        core: u16,
+    },
+    /// The next history batch of `ch` for a resuming subscriber: seqs after `after`, up to
+    /// `until`. Answered with [`CoreMsg::ReplayBatch`](crate::server::bus::CoreMsg::ReplayBatch).
+    Fetch {
+        /// Channel name.
+        ch: Arc<str>,
+        /// The resuming connection.
+        conn: ConnRef,
+        /// Last seq already fetched.
+        after: u64,
+        /// Last seq of the replay (the head when the subscription began).
+        until: u64,
+    },
+}
+
+impl Request {
+    /// The channel the request is about.
+    pub fn channel(&self) -> &str {
+        match self {
+            Request::Publish { ch, .. }
+            | Request::Subscribe { ch, .. }
+            | Request::Unsubscribe { ch, .. }
+            | Request::Fetch { ch, .. } => ch,
+        }
+    }
+}
+
+/// How a `sub` with `from` resolved at the home core.
+#[derive(Debug, Clone)]
+pub enum Resume {
+    /// No `from` was given: live from `head`.
+    Live,
+    /// `from` was found: replay seqs `from+1 ..= until` (the head at subscribe) before live
+    /// ones. `frames` is the first batch; the rest is fetched as the connection drains.
+    Recovered {
+        /// The client's resume point.
+        from: u64,
+        /// The first history batch (seqs `from+1 ..`).
+        frames: Vec<Bytes>,
+        /// The last seq to replay from history.
+        until: u64,
+    },
+    /// The resume point is gone: send `reset` (evicted or epoch) with the oldest kept seq.
+    Reset {
+        /// Why: evicted from history, or another epoch.
+        reason: crate::protocol::ResetReason,
+        /// The oldest seq still in history.
+        oldest: u64,
+    },
+    /// `from` is beyond `head`: answer with an `error`.
+    Ahead,
+    /// The broker cannot answer now (Redis unreachable): answer with this `error`
+    /// (`unavailable`, with `retry_after_ms`); the subscription is not made.
+    Unavailable(Box<RequestError>),
+    /// The home refused to register the subscription (`limit`: the channel does not exist
+    /// and `limits.max_channels` channels do): answer with this `error`. Unlike the other
+    /// answers nothing was registered, so nothing is released (no `Unsubscribe` follows);
+    /// `head` and `epoch` of such an answer mean nothing.
+    Refused(Box<RequestError>),
+}
