@@ -6,14 +6,11 @@
 //! Bottom first: a module names only modules above it in this list (tests/layers.rs checks
 //! every `crate::` path; CONTRIBUTING.md, "Layout").
 //!
-//! - [`http`]: plain HTTP/1.1, sans-IO: request heads parsed ([`http::request`]), bodies
-//!   decoded ([`http::body`]), responses built ([`http::response`](mod@http::response)) for the non-WebSocket
-//!   endpoints and refused upgrades.
-//! - [`ws`]: RFC 6455 pieces, sans-IO: [`ws::handshake`] (the upgrade check on a parsed
-//!   request, §4.2) and [`ws::codec`] (frame decoding and encoding, fragments, UTF-8, close
-//!   codes, §5–§7).
-//! - [`protocol`]: the pub/sub wire protocol v1 (docs/protocol.md), sans-IO: client ops in, server
-//!   frames out, the close-code contract and the reconnect backoff.
+//! - [`http`], [`ws`], [`protocol`]: the sans-IO core, re-exported from the `tether-proto`
+//!   crate (crates/tether-proto): HTTP/1.1 requests, bodies and responses; the RFC 6455 codec
+//!   and upgrade check; the pub/sub wire protocol v1 (docs/protocol.md), its close-code
+//!   contract and the reconnect backoff. No IO crate can reach them (their Cargo.toml has
+//!   none; tests/layers.rs checks it).
 //! - [`log_limit`]: a sans-IO rate limiter for log lines a flood can produce; [`logging`]: the
 //!   `TETHER_LOG` filter, checked before use.
 //! - [`config`]: the TOML configuration (docs/configuration.md), its defaults, its validation,
@@ -39,17 +36,16 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+pub use tether_proto::{http, protocol, ws};
+
 pub mod auth;
 pub mod client;
 pub mod config;
 pub mod feeds;
 pub mod fuzz;
-pub mod http;
 pub mod limits;
 pub mod load;
 pub mod log_limit;
 pub mod logging;
-pub mod protocol;
 pub mod redis;
 pub mod server;
-pub mod ws;

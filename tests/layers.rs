@@ -1,6 +1,7 @@
 //! The library's layers (CONTRIBUTING.md, "Layout"): every `crate::` path between top-level
-//! modules of `src/` points down the list in [`LAYERS`], so the modules form no import circle
-//! and the order a newcomer reads them in is the order they are built on.
+//! modules of `src/` and of `crates/tether-proto/src/` points down the list in [`LAYERS`], so
+//! the modules form no import circle and the order a newcomer reads them in is the order they
+//! are built on; and `tether-proto`, the sans-IO core, depends on no IO crate.
 //!
 //! The check reads the sources: each file belongs to the top-level module whose directory or
 //! file holds it; a `crate::a::…` path or a `crate::{a::…, b}` group in code (comments and
@@ -13,8 +14,9 @@ use std::path::{Path, PathBuf};
 /// The top-level modules of `src/lib.rs`, bottom first: a module may name only modules listed
 /// before it. Also the order of src/lib.rs's "Layout".
 const LAYERS: &[&str] = &[
-    // HTTP/1.1 requests and responses; the RFC 6455 handshake check and frame codec; the
-    // pub/sub wire protocol and close contract: sans-IO, no config.
+    // The tether-proto crate (re-exported by src/lib.rs): HTTP/1.1 requests and responses; the
+    // RFC 6455 handshake check and frame codec; the pub/sub wire protocol and close contract:
+    // sans-IO, no config.
     "http",
     "ws",
     "protocol",
@@ -166,24 +168,38 @@ fn named_modules(code: &str) -> Vec<String> {
     out
 }
 
+/// The modules of the `tether-proto` crate: its `crate::` paths may name only these (it cannot
+/// see the server's modules at all; a path to one would not compile, and is reported here
+/// as unlisted if it appears in a macro).
+const PROTO_MODULES: &[&str] = &["http", "ws", "protocol"];
+
+/// Crates that do IO (a runtime, sockets, the OS): none may be a dependency of `tether-proto`.
+const IO_CRATES: &[&str] = &["monoio", "tokio", "mio", "socket2", "libc"];
+
 #[test]
 fn every_import_between_top_level_modules_points_down() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
-    rust_files(&src, &mut files);
+    for dir in ["src", "crates/tether-proto/src"] {
+        let mut found = Vec::new();
+        rust_files(&root.join(dir), &mut found);
+        files.extend(found.into_iter().map(|f| (dir, f)));
+    }
     files.sort();
     let rank = |m: &str| LAYERS.iter().position(|l| *l == m);
     let mut up: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
     let mut unlisted = Vec::new();
     let mut arrows = 0;
-    for file in &files {
+    for (dir, file) in &files {
+        let src = root.join(dir);
         let rel = file.strip_prefix(&src).expect("under src").to_string_lossy().replace('\\', "/");
+        let in_proto = dir.starts_with("crates/");
         let top = rel.split('/').next().expect("a path").trim_end_matches(".rs").to_string();
         if top == "lib" || top == "main" {
             continue; // the crate root declares the modules; the binary sits above them all
         }
-        let Some(from) = rank(&top) else {
-            unlisted.push(rel.clone());
+        let Some(from) = rank(&top).filter(|_| !in_proto || PROTO_MODULES.contains(&top.as_str())) else {
+            unlisted.push(format!("{dir}/{rel}"));
             continue;
         };
         let code = code_only(&std::fs::read_to_string(file).expect("read a source file"));
@@ -191,15 +207,15 @@ fn every_import_between_top_level_modules_points_down() {
             if to == top {
                 continue;
             }
-            let Some(r) = rank(&to) else {
+            let Some(r) = rank(&to).filter(|_| !in_proto || PROTO_MODULES.contains(&to.as_str())) else {
                 if !matches!(to.as_str(), "self" | "super") {
-                    unlisted.push(format!("{rel} names crate::{to}"));
+                    unlisted.push(format!("{dir}/{rel} names crate::{to}"));
                 }
                 continue;
             };
             arrows += 1;
             if r > from {
-                up.entry((top.clone(), to)).or_default().push(rel.clone());
+                up.entry((top.clone(), to)).or_default().push(format!("{dir}/{rel}"));
             }
         }
     }
@@ -223,4 +239,49 @@ fn the_scan_sees_groups_and_skips_comments_and_strings() {
          /* crate::limits */ let r = r#\"crate::auth\"#; crate::http::f(); $crate::client::g();",
     );
     assert_eq!(named_modules(&code), ["config", "server", "ws", "http"]);
+}
+
+/// The `[dependencies]` of a manifest, by name.
+fn dependencies(manifest: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(manifest).unwrap_or_else(|e| panic!("read {}: {e}", manifest.display()));
+    let doc: toml::Table = text.parse().unwrap_or_else(|e| panic!("parse {}: {e}", manifest.display()));
+    let deps = doc.get("dependencies").and_then(|d| d.as_table()).expect("a [dependencies] table");
+    deps.keys().cloned().collect()
+}
+
+#[test]
+fn tether_proto_depends_on_no_io_crate() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let direct = dependencies(&root.join("crates/tether-proto/Cargo.toml"));
+    assert!(direct.iter().any(|d| d == "httparse"), "the scan is broken: {direct:?}");
+    let io: Vec<&String> = direct.iter().filter(|d| IO_CRATES.contains(&d.as_str())).collect();
+    assert!(io.is_empty(), "tether-proto must stay sans-IO, but depends on {io:?}");
+
+    // Transitively, from Cargo.lock (every dependency any feature could enable, so a superset
+    // of what is built): no runtime or socket crate. libc alone may come in under rand
+    // (getrandom reads the OS's entropy), never a runtime.
+    let lock: toml::Table =
+        std::fs::read_to_string(root.join("Cargo.lock")).expect("Cargo.lock").parse().expect("parse Cargo.lock");
+    let packages = lock.get("package").and_then(|p| p.as_array()).expect("[[package]] entries");
+    let deps_of = |name: &str| -> Vec<String> {
+        let p = packages.iter().find(|p| p.get("name").and_then(|n| n.as_str()) == Some(name));
+        let deps = p.and_then(|p| p.get("dependencies")).and_then(|d| d.as_array());
+        deps.into_iter()
+            .flatten()
+            .filter_map(|d| d.as_str())
+            .map(|d| d.split(' ').next().unwrap_or(d).to_string())
+            .collect()
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    let mut todo = vec!["tether-proto".to_string()];
+    while let Some(name) = todo.pop() {
+        for d in deps_of(&name) {
+            if seen.insert(d.clone()) {
+                todo.push(d);
+            }
+        }
+    }
+    assert!(seen.contains("httparse") && seen.contains("serde"), "the lock walk is broken: {seen:?}");
+    let runtime: Vec<&String> = seen.iter().filter(|d| IO_CRATES.contains(&d.as_str()) && *d != "libc").collect();
+    assert!(runtime.is_empty(), "tether-proto reaches IO crates transitively: {runtime:?}");
 }

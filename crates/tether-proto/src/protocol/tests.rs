@@ -313,7 +313,7 @@ fn msg_frame_overhead_is_the_worst_case() {
 fn bad_channel_reason_is_the_documented_one() {
     let e = err(r#"{"op":"sub","ch":"a b"}"#);
     assert_eq!((e.code, e.reason.as_str()), (codes::BAD_CHANNEL, BAD_CHANNEL_REASON));
-    let doc = include_str!("../../docs/protocol.md");
+    let doc = include_str!("../../../../docs/protocol.md");
     let example = format!(r#"{{"op":"error","code":"bad_channel","reason":"{BAD_CHANNEL_REASON}","ch":"#);
     assert!(doc.contains(&example), "docs/protocol.md shows another bad_channel reason than {example}");
 }

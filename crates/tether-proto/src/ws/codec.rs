@@ -58,7 +58,10 @@ impl Violation {
     const STRAY_CONTINUATION: Self = Self::protocol("continuation frame without a message in progress");
     const INTERLEAVED_MESSAGE: Self = Self::protocol("new data frame while a fragmented message is in progress");
     const CLOSE_ONE_BYTE: Self = Self::protocol("close frame payload of 1 byte");
-    pub(crate) const BAD_CLOSE_CODE: Self = Self::protocol("close code not allowed on the wire");
+    /// A close frame whose code may not be sent on the wire (RFC 6455 §7.4: any code outside
+    /// [`is_valid_close_code`]'s 1000–1003, 1007–1014, 3000–4999): closed with 1002. Public for
+    /// the fuzz oracle, which tells it apart from other violations.
+    pub const BAD_CLOSE_CODE: Self = Self::protocol("close code not allowed on the wire");
     const INVALID_UTF8: Self = Violation { code: CloseCode::Invalid, reason: "invalid UTF-8 in text" };
     const MESSAGE_TOO_BIG: Self = Violation { code: CloseCode::Size, reason: "message too big" };
 }

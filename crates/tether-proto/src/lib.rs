@@ -1,0 +1,24 @@
+//! tether-proto — the sans-IO core of tether: bytes in, bytes and decisions out. Nothing here
+//! opens a socket, reads a clock or starts a thread; the server (`tether`), its client and its
+//! load tool drive it. Its `Cargo.toml` holds no runtime, socket or OS crate (no monoio,
+//! tokio, mio, socket2 or libc), and the workspace's `tests/layers.rs` fails when one appears,
+//! so sans-IO is a build failure to break, not a comment.
+//!
+//! # Layout
+//!
+//! Bottom first: a module names only modules above it in this list.
+//!
+//! - [`http`]: plain HTTP/1.1: request heads parsed ([`http::request`]), bodies decoded
+//!   ([`http::body`]), responses built ([`http::response`](mod@http::response)) for the
+//!   non-WebSocket endpoints and refused upgrades (RFC 9110, RFC 9112; docs/http.md).
+//! - [`ws`]: RFC 6455 pieces: [`ws::handshake`] (the upgrade check on a parsed request,
+//!   §4.2) and [`ws::codec`] (frame decoding and encoding, fragments, UTF-8, close codes,
+//!   §5–§7).
+//! - [`protocol`]: the pub/sub wire protocol v1 (docs/protocol.md): client ops in, server
+//!   frames out, the close-code contract and the reconnect backoff.
+
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod http;
+pub mod protocol;
+pub mod ws;
