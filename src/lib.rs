@@ -18,7 +18,8 @@
 //! - [`auth`]: JWT connection auth (docs/security.md): token verification, the per-core
 //!   table of interned grants, and `tether token`.
 //! - [`limits`]: `tether check-limits`: reads the OS limits and predicts connection capacity.
-//! - [`client`]: the tokio client (`tether::client`) and the `sub`/`pub` command-line tools.
+//! - [`client`]: the tokio client and the `sub`/`pub` command-line tools, re-exported from
+//!   the `tether-client` crate (crates/tether-client), which stands on `tether-proto` alone.
 //! - [`redis`]: the Redis link shared by the broker and the lease store (one Redis or a
 //!   Cluster), Redis's clock as this node sees it, and the reply grace of scripted writes.
 //! - [`feeds`]: upstream feeds owned by leases (docs/feeds.md): the feed record, the lease
@@ -36,10 +37,10 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+pub use tether_client as client;
 pub use tether_proto::{http, protocol, ws};
 
 pub mod auth;
-pub mod client;
 pub mod config;
 pub mod feeds;
 pub mod fuzz;

@@ -11,10 +11,9 @@
 //! reads the log (docs/security.md, "Logs").
 
 mod escape;
-mod redact;
 
 pub use escape::{Escaped, MAX_LOGGED_BYTES};
-pub use redact::redact_url;
+pub use tether_proto::redact::redact_url;
 use tracing_subscriber::EnvFilter;
 
 /// The levels `TETHER_LOG` accepts, quietest last.

@@ -1,7 +1,7 @@
 //! Close-code handling of `tether::client` against a real server (issue 4, client item 5;
 //! docs/protocol.md, close codes): a stop code ends the client with a typed error naming the code,
 //! and fails the pending publish, instead of reconnecting. (The full code table and the seeded
-//! backoff formula are unit-tested in `src/client/close.rs` and `src/client/backoff.rs`.)
+//! backoff formula are unit-tested in `crates/tether-client/src/close.rs` and `crates/tether-proto/src/protocol/backoff.rs`.)
 
 mod common;
 

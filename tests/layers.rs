@@ -20,13 +20,16 @@ const LAYERS: &[&str] = &[
     "http",
     "ws",
     "protocol",
+    "redact",
     "log_limit",
     "logging",
     // The configuration, and what reads it without serving.
     "config",
     "auth",
     "limits",
-    // The reference client and the Redis link, both below the server that uses them.
+    // The reference client (the tether-client crate, re-exported: the compiler keeps it off
+    // the server, see `tether_client_stands_on_proto_alone`) and the Redis link, both below
+    // the server that uses them.
     "client",
     "redis",
     // Upstream feeds (a service the server hosts), then the engine.
@@ -171,7 +174,7 @@ fn named_modules(code: &str) -> Vec<String> {
 /// The modules of the `tether-proto` crate: its `crate::` paths may name only these (it cannot
 /// see the server's modules at all; a path to one would not compile, and is reported here
 /// as unlisted if it appears in a macro).
-const PROTO_MODULES: &[&str] = &["http", "ws", "protocol"];
+const PROTO_MODULES: &[&str] = &["http", "ws", "protocol", "redact"];
 
 /// Crates that do IO (a runtime, sockets, the OS): none may be a dependency of `tether-proto`.
 const IO_CRATES: &[&str] = &["monoio", "tokio", "mio", "socket2", "libc"];
@@ -284,4 +287,16 @@ fn tether_proto_depends_on_no_io_crate() {
     assert!(seen.contains("httparse") && seen.contains("serde"), "the lock walk is broken: {seen:?}");
     let runtime: Vec<&String> = seen.iter().filter(|d| IO_CRATES.contains(&d.as_str()) && *d != "libc").collect();
     assert!(runtime.is_empty(), "tether-proto reaches IO crates transitively: {runtime:?}");
+}
+
+/// Crates of the server's engine and tools: the client crate must not need any of them.
+const SERVER_CRATES: &[&str] = &["tether", "monoio", "socket2", "io-uring", "slab", "redis", "hdrhistogram", "ureq"];
+
+#[test]
+fn tether_client_stands_on_proto_alone() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let direct = dependencies(&root.join("crates/tether-client/Cargo.toml"));
+    assert!(direct.iter().any(|d| d == "tether-proto"), "the client speaks the protocol crate's wire: {direct:?}");
+    let server: Vec<&String> = direct.iter().filter(|d| SERVER_CRATES.contains(&d.as_str())).collect();
+    assert!(server.is_empty(), "tether-client must build without the server's crates, but depends on {server:?}");
 }

@@ -16,9 +16,12 @@
 //!   §5–§7).
 //! - [`protocol`]: the pub/sub wire protocol v1 (docs/protocol.md): client ops in, server
 //!   frames out, the close-code contract and the reconnect backoff.
+//! - [`redact`]: URLs with their secrets taken out, for logs and error messages (used by the
+//!   server's log lines and the client's alike).
 
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod http;
 pub mod protocol;
+pub mod redact;
 pub mod ws;

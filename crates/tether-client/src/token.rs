@@ -74,7 +74,7 @@ pub(super) fn url_with_token(url: &str, token: &str) -> String {
     let mut sep = '?';
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let key = pair.split_once('=').map_or(pair, |(k, _)| k);
-        if crate::http::percent_decode(&key.replace('+', " ")).as_deref() == Some("token") {
+        if tether_proto::http::percent_decode(&key.replace('+', " ")).as_deref() == Some("token") {
             continue;
         }
         out.push(sep);
@@ -102,7 +102,7 @@ mod tests {
         assert_eq!(url_with_token("ws://h:1/ws#f", "a b&c=d+/"), "ws://h:1/ws?token=a%20b%26c%3Dd%2B%2F#f");
         // What the server decodes is what was sent.
         let q = url_with_token("ws://h/ws", "x&y=z é+").split_once('?').map(|(_, q)| q.to_string()).expect("query");
-        assert_eq!(crate::http::query_param(&q, "token").as_deref(), Some("x&y=z é+"));
+        assert_eq!(tether_proto::http::query_param(&q, "token").as_deref(), Some("x&y=z é+"));
     }
 
     #[test]

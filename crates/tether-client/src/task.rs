@@ -278,7 +278,7 @@ impl Task {
         for p in &self.outbox {
             conn.send(p.frame.clone());
         }
-        let url = crate::logging::redact_url(url);
+        let url = tether_proto::redact::redact_url(url);
         self.out.push_status(Event::Connected { url }, &self.shared.counters);
 
         let far = Duration::from_secs(86_400 * 365);

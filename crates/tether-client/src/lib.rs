@@ -9,8 +9,8 @@
 //! death becomes a resume on another node ([`ClientConfig::urls`]).
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), tether::client::ClientError> {
-//! use tether::client::{Client, ClientConfig, Event};
+//! # async fn demo() -> Result<(), tether_client::ClientError> {
+//! use tether_client::{Client, ClientConfig, Event};
 //! let mut client = Client::connect(ClientConfig::new("ws://127.0.0.1:8080/ws"))?;
 //! client.subscribe("news", None)?;
 //! loop {
@@ -41,7 +41,7 @@
 //! - `task`: the background connection task: connect, resubscribe, outbox, dedup, reconnect.
 //! - `cli`: [`run_sub`] and [`run_pub`].
 
-pub use crate::protocol::backoff;
+pub use tether_proto::protocol::backoff;
 mod cli;
 pub mod close;
 mod ended;
@@ -156,7 +156,7 @@ pub enum Event {
     /// A WebSocket connection is open; subscriptions and the outbox have been (re)sent on it.
     Connected {
         /// The node it is open to: one of [`ClientConfig::urls`], its userinfo and query
-        /// values redacted (`crate::logging::redact_url`), the token never included.
+        /// values redacted (`tether_proto::redact::redact_url`), the token never included.
         url: String,
     },
     /// The server confirmed a subscription (`subscribed`, docs/protocol.md).

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::ClientError;
 
-pub use crate::protocol::valid_channel;
+pub use tether_proto::protocol::valid_channel;
 
 pub(crate) fn check_channel(name: &str) -> Result<(), ClientError> {
     if valid_channel(name) {
