@@ -26,7 +26,6 @@ pub async fn run(url: &str, ch: &str, data: &str, count: u64, out: &mut impl Wri
     Ok(())
 }
 
-#[allow(dead_code)] // the tests call `run`
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -43,7 +43,6 @@ pub async fn run(url: &str, ch: &str, from: Option<u64>, max: u64, out: &mut imp
     Ok(())
 }
 
-#[allow(dead_code)] // the tests call `run`
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();

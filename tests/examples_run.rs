@@ -5,6 +5,7 @@
 
 mod common;
 
+// Each example's `main` goes unused here: the tests call its `run`.
 #[allow(dead_code)]
 #[path = "../examples/publish.rs"]
 mod publish;
