@@ -36,6 +36,9 @@ mod moto;
 #[allow(dead_code)]
 #[path = "../tests/common/upstream.rs"]
 mod upstream;
+#[allow(dead_code)]
+#[path = "../tests/common/wait.rs"]
+mod wait;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -28,6 +28,9 @@ mod moto;
 #[path = "../tests/common/upstream.rs"]
 #[allow(dead_code)]
 mod upstream;
+#[path = "../tests/common/wait.rs"]
+#[allow(dead_code)]
+mod wait;
 
 use std::time::{Duration, Instant};
 

@@ -231,16 +231,8 @@ async fn closed_pipes_end_quietly() {
     assert_eq!(wait_child(child).status.code(), Some(1));
 }
 
-fn wait_child(mut child: Child) -> std::process::Output {
-    let end = Instant::now() + STEP;
-    while child.try_wait().expect("wait").is_none() {
-        if Instant::now() > end {
-            let _ = child.kill();
-            panic!("tether did not exit within {STEP:?}");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    child.wait_with_output().expect("output")
+fn wait_child(child: Child) -> std::process::Output {
+    common::wait_child(child, STEP, "tether")
 }
 
 #[tokio::test]

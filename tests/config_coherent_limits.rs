@@ -6,7 +6,7 @@
 mod common;
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use tether::config::{Config, SHIPPED_UNIT_STOP_TIMEOUT_MS};
@@ -18,7 +18,7 @@ fn refused(toml: &str) -> (Option<i32>, String) {
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let path = std::env::temp_dir().join(format!("tether-coherent-{}-{n}.toml", std::process::id()));
     std::fs::write(&path, toml).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
+    let child = Command::new(env!("CARGO_BIN_EXE_tether"))
         .args(["serve", "--listen", "127.0.0.1:0", "--config"])
         .arg(&path)
         .stdin(Stdio::null())
@@ -26,15 +26,7 @@ fn refused(toml: &str) -> (Option<i32>, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn tether");
-    let end = Instant::now() + Duration::from_secs(10);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() >= end {
-            let _ = child.kill();
-            panic!("tether serve accepted {toml:?} (still running after 10 s)");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = wait_child(child, Duration::from_secs(10), &format!("tether serve with {toml:?} (accepted it?)"));
     let _ = std::fs::remove_file(&path);
     (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::feeds::{channel, node_config, Recorder};
 use common::upstream::Upstream;
-use common::{http_request, Server};
+use common::{check, eventually, http_request, Server};
 use serde_json::{json, Value};
 
 const TOKEN: &str = "admin-token-0123456789";
@@ -22,16 +22,6 @@ async fn call(node: &Server, method: &str, path: &str, body: &[u8]) -> (u16, Val
     let (status, _, body) = http_request(node.addr, method, path, &[("Authorization", &auth)], body).await;
     let v = if body.is_empty() { Value::Null } else { serde_json::from_slice(&body).unwrap_or(Value::Null) };
     (status, v)
-}
-
-/// Waits (bounded) until feed `id` has `open` upstream connections; returns how long it took.
-async fn wait_open(up: &Upstream, id: &str, open: usize, limit: Duration) -> Duration {
-    let start = Instant::now();
-    while up.counts(id).open != open {
-        assert!(start.elapsed() < limit, "feed {id}: {:?} after {limit:?}, wanted {open} open", up.counts(id));
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    start.elapsed()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -67,15 +57,15 @@ async fn stop_and_start_through_the_api() {
     // Create, connect, replace.
     let (status, v) = call(&node, "PUT", "/feeds/api", body.as_bytes()).await;
     assert_eq!(status, 201, "{v}");
-    wait_open(&up, "api", 1, Duration::from_secs(3)).await;
+    up.wait_open("api", 1, Duration::from_secs(3)).await;
     let rec = Recorder::start(node.addr, &[channel("api")]).await;
     let (status, _) = call(&node, "PUT", "/feeds/api", body.as_bytes()).await;
     assert_eq!(status, 200);
-    let start = Instant::now();
-    while rec.count(&channel("api")) < 20 {
-        assert!(start.elapsed() < Duration::from_secs(5), "no messages from the feed");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(Duration::from_secs(5), "20 messages from the feed", || async {
+        let n = rec.count(&channel("api"));
+        check(n >= 20, || format!("{n} messages"))
+    })
+    .await;
     let (status, v) = call(&node, "GET", "/feeds/api", b"").await;
     assert_eq!(status, 200);
     assert_eq!(v["connected"], true, "{v}");
@@ -87,7 +77,7 @@ async fn stop_and_start_through_the_api() {
     let asked = Instant::now();
     let (status, v) = call(&node, "POST", "/feeds/api/stop", b"").await;
     assert_eq!((status, v["desired_state"].as_str()), (200, Some("STOPPED")), "{v}");
-    wait_open(&up, "api", 0, Duration::from_millis(250)).await;
+    up.wait_open("api", 0, Duration::from_millis(250)).await;
     eprintln!("upstream closed {} ms after POST /feeds/api/stop", asked.elapsed().as_millis());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (_, v) = call(&node, "GET", "/feeds/api", b"").await;
@@ -100,19 +90,19 @@ async fn stop_and_start_through_the_api() {
     // START reopens it, resuming after last_seq.
     let (status, _) = call(&node, "POST", "/feeds/api/start", b"").await;
     assert_eq!(status, 200);
-    wait_open(&up, "api", 1, Duration::from_secs(2)).await;
+    up.wait_open("api", 1, Duration::from_secs(2)).await;
     assert_eq!(up.resumes("api").last(), Some(&last), "resumed from last_seq");
     let before = rec.count(&channel("api"));
-    let start = Instant::now();
-    while rec.count(&channel("api")) < before + 10 {
-        assert!(start.elapsed() < Duration::from_secs(5), "no messages after START");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(Duration::from_secs(5), "10 more messages after START", || async {
+        let n = rec.count(&channel("api"));
+        check(n >= before + 10, || format!("{n} messages, {before} before START"))
+    })
+    .await;
     rec.assert_continuous();
 
     let (status, v) = call(&node, "GET", "/feeds", b"").await;
     assert_eq!((status, v.as_array().map(Vec::len)), (200, Some(1)), "{v}");
     assert_eq!(call(&node, "DELETE", "/feeds/api", b"").await.0, 200);
-    wait_open(&up, "api", 0, Duration::from_millis(500)).await;
+    up.wait_open("api", 0, Duration::from_millis(500)).await;
     assert_eq!(call(&node, "GET", "/feeds/api", b"").await.0, 404);
 }

@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::feeds::{channel, node_config};
 use common::upstream::Upstream;
@@ -42,15 +42,6 @@ fn json(out: &str) -> Value {
     serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
 }
 
-/// Waits (bounded) until feed `id` has `open` upstream connections.
-async fn wait_open(up: &Upstream, id: &str, open: usize, limit: Duration) {
-    let start = Instant::now();
-    while up.counts(id).open != open {
-        assert!(start.elapsed() < limit, "feed {id}: {:?} after {limit:?}, wanted {open} open", up.counts(id));
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_feeds_cli_drives_the_admin_api() {
     let up = Upstream::start(Duration::from_millis(20), None).await;
@@ -65,7 +56,7 @@ async fn the_feeds_cli_drives_the_admin_api() {
     assert_eq!(code, 0, "put: {err}");
     let rec = json(&out);
     assert_eq!((rec["id"].as_str(), rec["desired_state"].as_str()), (Some("cli"), Some("STARTED")), "{rec}");
-    wait_open(&up, "cli", 1, Duration::from_secs(3)).await;
+    up.wait_open("cli", 1, Duration::from_secs(3)).await;
     let auth = format!("Bearer {TOKEN}");
     let (status, _, body) = http_request(node.addr, "GET", "/feeds/cli", &[("Authorization", &auth)], b"").await;
     let raw: Value = serde_json::from_slice(&body).expect("json");
@@ -85,12 +76,12 @@ async fn the_feeds_cli_drives_the_admin_api() {
     // Stop closes the upstream; start reopens it, resuming after the stored last_seq.
     let (code, out, err) = feeds(&node, true, &["stop", "cli"]).await;
     assert_eq!((code, json(&out)["desired_state"].as_str()), (0, Some("STOPPED")), "stop: {err}");
-    wait_open(&up, "cli", 0, Duration::from_secs(2)).await;
+    up.wait_open("cli", 0, Duration::from_secs(2)).await;
     let (code, out, _) = feeds(&node, true, &["get", "cli"]).await;
     let last_seq: u64 = json(&out)["last_seq"].as_str().and_then(|s| s.parse().ok()).expect("last_seq stored at stop");
     let (code2, _, err) = feeds(&node, true, &["start", "cli"]).await;
     assert_eq!((code, code2), (0, 0), "start: {err}");
-    wait_open(&up, "cli", 1, Duration::from_secs(3)).await;
+    up.wait_open("cli", 1, Duration::from_secs(3)).await;
     assert_eq!(up.resumes("cli").last(), Some(&last_seq), "start resumes from last_seq");
 
     // Refusals: exit 1 with the node's reason.
@@ -123,7 +114,7 @@ async fn the_feeds_cli_drives_the_admin_api() {
     let tf = token_file.to_string_lossy().into_owned();
     let (code, out, err) = feeds(&node, false, &["--token-file", &tf, "delete", "cli"]).await;
     assert_eq!((code, out.trim()), (0, "deleted cli"), "delete: {err}");
-    wait_open(&up, "cli", 0, Duration::from_secs(2)).await;
+    up.wait_open("cli", 0, Duration::from_secs(2)).await;
     let (code, out, _) = feeds(&node, true, &["list", "--json"]).await;
     assert_eq!((code, json(&out)), (0, Value::Array(vec![])));
     let _ = std::fs::remove_dir_all(&dir);

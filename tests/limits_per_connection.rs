@@ -382,11 +382,7 @@ async fn with_redis_max_channels_bounds_the_channels_subscribed_here_and_never_a
     let redis = common::redis::RedisProc::start();
     let srv =
         Server::start(&common::redis::redis_config(&redis.url(), "[limits]\nmax_channels = 2\n"), &["--cores", "2"]);
-    let t0 = Instant::now();
-    while http_request(srv.addr, "GET", "/readyz", &[], b"").await.0 != 200 {
-        assert!(t0.elapsed() < STEP, "the Redis broker never became ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_ready(srv.addr, STEP).await;
     let mut w = ws(&srv.ws_url()).await;
     for ch in ["r.1", "r.2"] {
         send(&mut w, json!({"op": "sub", "ch": ch})).await;

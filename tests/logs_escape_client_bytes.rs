@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use futures::{SinkExt, StreamExt};
@@ -20,19 +20,16 @@ const FORGED: &str = "2026-01-01T00:00:00.000000Z ERROR tether: forged";
 
 /// Polls the server's log until it holds every one of `wanted`; panics after `limit`.
 fn wait_for(srv: &Server, wanted: &[String], limit: Duration) -> Vec<u8> {
-    let end = Instant::now() + limit;
-    loop {
+    eventually_sync(limit, "every wanted line in the log", || {
         let log = srv.log_bytes();
         let text = String::from_utf8_lossy(&log);
         let missing: Vec<&String> = wanted.iter().filter(|w| !text.contains(w.as_str())).collect();
         if missing.is_empty() {
-            return log;
+            Ok(log)
+        } else {
+            Err(format!("missing {missing:?}\n{}", srv.log_tail(40)))
         }
-        if Instant::now() >= end {
-            panic!("not in the log within {limit:?}: {missing:?}\n{}", srv.log_tail(40));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    })
 }
 
 #[tokio::test]

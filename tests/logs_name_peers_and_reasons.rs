@@ -12,17 +12,14 @@ use tokio::io::AsyncWriteExt;
 
 /// Polls the server log until `pred` holds; panics after `limit` with the log tail.
 fn wait_log(srv: &Server, what: &str, limit: Duration, pred: impl Fn(&str) -> bool) -> String {
-    let end = Instant::now() + limit;
-    loop {
+    eventually_sync(limit, &format!("{what} in the log"), || {
         let log = srv.log_tail(100_000);
         if pred(&log) {
-            return log;
+            Ok(log)
+        } else {
+            Err(format!("log tail:\n{}", srv.log_tail(60)))
         }
-        if Instant::now() >= end {
-            panic!("no {what} in the log within {limit:?}:\n{}", srv.log_tail(60));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    })
 }
 
 fn debug_server(config: &str) -> Server {

@@ -8,7 +8,7 @@ mod common;
 
 use std::net::SocketAddr;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -22,21 +22,7 @@ fn second_serve(listen: &str) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn tether");
-    let end = Instant::now() + Duration::from_secs(10);
-    loop {
-        if child.try_wait().expect("try_wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        if Instant::now() >= end {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!(
-                "second server still running after 10 s on {listen}; stdout {:?}",
-                String::from_utf8_lossy(&out.stdout)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_child(child, Duration::from_secs(10), &format!("second server on {listen}"))
 }
 
 #[tokio::test]

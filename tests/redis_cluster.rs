@@ -41,15 +41,7 @@ fn config(seeds: &[String]) -> String {
 }
 
 async fn wait_ready(srv: &Server) {
-    let end = Instant::now() + Duration::from_secs(15);
-    loop {
-        let (status, _, body) = http_request(srv.addr, "GET", "/readyz", &[], b"").await;
-        if status == 200 {
-            return;
-        }
-        assert!(Instant::now() < end, "/readyz still {status} after 15 s: {}", String::from_utf8_lossy(&body));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::wait_ready(srv.addr, Duration::from_secs(15)).await
 }
 
 /// A node's `tether_broker_*` counters.

@@ -34,20 +34,8 @@ const ANSWER_LIMIT: Duration = Duration::from_millis(TIMEOUT_MS + 1000);
 async fn node(redis: &RedisProc) -> Server {
     let s =
         Server::start(&redis_config(&redis.url(), &format!("request_timeout_ms = {TIMEOUT_MS}")), &["--cores", "2"]);
-    wait_ready(s.addr).await;
+    wait_ready(s.addr, STEP).await;
     s
-}
-
-async fn wait_ready(addr: SocketAddr) {
-    let end = Instant::now() + STEP;
-    loop {
-        let (status, _, _) = http_request(addr, "GET", "/readyz", &[], b"").await;
-        if status == 200 {
-            return;
-        }
-        assert!(Instant::now() < end, "/readyz of {addr} still {status} after {STEP:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// One answer and how long it took.
@@ -179,7 +167,7 @@ async fn redis_asleep_longer_than_the_timeout() {
     assert!(slept.elapsed() < Duration::from_millis(2500), "the answers came before redis woke");
 
     tokio::task::spawn_blocking(move || sleeper.join().expect("DEBUG SLEEP")).await.unwrap();
-    wait_ready(srv.addr).await;
+    wait_ready(srv.addr, STEP).await;
     // Redis ran every queued script when it woke, past its deadline: none stored anything.
     for tag in ["keyed", "unkeyed", "later", "ws-1"] {
         assert_eq!(stored(&redis, ch, tag), 0, "{tag} was stored by a script Redis ran after its deadline");
@@ -227,7 +215,7 @@ async fn redis_busy_a_little_over_the_timeout_is_not_stored() {
     }
     let late = srv.metrics().await.sum("tether_broker_late_calls_total", &[]);
     eprintln!("tether_broker_late_calls_total {late}");
-    wait_ready(srv.addr).await;
+    wait_ready(srv.addr, STEP).await;
     retry_until_stored(srv.addr, ch, "over", true).await;
     assert_eq!(stored(&redis, ch, "over"), 1);
 
@@ -269,7 +257,7 @@ async fn redis_killed_mid_request_is_unknown() {
     assert!(ws_answer.1 <= ANSWER_LIMIT);
 
     tokio::task::block_in_place(|| redis.restart());
-    wait_ready(srv.addr).await;
+    wait_ready(srv.addr, STEP).await;
     retry_until_stored(srv.addr, ch, "mid", true).await;
     assert_eq!(stored(&redis, ch, "mid"), 1);
     assert_eq!(stored(&redis, ch, "before"), 1, "the AOF kept the acked publish");
@@ -297,7 +285,7 @@ async fn redis_down_is_unavailable_and_not_stored() {
     eprintln!("redis down: WS {w} after {took:?}");
     assert_eq!((w["code"].as_str(), w["ch"].as_str()), (Some("unavailable"), Some(ch)), "{w}");
     tokio::task::block_in_place(|| redis.restart());
-    wait_ready(srv.addr).await;
+    wait_ready(srv.addr, STEP).await;
     for tag in ["refused-1", "refused-2", "ws-refused"] {
         assert_eq!(stored(&redis, ch, tag), 0, "{tag} was answered 503 / unavailable, yet stored");
     }
@@ -321,7 +309,7 @@ async fn idle_link_killed_then_a_publish() {
     if a.status == 503 {
         assert_eq!(stored(&redis, ch, "after-client-kill"), 0, "{a:?}");
     }
-    wait_ready(srv.addr).await;
+    wait_ready(srv.addr, STEP).await;
     retry_until_stored(srv.addr, ch, "after-client-kill", true).await;
     assert_eq!(stored(&redis, ch, "after-client-kill"), 1);
 
@@ -333,7 +321,7 @@ async fn idle_link_killed_then_a_publish() {
     if a.status == 503 {
         assert_eq!(stored(&redis, ch, "after-kill9"), 0, "{a:?}");
     }
-    wait_ready(srv.addr).await;
+    wait_ready(srv.addr, STEP).await;
     retry_until_stored(srv.addr, ch, "after-kill9", true).await;
     assert_eq!(stored(&redis, ch, "after-kill9"), 1);
 }

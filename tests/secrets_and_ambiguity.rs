@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::auth::*;
 use common::*;
@@ -16,15 +16,14 @@ use serde_json::{json, Value};
 
 /// Waits (bounded) until the server's log contains `needle`.
 fn wait_log(srv: &Server, needle: &str, limit: Duration) -> String {
-    let start = Instant::now();
-    loop {
+    eventually_sync(limit, &format!("{needle:?} in the log"), || {
         let log = String::from_utf8_lossy(&srv.log_bytes()).into_owned();
         if log.contains(needle) {
-            return log;
+            Ok(log)
+        } else {
+            Err(format!("log tail:\n{}", srv.log_tail(20)))
         }
-        assert!(start.elapsed() < limit, "no {needle:?} in the log after {limit:?}:\n{}", srv.log_tail(20));
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    })
 }
 
 const SECRETS: [&str; 3] = ["pa55word", "T0KENVALUE", "hunter2pw"];

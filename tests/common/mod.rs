@@ -16,6 +16,10 @@ pub mod redis_cluster;
 pub mod traffic;
 pub mod tung;
 pub mod upstream;
+pub mod wait;
+
+#[allow(unused_imports)]
+pub use wait::{check, eventually, eventually_sync, wait_child, within, within_sync};
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
@@ -100,20 +104,16 @@ impl Server {
 
     /// Waits up to `limit` for the process to exit and returns its status (None: still running).
     pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let end = Instant::now() + limit;
-        loop {
-            if let Some(st) = self.exited {
-                return Some(st);
-            }
-            if let Ok(Some(st)) = self.child.try_wait() {
-                self.exited = Some(st);
-                return Some(st);
-            }
-            if Instant::now() >= end {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        if let Some(st) = self.exited {
+            return Some(st);
         }
+        let st = within_sync(limit, || match self.child.try_wait() {
+            Ok(Some(st)) => Ok(st),
+            _ => Err(()),
+        })
+        .ok()?;
+        self.exited = Some(st);
+        Some(st)
     }
 
     /// Server resident set size in KiB (`VmRSS` from /proc/PID/status).
@@ -145,17 +145,15 @@ impl Server {
 
     /// Polls `metric(name, labels)` until `pred` holds; panics after `limit` with the last value.
     pub async fn wait_metric(&self, name: &str, labels: &[&str], limit: Duration, pred: impl Fn(f64) -> bool) -> f64 {
-        let end = Instant::now() + limit;
-        loop {
+        eventually(limit, &format!("{name}{labels:?} reaching the expected value"), || async {
             let v = self.metric(name, labels).await;
             if pred(v) {
-                return v;
+                Ok(v)
+            } else {
+                Err(v)
             }
-            if Instant::now() >= end {
-                panic!("{name}{labels:?} = {v} did not reach the expected value within {limit:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await
     }
 
     /// Total upgraded WebSocket connections (sum of `tether_connections{core}`).
@@ -222,7 +220,7 @@ impl Metrics {
 /// Runs the `tether` binary with `args` (logging off), bounded by [`STEP`]; kills it and
 /// panics with what it wrote if it runs longer.
 pub fn run_tether(args: &[&str]) -> std::process::Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
+    let child = Command::new(env!("CARGO_BIN_EXE_tether"))
         .args(args)
         .env("TETHER_LOG", "off")
         .stdin(Stdio::null())
@@ -230,15 +228,16 @@ pub fn run_tether(args: &[&str]) -> std::process::Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn tether");
-    let end = Instant::now() + STEP;
-    while child.try_wait().expect("wait").is_none() {
-        if Instant::now() >= end {
-            let _ = child.kill();
-            panic!("tether {args:?} did not exit within {STEP:?}: {:?}", child.wait_with_output());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child.wait_with_output().expect("output")
+    wait_child(child, STEP, &format!("tether {args:?}"))
+}
+
+/// Waits (bounded) until `GET /readyz` answers 200; panics with the last status and body.
+pub async fn wait_ready(addr: SocketAddr, limit: Duration) {
+    eventually(limit, &format!("/readyz of {addr} answering 200"), || async {
+        let (status, _, body) = http_request(addr, "GET", "/readyz", &[], b"").await;
+        check(status == 200, || format!("{status} {}", String::from_utf8_lossy(&body)))
+    })
+    .await
 }
 
 /// Extracts `N` from `{"seq":N}`.

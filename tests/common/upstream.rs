@@ -52,6 +52,16 @@ pub fn message(feed: &str, seq: u64) -> String {
 }
 
 impl Upstream {
+    /// Waits (bounded) until feed `id` has `open` upstream connections; returns how long it took.
+    pub async fn wait_open(&self, id: &str, open: usize, limit: Duration) -> Duration {
+        let start = std::time::Instant::now();
+        super::wait::eventually(limit, &format!("feed {id} with {open} open"), || async {
+            super::wait::check(self.counts(id).open == open, || format!("{:?}", self.counts(id)))
+        })
+        .await;
+        start.elapsed()
+    }
+
     /// Starts on 127.0.0.1, port 0: one message per `interval` per connection, each connection
     /// closed after `drop_every` when given.
     pub async fn start(interval: Duration, drop_every: Option<Duration>) -> Upstream {
