@@ -14,7 +14,7 @@ use common::*;
 
 /// Runs `tether serve --listen ADDR --cores 2` and waits (bounded) for it to exit.
 fn second_serve(listen: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
+    let child = Command::new(env!("CARGO_BIN_EXE_tether"))
         .args(["serve", "--listen", listen, "--cores", "2"])
         .env("TETHER_LOG", "warn")
         .stdin(Stdio::null())

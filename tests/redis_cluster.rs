@@ -283,7 +283,7 @@ async fn cluster_two_nodes_exactly_once_and_master_failover() {
 
     // Per subscriber and channel: 1..N exactly once, acked messages under their acked seqs,
     // and any discontinuity preceded by a reset.
-    let found = check(&subs, &acked);
+    let found = audit(&subs, &acked);
 
     // Replication is asynchronous: a write the master acked just before it died may be missing
     // on the promoted replica, and the next publish to that channel then gets its seq. No node

@@ -142,7 +142,7 @@ async fn promotion_that_lost_acked_writes_is_a_reset_not_a_silent_gap() {
     // Only what was acked after the failover: the rest is what the promotion lost.
     let after: Vec<Ack> = tally.acks.lock().unwrap().iter().filter(|a| a.tag.starts_with('n')).cloned().collect();
     let acked: HashMap<String, Vec<&Ack>> = HashMap::from([(CH.to_string(), after.iter().collect())]);
-    let found = check(&subs, &acked);
+    let found = audit(&subs, &acked);
     let first = |v: &[(String, bool)]| v.iter().take(3).map(|(l, _)| l.clone()).collect::<Vec<_>>();
     println!(
         "after the failover: {} resets {:?}, {} acked messages not delivered under their seq, e.g. {:?}",

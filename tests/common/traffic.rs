@@ -1,6 +1,6 @@
 //! Traffic for failover tests: publishers that keep every publish until it is acked (HTTP
 //! `POST /publish` with an `Idempotency-Key`, WS `pub` with an id), subscribers that record
-//! every `msg` and `reset` per channel, and [`check`], which holds each recorded stream to
+//! every `msg` and `reset` per channel, and [`audit`], which holds each recorded stream to
 //! the delivery contract (docs/protocol.md): seq 1..N exactly once, every acked message under
 //! its acked seq, and any discontinuity announced by a `reset`.
 //!
@@ -62,7 +62,7 @@ impl Drop for Tasks {
     }
 }
 
-/// What [`check`] found, one line per finding.
+/// What [`audit`] found, one line per finding.
 #[derive(Debug, Default)]
 pub struct Findings {
     /// A seq beyond the next one with no `reset` before it.
@@ -76,7 +76,7 @@ pub struct Findings {
 
 /// Holds every subscriber's stream of every channel to the contract; `acked` is each
 /// channel's acks.
-pub fn check(subs: &[Subscriber], acked: &HashMap<String, Vec<&Ack>>) -> Findings {
+pub fn audit(subs: &[Subscriber], acked: &HashMap<String, Vec<&Ack>>) -> Findings {
     let mut f = Findings::default();
     for s in subs {
         let seen = s.seen.lock().unwrap();
