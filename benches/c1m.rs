@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use common::redis_server::RedisServer;
 use common::*;
 use serde_json::{json, Value};
-use tether::load::broadcast::Broadcasts;
+use tether_load::broadcast::Broadcasts;
 
 /// Descriptors a process keeps besides its connections (listeners, rings, logs); the same
 /// reserve `check-limits` budgets.
@@ -337,7 +337,7 @@ fn preflight(plan: &Plan) -> Vec<String> {
             Some(it.next_back()? - it.next()? + 1)
         })
         .unwrap_or(0);
-    match tether::load::args::parse_sources(&plan.sources) {
+    match tether_load::args::parse_sources(&plan.sources) {
         Err(e) => short.push(format!("C1M_SOURCES {:?}: {e}", plan.sources)),
         Ok(sources) => {
             let pairs = sources.0.len() as u64 * plan.nodes;
@@ -477,7 +477,7 @@ fn broadcast(
     }
     let mut seqs = Vec::new();
     for _ in 0..plan.broadcasts {
-        let seq = publish(nodes[0].port, &format!(r#"{{"t":{}}}"#, tether::load::now_ns()));
+        let seq = publish(nodes[0].port, &format!(r#"{{"t":{}}}"#, tether_load::now_ns()));
         eprintln!("c1m: broadcast seq {seq:?}");
         seqs.extend(seq);
         std::thread::sleep(plan.spacing);

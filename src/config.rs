@@ -17,7 +17,6 @@
 //! - `toml_error`: turning a `toml` parse or type error into a [`ConfigError`] with a key path.
 
 mod broker;
-mod duration;
 pub mod feed_def;
 mod feeds;
 mod io;
@@ -26,11 +25,11 @@ mod toml_error;
 mod validate;
 
 pub use broker::{Broker, BrokerKind};
-pub use duration::parse_duration;
 pub use feed_def::{DesiredState, FeedDef};
 pub use feeds::{FeedStoreKind, Feeds};
 pub use io::{Io, Readiness, SendBatch};
 pub use security::{Admin, Auth, PerConnection};
+pub use tether_proto::duration::parse_duration;
 pub use validate::{QUEUE_CONTROL_RESERVE, SHIPPED_UNIT_STOP_TIMEOUT_MS};
 
 #[cfg(test)]

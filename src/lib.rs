@@ -30,8 +30,6 @@
 //! - [`server`]: the thread-per-core engine: one monoio runtime per core, its listener, its slab
 //!   of connections, its side of the subscription index, the channels whose home it is, and the
 //!   bounded queues between cores.
-//! - [`load`]: `tether load`, the load generator (idle, fanout, connect, storm) behind the
-//!   benches; it can also drive other RFC 6455 servers (`--raw`).
 //! - [`fuzz`]: fuzz targets for the parsers that read client bytes (handshake, frames, protocol,
 //!   chunked bodies) and the stable mutation engine that drives them (docs/security.md).
 
@@ -45,7 +43,6 @@ pub mod config;
 pub mod feeds;
 pub mod fuzz;
 pub mod limits;
-pub mod load;
 pub mod log_limit;
 pub mod logging;
 pub mod redis;

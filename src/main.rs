@@ -75,7 +75,7 @@ enum Cmd {
     /// Load generator: idle, fanout, publish, connect and storm scenarios (one JSON line on stdout).
     Load {
         #[command(subcommand)]
-        cmd: tether::load::LoadCmd,
+        cmd: tether_load::LoadCmd,
     },
     /// Read the OS limits and say how many connections this box can hold.
     CheckLimits(tether::limits::CheckLimitsArgs),
@@ -131,7 +131,7 @@ fn main() -> ExitCode {
             let args = tether::client::PubArgs { url, channel, data, id, token: token.source() };
             client_main(tether::client::run_pub(args))
         }
-        Cmd::Load { cmd } => ExitCode::from(tether::load::run(cmd) as u8),
+        Cmd::Load { cmd } => ExitCode::from(tether_load::run(cmd) as u8),
         Cmd::CheckLimits(args) => ExitCode::from(args.run() as u8),
         Cmd::Token(args) => ExitCode::from(args.run() as u8),
         Cmd::Feeds(args) => ExitCode::from(args.run() as u8),

@@ -21,6 +21,7 @@ const LAYERS: &[&str] = &[
     "ws",
     "protocol",
     "redact",
+    "duration",
     "log_limit",
     "logging",
     // The configuration, and what reads it without serving.
@@ -35,8 +36,7 @@ const LAYERS: &[&str] = &[
     // Upstream feeds (a service the server hosts), then the engine.
     "feeds",
     "server",
-    // Tools built on the engine.
-    "load",
+    // The fuzz targets, built on the engine (the load tool is its own crate, tether-load).
     "fuzz",
 ];
 
@@ -174,7 +174,7 @@ fn named_modules(code: &str) -> Vec<String> {
 /// The modules of the `tether-proto` crate: its `crate::` paths may name only these (it cannot
 /// see the server's modules at all; a path to one would not compile, and is reported here
 /// as unlisted if it appears in a macro).
-const PROTO_MODULES: &[&str] = &["http", "ws", "protocol", "redact"];
+const PROTO_MODULES: &[&str] = &["http", "ws", "protocol", "redact", "duration"];
 
 /// Crates that do IO (a runtime, sockets, the OS): none may be a dependency of `tether-proto`.
 const IO_CRATES: &[&str] = &["monoio", "tokio", "mio", "socket2", "libc"];
@@ -299,4 +299,27 @@ fn tether_client_stands_on_proto_alone() {
     assert!(direct.iter().any(|d| d == "tether-proto"), "the client speaks the protocol crate's wire: {direct:?}");
     let server: Vec<&String> = direct.iter().filter(|d| SERVER_CRATES.contains(&d.as_str())).collect();
     assert!(server.is_empty(), "tether-client must build without the server's crates, but depends on {server:?}");
+}
+
+#[test]
+fn tether_load_stands_apart_from_the_server_library() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let direct = dependencies(&root.join("crates/tether-load/Cargo.toml"));
+    assert!(direct.iter().any(|d| d == "hdrhistogram"), "the scan is broken: {direct:?}");
+    let engine: Vec<&String> =
+        direct.iter().filter(|d| ["tether", "monoio", "io-uring", "slab", "redis"].contains(&d.as_str())).collect();
+    assert!(engine.is_empty(), "tether-load must build without the engine, but depends on {engine:?}");
+    // Only the binary (src/main.rs, `tether load`) may name the load tool; the library's
+    // modules never do, and hdrhistogram is not the server's dependency at all.
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    let named: Vec<String> = files
+        .iter()
+        .filter(|f| !f.ends_with("src/main.rs"))
+        .filter(|f| code_only(&std::fs::read_to_string(f).expect("read a source file")).contains("tether_load"))
+        .map(|f| f.display().to_string())
+        .collect();
+    assert!(files.len() > 50 && named.is_empty(), "library files naming tether_load: {named:?}");
+    let server = dependencies(&root.join("Cargo.toml"));
+    assert!(!server.iter().any(|d| d == "hdrhistogram"), "hdrhistogram belongs to tether-load: {server:?}");
 }

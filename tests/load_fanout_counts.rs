@@ -8,10 +8,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use tether::config::Config;
-use tether::load::args::{CommonArgs, FanoutArgs, PublishVia};
-use tether::load::wire::{scan_str, scan_u64};
 use tether::server::{ServeOptions, Server};
 use tether::ws::codec::decode_server_frame;
+use tether_load::args::{CommonArgs, FanoutArgs, PublishVia};
+use tether_load::wire::{scan_str, scan_u64};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -108,7 +108,7 @@ fn fanout_counts_one_drop_and_one_swap_per_subscriber() {
         non_reader_mss: 1460,
         common: common(),
     };
-    let report = tether::load::fanout::run(args).expect("fanout runs");
+    let report = tether_load::fanout::run(args).expect("fanout runs");
     let field = |k: &str| report.get(k).and_then(|v| v.as_u64()).unwrap_or(u64::MAX);
     let published = field("published");
     assert_eq!(published, 20, "{}", report.to_json_line());
@@ -144,7 +144,7 @@ fn fanout_spreads_subscribers_over_urls_and_publishes_on_publish_url() {
         non_reader_mss: 1460,
         common: common(),
     };
-    let report = tether::load::fanout::run(args).expect("fanout runs");
+    let report = tether_load::fanout::run(args).expect("fanout runs");
     let field = |k: &str| report.get(k).and_then(|v| v.as_u64()).unwrap_or(u64::MAX);
     assert_eq!(field("published"), 20, "{}", report.to_json_line());
     assert_eq!(field("subscribed"), 4);
@@ -173,7 +173,7 @@ fn fanout_without_faults_reports_no_loss_over_http_publish() {
         non_reader_mss: 1460,
         common: common(),
     };
-    let report = tether::load::fanout::run(args).expect("fanout runs");
+    let report = tether_load::fanout::run(args).expect("fanout runs");
     let field = |k: &str| report.get(k).and_then(|v| v.as_u64()).unwrap_or(u64::MAX);
     assert_eq!(field("published"), 30);
     // 4 subscribers, 2 per channel, 15 messages per channel.
@@ -204,7 +204,7 @@ fn raw_mode_counts_what_an_echo_endpoint_returns() {
         non_reader_mss: 1460,
         common: common(),
     };
-    let report = tether::load::fanout::run(args).expect("raw fanout runs");
+    let report = tether_load::fanout::run(args).expect("raw fanout runs");
     let field = |k: &str| report.get(k).and_then(|v| v.as_u64()).unwrap_or(u64::MAX);
     assert_eq!(field("subscribed"), 5, "{}", report.to_json_line());
     assert_eq!(field("deliveries"), 5, "{}", report.to_json_line());

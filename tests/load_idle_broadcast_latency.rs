@@ -78,7 +78,7 @@ async fn idle_latency_from_data_times_every_broadcast_on_every_subscriber() {
 
     let mut seqs = Vec::new();
     for _ in 0..BROADCASTS {
-        let body = format!(r#"{{"t":{}}}"#, tether::load::now_ns());
+        let body = format!(r#"{{"t":{}}}"#, tether_load::now_ns());
         let (seq, all) = publish_to_all(&server, &body, Duration::from_secs(10)).await;
         assert!(all, "broadcast seq {seq} not queued to all {CONNS} subscribers within 10 s");
         seqs.push(seq);

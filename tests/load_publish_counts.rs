@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use tether::config::Config;
-use tether::load::args::{CommonArgs, PublishArgs};
 use tether::server::{ServeOptions, Server};
+use tether_load::args::{CommonArgs, PublishArgs};
 
 #[test]
 fn publish_acks_every_publish_with_several_in_flight() {
@@ -22,7 +22,7 @@ fn publish_acks_every_publish_with_several_in_flight() {
         grace: Duration::from_secs(2),
         common: CommonArgs { threads: 2, concurrency: 16, sources: None, child_index: None, child_of: None },
     };
-    let report = tether::load::throughput::run(args).expect("publish runs");
+    let report = tether_load::throughput::run(args).expect("publish runs");
     let field = |k: &str| report.get(k).and_then(|v| v.as_u64()).unwrap_or(u64::MAX);
     let line = report.to_json_line();
     assert_eq!(field("connected"), 4, "{line}");

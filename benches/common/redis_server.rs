@@ -179,7 +179,7 @@ pub fn redis_alone(redis: &RedisServer, secs: f64, channels: usize, size: usize)
                                 .map(|_| {
                                     n += 1;
                                     let ch = format!("load.alone.{run}.{}", n as usize % channels.max(1));
-                                    (ch, format!("{run}-{c}-{n}"), tether::load::publish::stamp(n, size).into_bytes())
+                                    (ch, format!("{run}-{c}-{n}"), tether_load::publish::stamp(n, size).into_bytes())
                                 })
                                 .collect();
                             let mut call = PublishCall::default();

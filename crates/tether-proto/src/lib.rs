@@ -16,11 +16,14 @@
 //!   §5–§7).
 //! - [`protocol`]: the pub/sub wire protocol v1 (docs/protocol.md): client ops in, server
 //!   frames out, the close-code contract and the reconnect backoff.
+//! - [`duration`]: durations as an operator types them (`30s`, `500ms`, `1.5m`), for the
+//!   server's, the client's and the load tool's command lines.
 //! - [`redact`]: URLs with their secrets taken out, for logs and error messages (used by the
 //!   server's log lines and the client's alike).
 
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod duration;
 pub mod http;
 pub mod protocol;
 pub mod redact;

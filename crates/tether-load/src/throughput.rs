@@ -29,7 +29,7 @@ use super::publish::stamp;
 use super::report::{round3, Errors, Latency, Report};
 use super::wire::{scan_str, WsConn};
 use super::{now_ns, run_id, run_split, share, thread_count, wait_until};
-use crate::ws::codec::encode_client_frame;
+use tether_proto::ws::codec::encode_client_frame;
 
 /// State shared by the controller and the worker threads.
 struct Shared {

@@ -10,7 +10,7 @@ use tokio::net::TcpStream;
 use super::args::WsUrl;
 use super::now_ns;
 use super::wire::{scan_str, scan_u64, tcp_connect, WsConn};
-use crate::ws::codec::encode_client_frame;
+use tether_proto::ws::codec::encode_client_frame;
 
 /// How a [`publish`] run sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,9 +2,9 @@
 //! are a stable interface) and the parsers for their values: durations (`30s`), source-address
 //! ranges (`127.0.0.2-127.0.0.254`) and `ws://` URLs.
 
-pub use crate::config::parse_duration;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::time::Duration;
+pub use tether_proto::duration::parse_duration;
 
 /// Options every scenario shares: thread count, handshake concurrency, source addresses and
 /// the hidden child-process flags used by `--procs`.
@@ -58,7 +58,7 @@ pub struct IdleArgs {
     /// Measure broadcast latency: each `msg` whose `data` carries `{"t": UNIX_NS}` (its publish
     /// time) is timed on arrival, per seq, over every held connection; the report gains
     /// `broadcast_received`, `broadcasts` (per seq: `received`, `p50_ms`, `p99_ms`, `max_ms`) and
-    /// `broadcast_hist` (src/load/broadcast.rs). At the end of the hold each connection closes
+    /// `broadcast_hist` (crates/tether-load/src/broadcast.rs). At the end of the hold each connection closes
     /// with 1000 and is read until the server's close (at most 10 s), so every broadcast the
     /// server queued before the stop is counted.
     #[arg(long)]

@@ -76,7 +76,7 @@ pub enum LoadCmd {
 /// the table (stderr) and the JSON line (stdout). Returns the exit code: 0 success, 1 the run
 /// completed with errors, 2 the run could not be done (the reason is printed on stderr).
 pub fn run(cmd: LoadCmd) -> i32 {
-    if let Err(e) = crate::server::raise_nofile() {
+    if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
         eprintln!("tether load: cannot raise the open-file limit: {e}");
     }
     let child = match &cmd {

@@ -17,7 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
 use super::args::WsUrl;
-use crate::ws::codec::{decode_server_frame, encode_client_frame};
+use tether_proto::ws::codec::{decode_server_frame, encode_client_frame};
 
 /// Largest HTTP response head accepted during the handshake.
 const MAX_RESPONSE_HEAD: usize = 8192;
