@@ -8,8 +8,9 @@ mod common;
 
 use base64::Engine as _;
 use common::auth::*;
+use common::tung::next_json;
 use common::*;
-use futures::{SinkExt, StreamExt};
+use futures::SinkExt;
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -103,20 +104,6 @@ async fn es256_and_eddsa_keys_accept_their_tokens() {
         let other = pem_token("rs256.key.pem", &claims("alice", now_s() + 60, &[], &[]));
         let (status, _, body) = upgrade(srv.addr, &format!("/ws?token={other}"), &[]).await;
         assert_eq!((status, body.as_str()), (401, "algorithm not accepted"), "{public}");
-    }
-}
-
-type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-/// The next text frame as JSON (pings skipped), bounded.
-async fn next_json(ws: &mut Ws) -> Value {
-    loop {
-        let m = tokio::time::timeout(STEP, ws.next()).await.expect("frame in time").expect("open").expect("frame");
-        match m {
-            Message::Text(t) => return serde_json::from_str(&t).expect("JSON"),
-            Message::Ping(_) | Message::Pong(_) => {}
-            other => panic!("expected a text frame, got {other:?}"),
-        }
     }
 }
 

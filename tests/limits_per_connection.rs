@@ -13,55 +13,13 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::tung::{connect, next_json, read, send, Read};
 use common::*;
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tether::client::{Client, ClientConfig};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{connect_async, MaybeTlsStream, WebSocketStream};
-
-type Ws = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
-
-async fn ws(url: &str) -> Ws {
-    let (ws, _) = tokio::time::timeout(STEP, connect_async(url)).await.expect("connect timed out").expect("connect");
-    ws
-}
-
-async fn send(ws: &mut Ws, v: Value) {
-    ws.send(Message::text(v.to_string())).await.expect("send");
-}
-
-/// What a tokio-tungstenite client read next, pings and pongs aside (tungstenite answers
-/// pings itself).
-enum Read {
-    Json(Value),
-    Close(u16, String),
-}
-
-async fn read(ws: &mut Ws) -> Read {
-    loop {
-        let m = tokio::time::timeout(STEP, ws.next())
-            .await
-            .expect("no frame within the step")
-            .expect("stream ended without a close frame")
-            .expect("websocket error");
-        match m {
-            Message::Text(t) => return Read::Json(serde_json::from_str(&t).unwrap_or_else(|e| panic!("{t}: {e}"))),
-            Message::Close(Some(f)) => return Read::Close(u16::from(f.code), f.reason.to_string()),
-            Message::Close(None) => return Read::Close(1005, String::new()),
-            Message::Ping(_) | Message::Pong(_) => {}
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-}
-
-async fn next_json(ws: &mut Ws) -> Value {
-    match read(ws).await {
-        Read::Json(v) => v,
-        Read::Close(code, reason) => panic!("closed with {code} ({reason}) while a reply was expected"),
-    }
-}
 
 fn refusals(m: &Metrics, limit: &str) -> f64 {
     m.sum("tether_limit_refusals_total", &[&format!("limit=\"{limit}\"")])
@@ -71,7 +29,7 @@ fn refusals(m: &Metrics, limit: &str) -> f64 {
 async fn the_1025th_subscription_gets_error_limit_and_the_connection_stays() {
     let _serial = serial().await;
     let srv = Server::start("", &["--cores", "2"]);
-    let mut w = ws(&srv.ws_url()).await;
+    let mut w = connect(&srv.ws_url()).await;
     for i in 0..1025 {
         w.feed(Message::text(json!({"op": "sub", "ch": format!("many.{i}")}).to_string())).await.unwrap();
     }
@@ -144,13 +102,13 @@ async fn publisher_over_its_rate_gets_limit_then_1008_and_nobody_else_is_affecte
     let url = srv.ws_url();
     const CH: &str = "rated.feed";
 
-    let mut sub = ws(&url).await;
+    let mut sub = connect(&url).await;
     send(&mut sub, json!({"op": "sub", "ch": CH})).await;
     assert_eq!(next_json(&mut sub).await["op"], "subscribed");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let steady = tokio::spawn(steady_publisher(url.clone(), CH, stop_rx));
 
-    let mut greedy = ws(&url).await;
+    let mut greedy = connect(&url).await;
     let mut acked = Vec::new();
     let mut errors = 0u32;
     // The burst (5) passes.
@@ -238,7 +196,7 @@ async fn max_channels_refuses_new_channels_only_until_channels_are_forgotten() {
     let mut observed = 0u32;
     srv.publish("cap.1", "1").await;
     srv.publish("cap.2", "1").await;
-    let mut w = ws(&srv.ws_url()).await;
+    let mut w = connect(&srv.ws_url()).await;
     send(&mut w, json!({"op": "sub", "ch": "cap.3"})).await;
     assert_eq!(next_json(&mut w).await["op"], "subscribed");
     assert_eq!(srv.metric("tether_channels", &[]).await, 3.0);
@@ -320,7 +278,7 @@ async fn ping_flood_is_closed_with_1008_while_a_normal_client_is_fine() {
 
     let url = srv.ws_url();
     let normal = tokio::spawn(async move {
-        let mut w = ws(&url).await;
+        let mut w = connect(&url).await;
         send(&mut w, json!({"op": "sub", "ch": "calm"})).await;
         let (mut pongs, mut server_pings) = (Vec::new(), 0);
         let mut next_ping = tokio::time::Instant::now();
@@ -383,7 +341,7 @@ async fn with_redis_max_channels_bounds_the_channels_subscribed_here_and_never_a
     let srv =
         Server::start(&common::redis::redis_config(&redis.url(), "[limits]\nmax_channels = 2\n"), &["--cores", "2"]);
     wait_ready(srv.addr, STEP).await;
-    let mut w = ws(&srv.ws_url()).await;
+    let mut w = connect(&srv.ws_url()).await;
     for ch in ["r.1", "r.2"] {
         send(&mut w, json!({"op": "sub", "ch": ch})).await;
         assert_eq!(next_json(&mut w).await["op"], "subscribed");

@@ -13,12 +13,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::tung::{connect, next_json, quiet, send, Ws};
 use common::*;
-use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use tokio_tungstenite::tungstenite::Message;
-
-type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 /// `dedup.window_ms` is also how long a channel must be idle before the sweep (every 5 s)
 /// forgets it: the smallest value allowed, so the sweep test waits seconds, not minutes.
@@ -45,36 +42,6 @@ impl<'a> Nodes<'a> {
     }
 }
 
-async fn ws(srv: &Server) -> Ws {
-    let (ws, _) = tokio::time::timeout(STEP, tokio_tungstenite::connect_async(srv.ws_url()))
-        .await
-        .expect("connect timed out")
-        .expect("connect");
-    ws
-}
-
-async fn send(ws: &mut Ws, v: Value) {
-    tokio::time::timeout(STEP, ws.send(Message::text(v.to_string()))).await.expect("send timed out").expect("send");
-}
-
-/// The next text frame as JSON (pings are answered by tungstenite and skipped).
-async fn recv(ws: &mut Ws) -> Value {
-    loop {
-        match tokio::time::timeout(STEP, ws.next()).await.expect("no frame in time") {
-            Some(Ok(Message::Text(t))) => return serde_json::from_str(&t).expect("JSON"),
-            Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
-            other => panic!("expected a text frame, got {other:?}"),
-        }
-    }
-}
-
-/// Asserts no text frame arrives within `d`.
-async fn quiet(ws: &mut Ws, d: Duration) {
-    if let Ok(Some(Ok(Message::Text(t)))) = tokio::time::timeout(d, ws.next()).await {
-        panic!("unexpected frame {t}");
-    }
-}
-
 /// Closes `w` and waits until the server has reaped it (its connection gauge drops to `left`),
 /// then lets the unsubscribe reach the channel's home.
 async fn leave(srv: &Server, w: Ws, left: f64) {
@@ -88,7 +55,7 @@ async fn leave(srv: &Server, w: Ws, left: f64) {
 async fn publish(w: &mut Ws, ch: &str, from: u64, to: u64) {
     for n in from..=to {
         send(w, json!({"op": "pub", "ch": ch, "id": format!("n-{n}"), "data": {"n": n}})).await;
-        let ack = recv(w).await;
+        let ack = next_json(w).await;
         assert_eq!(
             (ack["op"].as_str(), ack["ch"].as_str(), ack["seq"].as_u64()),
             (Some("ack"), Some(ch), Some(n)),
@@ -99,15 +66,15 @@ async fn publish(w: &mut Ws, ch: &str, from: u64, to: u64) {
 
 /// Subscribes on a fresh connection with `from`/`epoch` and returns it with the first reply.
 async fn resume(srv: &Server, ch: &str, from: u64, epoch: &str) -> (Ws, Value) {
-    let mut w = ws(srv).await;
+    let mut w = connect(&srv.ws_url()).await;
     send(&mut w, json!({"op": "sub", "ch": ch, "from": from, "epoch": epoch})).await;
-    let first = recv(&mut w).await;
+    let first = next_json(&mut w).await;
     (w, first)
 }
 
 async fn expect_msgs(w: &mut Ws, ch: &str, seqs: std::ops::RangeInclusive<u64>) {
     for seq in seqs {
-        let v = recv(w).await;
+        let v = next_json(w).await;
         assert_eq!((v["op"].as_str(), v["ch"].as_str(), v["seq"].as_u64()), (Some("msg"), Some(ch), Some(seq)), "{v}");
         assert_eq!(v["data"]["n"], seq, "{v}");
     }
@@ -124,14 +91,14 @@ fn assert_subscribed(v: &Value, ch: &str, head: u64, epoch: &str) {
 /// The check of issue 9 item 8: subscribe (seq 0, epoch E), leave, five publishes, resume
 /// with `from: 0, epoch: E` → `subscribed` (recovered) and seqs 1..5, each once.
 async fn resume_after_the_last_subscriber_left(nodes: Nodes<'_>, ch: &str) {
-    let mut first = ws(nodes.first).await;
+    let mut first = connect(&nodes.first.ws_url()).await;
     send(&mut first, json!({"op": "sub", "ch": ch})).await;
-    let subscribed = recv(&mut first).await;
+    let subscribed = next_json(&mut first).await;
     assert_eq!((subscribed["op"].as_str(), subscribed["seq"].as_u64()), (Some("subscribed"), Some(0)), "{subscribed}");
     let epoch = subscribed["epoch"].as_str().expect("epoch").to_string();
     leave(nodes.first, first, 0.0).await;
 
-    let mut publisher = ws(nodes.publisher).await;
+    let mut publisher = connect(&nodes.publisher.ws_url()).await;
     publish(&mut publisher, ch, 1, 5).await;
 
     let (mut second, first_reply) = resume(nodes.resumer, ch, 0, &epoch).await;
@@ -161,10 +128,10 @@ async fn memory_broker_continues_numbering_of_a_swept_channel_under_its_epoch() 
     let srv = Server::start(CONFIG, &["--cores", "2"]);
     let ch = "epoch.swept";
 
-    let mut first = ws(&srv).await;
+    let mut first = connect(&srv.ws_url()).await;
     send(&mut first, json!({"op": "sub", "ch": ch})).await;
-    let epoch = recv(&mut first).await["epoch"].as_str().expect("epoch").to_string();
-    let mut publisher = ws(&srv).await;
+    let epoch = next_json(&mut first).await["epoch"].as_str().expect("epoch").to_string();
+    let mut publisher = connect(&srv.ws_url()).await;
     publish(&mut publisher, ch, 1, 3).await;
     expect_msgs(&mut first, ch, 1..=3).await;
     leave(&srv, first, 1.0).await;

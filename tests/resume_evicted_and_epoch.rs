@@ -9,51 +9,18 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use common::tung::{connect, next_json, quiet, send, Ws};
 use common::*;
-use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tether::client::{Client, ClientConfig, Event, Position};
-use tokio_tungstenite::tungstenite::Message;
-
-type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 const CONFIG: &str = "[drain]\nwindow_ms = 200\n\n[[channels]]\npattern = \"*\"\nhistory = 100\n";
 
-async fn ws(addr: SocketAddr) -> Ws {
-    let (ws, _) = tokio::time::timeout(STEP, tokio_tungstenite::connect_async(format!("ws://{addr}/ws")))
-        .await
-        .expect("connect timed out")
-        .expect("connect");
-    ws
-}
-
-async fn send(ws: &mut Ws, v: Value) {
-    ws.send(Message::text(v.to_string())).await.expect("send");
-}
-
-/// The next text frame as JSON (pings are answered by tungstenite and skipped).
-async fn recv(ws: &mut Ws) -> Value {
-    loop {
-        match tokio::time::timeout(STEP, ws.next()).await.expect("no frame in time") {
-            Some(Ok(Message::Text(t))) => return serde_json::from_str(&t).expect("JSON"),
-            Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
-            other => panic!("expected a text frame, got {other:?}"),
-        }
-    }
-}
-
-/// Asserts nothing arrives within `d`.
-async fn quiet(ws: &mut Ws, d: Duration) {
-    if let Ok(Some(Ok(Message::Text(t)))) = tokio::time::timeout(d, ws.next()).await {
-        panic!("unexpected frame {t}");
-    }
-}
-
 /// Subscribes with `from`/`epoch` and returns the first reply.
 async fn resume(addr: SocketAddr, ch: &str, from: u64, epoch: &str) -> (Ws, Value) {
-    let mut w = ws(addr).await;
+    let mut w = connect(&format!("ws://{addr}/ws")).await;
     send(&mut w, json!({"op": "sub", "ch": ch, "from": from, "epoch": epoch})).await;
-    let first = recv(&mut w).await;
+    let first = next_json(&mut w).await;
     (w, first)
 }
 
@@ -74,7 +41,7 @@ fn assert_reset(v: &Value, ch: &str, reason: &str, seq: u64, epoch: &str, oldest
 }
 
 async fn expect_msg(w: &mut Ws, ch: &str, seq: u64) {
-    let v = recv(w).await;
+    let v = next_json(w).await;
     assert_eq!((v["op"].as_str(), v["ch"].as_str(), v["seq"].as_u64()), (Some("msg"), Some(ch), Some(seq)), "{v}");
     assert_eq!(v["data"]["n"], seq, "{v}");
 }
@@ -87,9 +54,9 @@ async fn evicted_resume_gets_reset_and_restart_gets_epoch_reset() {
     let addr = srv.addr;
 
     // A subscriber processes seq 1..10, then goes away.
-    let mut w = ws(addr).await;
+    let mut w = connect(&format!("ws://{addr}/ws")).await;
     send(&mut w, json!({"op": "sub", "ch": ch})).await;
-    let subscribed = recv(&mut w).await;
+    let subscribed = next_json(&mut w).await;
     assert_eq!((subscribed["op"].as_str(), subscribed["seq"].as_u64()), (Some("subscribed"), Some(0)), "{subscribed}");
     let epoch = subscribed["epoch"].as_str().expect("epoch").to_string();
     publish_n(addr, ch, 1, 10).await;
@@ -148,9 +115,9 @@ async fn evicted_resume_gets_reset_and_restart_gets_epoch_reset() {
 
     // A second channel whose position will be beyond the new process's head.
     let other = "resume.epoch-empty";
-    let mut w = ws(addr).await;
+    let mut w = connect(&format!("ws://{addr}/ws")).await;
     send(&mut w, json!({"op": "sub", "ch": other})).await;
-    let other_epoch = recv(&mut w).await["epoch"].as_str().expect("epoch").to_string();
+    let other_epoch = next_json(&mut w).await["epoch"].as_str().expect("epoch").to_string();
     publish_n(addr, other, 1, 7).await;
     drop(w);
 

@@ -9,12 +9,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::auth::*;
+use common::tung::{next_json, read_within, send, Read, Ws};
 use common::*;
-use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use tokio_tungstenite::tungstenite::Message;
-
-type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 async fn open(addr: std::net::SocketAddr, token: &str) -> Ws {
     let (ws, _) = tokio::time::timeout(STEP, tokio_tungstenite::connect_async(ws_url_with(addr, token)))
@@ -22,43 +19,6 @@ async fn open(addr: std::net::SocketAddr, token: &str) -> Ws {
         .expect("connect in time")
         .expect("101");
     ws
-}
-
-/// What the server sent next: a text frame as JSON, or the close frame's code and reason.
-#[derive(Debug)]
-enum Got {
-    Json(Value),
-    Close(u16, String),
-}
-
-async fn next(ws: &mut Ws, limit: Duration) -> Got {
-    let end = Instant::now() + limit;
-    loop {
-        let left = end.saturating_duration_since(Instant::now());
-        let m = tokio::time::timeout(left, ws.next())
-            .await
-            .unwrap_or_else(|_| panic!("nothing from the server within {limit:?}"))
-            .expect("stream open")
-            .expect("frame");
-        match m {
-            Message::Text(t) => return Got::Json(serde_json::from_str(&t).expect("JSON")),
-            Message::Close(f) => {
-                return f.map_or(Got::Close(1005, String::new()), |f| Got::Close(f.code.into(), f.reason.to_string()))
-            }
-            _ => {}
-        }
-    }
-}
-
-async fn next_json(ws: &mut Ws) -> Value {
-    match next(ws, STEP).await {
-        Got::Json(v) => v,
-        other => panic!("expected a text frame, got {other:?}"),
-    }
-}
-
-async fn send(ws: &mut Ws, v: Value) {
-    ws.send(Message::text(v.to_string())).await.expect("send");
 }
 
 async fn subscribe(ws: &mut Ws, ch: &str) {
@@ -76,14 +36,14 @@ async fn expiry_warns_then_closes_4001_after_the_grace() {
     let mut ws = open(srv.addr, &hs256(&claims("alice", exp, &["news.*"], &[]))).await;
     subscribe(&mut ws, "news.a").await;
 
-    let warned = match next(&mut ws, Duration::from_secs(5)).await {
-        Got::Json(v) if v["code"] == "token_expired" => Instant::now(),
+    let warned = match read_within(&mut ws, Duration::from_secs(5)).await {
+        Read::Json(v) if v["code"] == "token_expired" => Instant::now(),
         other => panic!("expected token_expired, got {other:?}"),
     };
     let at = warned - connected;
     assert!(at >= Duration::from_millis(900) && at <= Duration::from_millis(3000), "token_expired after {at:?}");
-    match next(&mut ws, Duration::from_secs(5)).await {
-        Got::Close(code, reason) => {
+    match read_within(&mut ws, Duration::from_secs(5)).await {
+        Read::Close(code, reason) => {
             assert_eq!((code, reason.as_str()), (4001, r#"{"reason":"token_expired"}"#));
         }
         other => panic!("expected close 4001, got {other:?}"),
@@ -123,9 +83,9 @@ async fn refresh_keeps_the_connection_and_deliveries_have_no_gap() {
         if seqs.len() == 200 {
             break tokio::time::timeout(STEP, publisher).await.expect("publisher done").expect("publisher");
         }
-        let v = match next(&mut ws, STEP).await {
-            Got::Json(v) => v,
-            Got::Close(code, reason) => panic!("closed {code} {reason} after seq {:?}", seqs.last()),
+        let v = match read_within(&mut ws, STEP).await {
+            Read::Json(v) => v,
+            Read::Close(code, reason) => panic!("closed {code} {reason} after seq {:?}", seqs.last()),
         };
         match v["op"].as_str() {
             Some("msg") => seqs.push(v["seq"].as_u64().expect("seq")),
@@ -197,8 +157,8 @@ async fn a_refused_refresh_closes_4003() {
     ] {
         let mut ws = open(srv.addr, &good).await;
         send(&mut ws, json!({"op":"refresh","token": refresh})).await;
-        match next(&mut ws, STEP).await {
-            Got::Close(code, reason) => {
+        match read_within(&mut ws, STEP).await {
+            Read::Close(code, reason) => {
                 assert_eq!(code, 4003, "{detail}");
                 let r: Value = serde_json::from_str(&reason).expect("JSON reason");
                 assert_eq!(r, json!({"reason":"forbidden","detail":detail}));
