@@ -12,7 +12,8 @@
 //! servers' `io.readiness`, default `epoll`: the kernel side of a registration differs between
 //! the ring's poll and an epoll entry).
 //!
-//! It also prints `size_of::<Session>()`, the per-connection state a slab slot holds.
+//! It also prints `size_of::<Conn>()`, the per-connection state a slab slot holds, and the
+//! part of it that is the sans-IO session (`size_of::<Session>()`).
 //!
 //! Slab is system-wide and both ends of each loopback connection live in this kernel, so the
 //! slab slope covers a client socket and a server socket; it is also disturbed by anything
@@ -51,8 +52,11 @@ fn main() {
     let variants = auth_variants("DENSITY_AUTH", "none,hs256", &["load.idle.*"]);
 
     // The per-connection state a slab slot holds (issue 12 asks for it next to the slopes).
-    let session_bytes = std::mem::size_of::<tether::server::session::Session>();
-    println!("per-connection state: size_of::<Session>() = {session_bytes} B (a slab slot's payload)");
+    let conn_bytes = std::mem::size_of::<tether::server::conn::Conn>();
+    let session_bytes = std::mem::size_of::<tether::session::Session>();
+    println!(
+        "per-connection state: size_of::<Conn>() = {conn_bytes} B (a slab slot's payload; its session: {session_bytes} B)"
+    );
     let mut results = Vec::new();
     for v in &variants {
         let m = measure(v, min, max, points, cores, channels, rate);
@@ -111,6 +115,7 @@ fn main() {
     out["allocator"] = json!(allocator());
     out["cores"] = json!(cores);
     out["channels"] = json!(channels);
+    out["conn_bytes"] = json!(conn_bytes);
     out["session_bytes"] = json!(session_bytes);
     out["auth"] = results.iter().map(|(n, m)| (n.clone(), json_of(m))).collect::<serde_json::Map<_, _>>().into();
     write_json("density", &out);

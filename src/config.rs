@@ -205,31 +205,9 @@ pub struct Drain {
     pub close_code: u16,
 }
 
-/// What a full outbound queue does to a subscriber (docs/operations.md, slow subscribers).
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Overflow {
-    /// Close with 1013 Try Again Later; the client reconnects and resumes from its last
-    /// processed seq. For ordered streams. TOML `"disconnect"`.
-    Disconnect,
-    /// Drop the oldest queued messages of the channel; the client sees a seq gap.
-    /// TOML `"drop-oldest"`.
-    DropOldest,
-    /// Keep only the latest queued message of the channel (tickers, cursors).
-    /// TOML `"conflate"`.
-    Conflate,
-}
-
-impl Overflow {
-    /// The TOML spelling: `disconnect`, `drop-oldest`, `conflate`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Overflow::Disconnect => "disconnect",
-            Overflow::DropOldest => "drop-oldest",
-            Overflow::Conflate => "conflate",
-        }
-    }
-}
+/// What a full outbound queue does to a subscriber: defined with the outbound queue it governs
+/// (`tether_proto::session::queue`).
+pub use crate::session::queue::Overflow;
 
 /// One `[[channels]]` rule: the policy for channels whose name matches `pattern`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]

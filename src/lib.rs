@@ -6,11 +6,13 @@
 //! Bottom first: a module names only modules above it in this list (tests/layers.rs checks
 //! every `crate::` path; CONTRIBUTING.md, "Layout").
 //!
-//! - [`http`], [`ws`], [`protocol`]: the sans-IO core, re-exported from the `tether-proto`
-//!   crate (crates/tether-proto): HTTP/1.1 requests, bodies and responses; the RFC 6455 codec
-//!   and upgrade check; the pub/sub wire protocol v1 (docs/protocol.md), its close-code
-//!   contract and the reconnect backoff. No IO crate can reach them (their Cargo.toml has
-//!   none; tests/layers.rs checks it).
+//! - [`http`], [`ws`], [`protocol`], [`tick`], [`session`]: the sans-IO core, re-exported
+//!   from the `tether-proto` crate (crates/tether-proto): HTTP/1.1 requests, bodies and
+//!   responses; the RFC 6455 codec and upgrade check; the pub/sub wire protocol v1
+//!   (docs/protocol.md), its close-code contract and the reconnect backoff; the time base; and
+//!   one connection's decisions, the session (frames, closes, heartbeats, the outbound queue
+//!   and its overflow policies, replay, per-connection limits). No IO crate can reach them
+//!   (their Cargo.toml has none; tests/layers.rs checks it).
 //! - [`log_limit`]: a sans-IO rate limiter for log lines a flood can produce; [`logging`]: the
 //!   `TETHER_LOG` filter, checked before use.
 //! - [`config`]: the TOML configuration (docs/configuration.md), its defaults, its validation,
@@ -30,18 +32,18 @@
 //! - [`server`]: the thread-per-core engine: one monoio runtime per core, its listener, its slab
 //!   of connections, its side of the subscription index, the channels whose home it is, and the
 //!   bounded queues between cores.
-//! - [`fuzz`]: fuzz targets for the parsers that read client bytes (handshake, frames, protocol,
-//!   chunked bodies) and the stable mutation engine that drives them (docs/security.md).
+//!
+//! The fuzz targets (parsers and session) are the `tether-fuzz` crate (crates/tether-fuzz): they
+//! need the sans-IO crate alone.
 
 #![warn(missing_docs, unreachable_pub)]
 
 pub use tether_client as client;
-pub use tether_proto::{http, protocol, ws};
+pub use tether_proto::{http, protocol, session, tick, ws};
 
 pub mod auth;
 pub mod config;
 pub mod feeds;
-pub mod fuzz;
 pub mod limits;
 pub mod log_limit;
 pub mod logging;

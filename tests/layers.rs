@@ -15,13 +15,15 @@ use std::path::{Path, PathBuf};
 /// before it. Also the order of src/lib.rs's "Layout".
 const LAYERS: &[&str] = &[
     // The tether-proto crate (re-exported by src/lib.rs): HTTP/1.1 requests and responses; the
-    // RFC 6455 handshake check and frame codec; the pub/sub wire protocol and close contract:
-    // sans-IO, no config.
+    // RFC 6455 handshake check and frame codec; the pub/sub wire protocol and close contract;
+    // the time base and the session: sans-IO, no config.
     "http",
     "ws",
     "protocol",
     "redact",
     "duration",
+    "tick",
+    "session",
     "log_limit",
     "logging",
     // The configuration, and what reads it without serving.
@@ -36,8 +38,7 @@ const LAYERS: &[&str] = &[
     // Upstream feeds (a service the server hosts), then the engine.
     "feeds",
     "server",
-    // The fuzz targets, built on the engine (the load tool is its own crate, tether-load).
-    "fuzz",
+    // The fuzz targets (tether-fuzz) and the load tool (tether-load) are crates of their own.
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -174,7 +175,7 @@ fn named_modules(code: &str) -> Vec<String> {
 /// The modules of the `tether-proto` crate: its `crate::` paths may name only these (it cannot
 /// see the server's modules at all; a path to one would not compile, and is reported here
 /// as unlisted if it appears in a macro).
-const PROTO_MODULES: &[&str] = &["http", "ws", "protocol", "redact", "duration"];
+const PROTO_MODULES: &[&str] = &["http", "ws", "protocol", "redact", "duration", "tick", "session"];
 
 /// Crates that do IO (a runtime, sockets, the OS): none may be a dependency of `tether-proto`.
 const IO_CRATES: &[&str] = &["monoio", "tokio", "mio", "socket2", "libc"];
@@ -233,6 +234,45 @@ fn every_import_between_top_level_modules_points_down() {
         })
         .collect();
     assert!(report.is_empty(), "imports that point up LAYERS:\n{}", report.join("\n"));
+}
+
+/// What a sans-IO session must not name: sockets, file descriptors, clocks, threads, files,
+/// processes, its own random source or log lines. The caller passes `now`, the random source
+/// and the context, does the I/O and writes the logs (`session::Event`).
+const SESSION_MUST_NOT_NAME: &[&str] = &[
+    "std::net",
+    "std::os",
+    "RawFd",
+    "Instant",
+    "SystemTime",
+    "std::thread",
+    "std::fs",
+    "std::process",
+    "std::env",
+    "thread_local!",
+    "tracing::",
+    "rand::rng()",
+    "thread_rng",
+];
+
+#[test]
+fn the_session_names_no_socket_clock_or_log() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/tether-proto/src");
+    let mut files = vec![root.join("tick.rs")];
+    rust_files(&root.join("session"), &mut files);
+    assert!(files.len() > 10, "the scan is broken: {files:?}");
+    let mut found = Vec::new();
+    for f in &files {
+        let code = code_only(&std::fs::read_to_string(f).expect("read a source file"));
+        // Its tests play a socket and a clock on purpose (no real one either).
+        let code = code.split("#[cfg(test)]").next().unwrap_or("");
+        for name in SESSION_MUST_NOT_NAME {
+            if code.contains(name) {
+                found.push(format!("{} names {name}", f.display()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "the session must stay sans-IO:\n{}", found.join("\n"));
 }
 
 #[test]
@@ -299,6 +339,17 @@ fn tether_client_stands_on_proto_alone() {
     assert!(direct.iter().any(|d| d == "tether-proto"), "the client speaks the protocol crate's wire: {direct:?}");
     let server: Vec<&String> = direct.iter().filter(|d| SERVER_CRATES.contains(&d.as_str())).collect();
     assert!(server.is_empty(), "tether-client must build without the server's crates, but depends on {server:?}");
+}
+
+#[test]
+fn tether_fuzz_stands_on_proto_alone() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let direct = dependencies(&root.join("crates/tether-fuzz/Cargo.toml"));
+    assert!(direct.iter().any(|d| d == "tether-proto"), "the targets drive the protocol crate: {direct:?}");
+    let server: Vec<&String> = direct.iter().filter(|d| SERVER_CRATES.contains(&d.as_str())).collect();
+    assert!(server.is_empty(), "tether-fuzz must build without the server's crates, but depends on {server:?}");
+    let io: Vec<&String> = direct.iter().filter(|d| IO_CRATES.contains(&d.as_str())).collect();
+    assert!(io.is_empty(), "the fuzz targets drive sans-IO code with no IO crate, but depend on {io:?}");
 }
 
 #[test]

@@ -6,12 +6,13 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
+use super::conn::{ConnId, CANCELLED};
 use super::core::CoreState;
-use super::session::{token_due, ConnId, ReapReason, CANCELLED};
 use crate::auth::{unix_now_ms, AuthError, Verified};
 use crate::http::Request;
 use crate::protocol::close::{CloseReason, FORBIDDEN};
 use crate::protocol::{self, codes};
+use crate::session::{token_due, ReapReason};
 use crate::ws::codec;
 
 /// A right a token's `channels` claim grants.
@@ -90,7 +91,7 @@ impl CoreState {
     /// naming the channel (and the publish `id`), and the connection stays. A connection
     /// without a grant (no JWT auth) may do anything.
     pub fn authorize(&mut self, id: ConnId, right: Right, ch: &str, pub_id: Option<&str>) -> bool {
-        let Some(g) = self.conn(id).and_then(|s| s.grant()) else { return true };
+        let Some(g) = self.session(id).and_then(|s| s.grant()) else { return true };
         let allowed = self.grants.get(g).is_some_and(|grant| match right {
             Right::Subscribe => grant.may_subscribe(ch),
             Right::Publish => grant.may_publish(ch),
@@ -115,7 +116,7 @@ impl CoreState {
                 protocol::error_json(codes::BAD_OP, "refresh: this server does not use tokens ([auth] is off)", None);
             return self.reply(id, codec::text_frame(&e));
         };
-        let Some(old) = self.conn(id).and_then(|s| s.grant()) else { return };
+        let Some(old) = self.session(id).and_then(|s| s.grant()) else { return };
         let v = match verifier.verify(token, unix_now_ms()) {
             Ok(v) => v,
             Err(e) => return self.refuse_refresh(id, e.reason()),

@@ -24,18 +24,19 @@ use slab::Slab;
 
 use super::broker::{Broker, PublishResult, Request};
 use super::bus::{ConnRef, ConnRow, CoreLoad, CoreMsg, Endpoint, Router};
+use super::conn::{session_config, Conn, ConnId, IoFlags};
 use super::local::LocalChannels;
-use super::metrics::{CoreMetrics, HandshakeFailure};
+use super::metrics::CoreMetrics;
 use super::reactor::Reactor;
-use super::requests::{Inbound, Waiting};
-use super::session::queue::Frame;
-use super::session::replay::Fetch;
-use super::session::{ConnId, Ctx, Flags, ReapReason, Session, SessionConfig, State, Tick};
-use super::timer::{heartbeat_slack, heartbeat_slot, TimerWheel, TICK_MS};
+use super::requests::Waiting;
+use super::timer::TimerWheel;
 use super::{io as sock, Shared};
 use crate::auth::grants::Grants;
-use crate::config::Overflow;
 use crate::protocol;
+use crate::session::queue::Frame;
+use crate::session::replay::Fetch;
+use crate::session::{Ctx, Event, Events, HandshakeFailure, Overflow, ReapReason, Session, SessionConfig, State};
+use crate::tick::{heartbeat_slack, heartbeat_slot, Tick, TICK_MS};
 use crate::ws::codec::{self, CloseCode};
 
 /// Size of the per-core read buffer. Reads never go to per-connection memory.
@@ -51,11 +52,11 @@ thread_local! {
 /// The connections of one core.
 #[derive(Default)]
 pub struct Conns {
-    /// Sessions by slab key.
-    pub slab: Slab<Session>,
+    /// Connections by slab key.
+    pub slab: Slab<Conn>,
     next_gen: u32,
     /// Connections with frames queued and not yet written, in the order they were queued to
-    /// (each listed once, [`Flags::DIRTY`]); written from the front a chunk at a time
+    /// (each listed once, [`IoFlags::DIRTY`]); written from the front a chunk at a time
     /// ([`CoreState::flush_some`]).
     pub dirty: VecDeque<ConnId>,
     /// The ids of the chunk being written (kept for its capacity).
@@ -67,37 +68,36 @@ pub struct Conns {
     pub held: Vec<ConnId>,
 }
 
-/// The session `id` in `slab`, if it is still the same connection.
-pub(super) fn session(slab: &mut Slab<Session>, id: ConnId) -> Option<&mut Session> {
-    slab.get_mut(id.key as usize).filter(|s| s.gen == id.gen)
+/// The connection `id` in `slab`, if it is still the same connection.
+pub(super) fn conn(slab: &mut Slab<Conn>, id: ConnId) -> Option<&mut Conn> {
+    slab.get_mut(id.key as usize).filter(|c| c.gen == id.gen)
 }
 
-/// Files the deadline of session `id` in the timer wheel when it moved since it was last filed
-/// (an entry whose tick no longer matches `armed` is ignored when it fires). A heartbeat
-/// deadline is filed on the heartbeat grid of `slack` ticks ([`heartbeat_slot`]) so that one clock
-/// wake-up handles a batch of them.
-pub(super) fn arm(wheel: &mut TimerWheel, slack: Tick, id: ConnId, s: &mut Session) {
-    let due = s.poll_timeout();
-    let due = if s.deadline_is_heartbeat() { heartbeat_slot(due, slack) } else { due };
-    if due != s.armed {
-        s.armed = due;
+/// Files the deadline of connection `id`'s session in the timer wheel when it moved since it
+/// was last filed (an entry whose tick no longer matches `armed` is ignored when it fires). A
+/// heartbeat deadline is filed on the heartbeat grid of `slack` ticks ([`heartbeat_slot`]) so
+/// that one clock wake-up handles a batch of them.
+pub(super) fn arm(wheel: &mut TimerWheel, slack: Tick, id: ConnId, c: &mut Conn) {
+    let due = c.session.poll_timeout();
+    let due = if c.session.deadline_is_heartbeat() { heartbeat_slot(due, slack) } else { due };
+    if due != c.armed {
+        c.armed = due;
         super::tick::due_at(wheel.schedule(id, due));
     }
 }
 
-/// Hands the session's wish to be looked at by its I/O owner ([`Flags::WAKE`]: it closed, or a
-/// hold on its reads cleared) to the reactor.
-pub(super) fn notice(reactor: &mut Reactor, id: ConnId, s: &mut Session) {
-    if s.flags.has(Flags::WAKE) {
-        s.flags.clear(Flags::WAKE);
-        reactor.schedule(id, s);
+/// Hands the session's wish to be looked at by its I/O owner ([`Session::poll_wake`]: it
+/// closed, or a hold on its reads cleared) to the reactor.
+pub(super) fn notice(reactor: &mut Reactor, id: ConnId, c: &mut Conn) {
+    if c.session.poll_wake() {
+        reactor.schedule(id, c);
     }
 }
 
 impl Conns {
-    /// The session `id`, if it is still the same connection.
-    pub fn get(&mut self, id: ConnId) -> Option<&mut Session> {
-        session(&mut self.slab, id)
+    /// The connection `id`, if it is still the same connection.
+    pub fn get(&mut self, id: ConnId) -> Option<&mut Conn> {
+        conn(&mut self.slab, id)
     }
 }
 
@@ -199,8 +199,9 @@ pub struct CoreState {
     /// The send ring of `io.send_batch = "io_uring"` (`server::flush`); `None`: one
     /// `sendmsg(2)` per connection.
     pub(super) sends: Option<super::io::batch::SendBatch>,
-    /// Pub/sub requests handed up by a session (kept to reuse its allocation).
-    requests: Vec<Inbound>,
+    /// What a session hands up in one call, lent to it and emptied right after (kept to reuse
+    /// its allocation).
+    events: Events,
     /// Requests waiting behind an unanswered `sub` or `pub` (`server::requests`).
     pub waiting: Waiting,
     /// Token bucket for `accept_rate` (tokens, last refill in ms).
@@ -219,7 +220,7 @@ impl CoreState {
         reactor: Reactor,
     ) -> CoreState {
         let cfg = &shared.config;
-        let session_cfg = SessionConfig::new(cfg);
+        let session_cfg: SessionConfig = session_config(cfg);
         CoreState {
             me,
             conns: Conns::default(),
@@ -241,7 +242,7 @@ impl CoreState {
             grants: Grants::default(),
             feeds: super::feed_port::FeedInbox::new(&shared.feed_ports, me),
             sends: super::flush::send_ring(me, cfg.io.send_batch),
-            requests: Vec::new(),
+            events: Events::default(),
             waiting: Waiting::default(),
             rate: (cfg.accept_rate as f64, 0),
             shared,
@@ -253,9 +254,14 @@ impl CoreState {
         &self.shared.metrics[self.me]
     }
 
-    /// The session `id`, if it is still the same connection.
-    pub fn conn(&mut self, id: ConnId) -> Option<&mut Session> {
+    /// The connection `id`, if it is still the same connection.
+    pub fn conn(&mut self, id: ConnId) -> Option<&mut Conn> {
         self.conns.get(id)
+    }
+
+    /// The session of connection `id`, if it is still the same connection.
+    pub fn session(&mut self, id: ConnId) -> Option<&mut Session> {
+        self.conns.get(id).map(|c| &mut c.session)
     }
 
     /// Runs `f` on session `id` at the current tick, then files its deadline in the timer
@@ -269,13 +275,13 @@ impl CoreState {
     /// [`CoreState::with_session`] at a tick the caller read once for many sessions (a
     /// fan-out chunk), sparing a clock read per delivery.
     pub fn with_session_at<R>(&mut self, id: ConnId, now: Tick, f: impl FnOnce(&mut Session, &Ctx) -> R) -> Option<R> {
-        let ctx = Ctx { now, cfg: &self.clock.cfg, metrics: &self.shared.metrics[self.me] };
-        let s = session(&mut self.conns.slab, id)?;
-        let r = f(s, &ctx);
-        arm(&mut self.clock.wheel, self.clock.heartbeat_slack, id, s);
-        notice(&mut self.reactor, id, s);
-        if !s.queue.is_empty() && !s.flags.has(Flags::DIRTY) {
-            s.flags.set(Flags::DIRTY);
+        let ctx = Ctx { now, cfg: &self.clock.cfg, stats: &self.shared.metrics[self.me].session };
+        let c = conn(&mut self.conns.slab, id)?;
+        let r = f(&mut c.session, &ctx);
+        arm(&mut self.clock.wheel, self.clock.heartbeat_slack, id, c);
+        notice(&mut self.reactor, id, c);
+        if c.session.has_output() && !c.io.has(IoFlags::DIRTY) {
+            c.io.set(IoFlags::DIRTY);
             self.conns.dirty.push_back(id);
         }
         Some(r)
@@ -288,9 +294,9 @@ impl CoreState {
     pub fn insert_conn(&mut self, fd: RawFd) -> io::Result<ConnId> {
         self.conns.next_gen = self.conns.next_gen.wrapping_add(1);
         let gen = self.conns.next_gen;
-        let s = Session::new(gen, fd, self.clock.now(), &self.clock.cfg);
-        let due = s.poll_timeout();
-        let id = ConnId { key: self.conns.slab.insert(s) as u32, gen };
+        let c = Conn::new(gen, fd, self.clock.now(), &self.clock.cfg);
+        let due = c.armed;
+        let id = ConnId { key: self.conns.slab.insert(c) as u32, gen };
         if let Err(e) = self.reactor.register(fd, id) {
             self.conns.slab.remove(id.key as usize);
             sock::close(fd);
@@ -302,13 +308,13 @@ impl CoreState {
 
     /// The socket of `id` is readable: reads what it has into the core's scratch buffer and
     /// feeds it to the session, at most `READS_PER_WAKE` full buffers (the rest is marked
-    /// [`Flags::READ_PENDING`] and read on the reactor's next pass). Once the socket reported
-    /// the end of its input ([`Flags::INPUT_ENDED`]) it reads on to the EOF or error, which
+    /// [`IoFlags::READ_PENDING`] and read on the reactor's next pass). Once the socket reported
+    /// the end of its input ([`IoFlags::INPUT_ENDED`]) it reads on to the EOF or error, which
     /// ends the connection.
     pub fn on_readable(&mut self, id: ConnId) {
         let Some(fd) = self.conn(id).map(|s| s.fd) else { return };
-        // What the last turn left undecoded ([`MESSAGES_PER_TURN`](super::session::MESSAGES_PER_TURN)) goes first.
-        if self.conn(id).is_some_and(|s| s.has_input() && !matches!(s.state(), State::Http(_))) {
+        // What the last turn left undecoded ([`MESSAGES_PER_TURN`](crate::session::MESSAGES_PER_TURN)) goes first.
+        if self.session(id).is_some_and(|s| s.has_input() && !matches!(s.state(), State::Http(_))) {
             self.on_bytes(id, &[]);
             if self.turn_ended(id) {
                 return;
@@ -327,33 +333,33 @@ impl CoreState {
                 if self.turn_ended(id) {
                     return;
                 }
-                let Some(s) = self.conn(id).filter(|s| !s.is_closed()) else { return };
+                let Some(c) = self.conn(id).filter(|c| !c.session.is_closed()) else { return };
                 // A short read took everything: a later arrival is a new edge. Not so the
                 // peer's FIN reported with these bytes: the next recv returns it (0), unless
                 // the reads are held now (an HTTP answer owed): then when the hold clears.
                 if n < scratch.len() {
-                    if s.flags.has(Flags::INPUT_ENDED) && !super::reactor::read_held(self, id) {
+                    if c.io.has(IoFlags::INPUT_ENDED) && !super::reactor::read_held(self, id) {
                         continue;
                     }
-                    if let Some(s) = self.conn(id).filter(|s| s.flags.has(Flags::INPUT_ENDED)) {
-                        s.flags.set(Flags::READ_PENDING);
+                    if let Some(c) = self.conn(id).filter(|c| c.io.has(IoFlags::INPUT_ENDED)) {
+                        c.io.set(IoFlags::READ_PENDING);
                     }
                     return;
                 }
             }
-            if let Some(s) = session(&mut self.conns.slab, id) {
-                s.flags.set(Flags::READ_PENDING);
-                self.reactor.schedule(id, s);
+            if let Some(c) = conn(&mut self.conns.slab, id) {
+                c.io.set(IoFlags::READ_PENDING);
+                self.reactor.schedule(id, c);
             }
         })
     }
 
-    /// Whether `id`'s session stopped decoding for [`MESSAGES_PER_TURN`](super::session::MESSAGES_PER_TURN): it is then listed
+    /// Whether `id`'s session stopped decoding for [`MESSAGES_PER_TURN`](crate::session::MESSAGES_PER_TURN): it is then listed
     /// for the reactor's next pass, and its socket not read further now.
     fn turn_ended(&mut self, id: ConnId) -> bool {
-        match session(&mut self.conns.slab, id) {
-            Some(s) if s.flags.has(Flags::READ_PENDING) && !s.is_closed() => {
-                self.reactor.schedule(id, s);
+        match conn(&mut self.conns.slab, id) {
+            Some(c) if c.io.has(IoFlags::READ_PENDING) && !c.session.is_closed() => {
+                self.reactor.schedule(id, c);
                 true
             }
             _ => false,
@@ -362,66 +368,83 @@ impl CoreState {
 
     /// Reads the input waiting for `id` when its deadline would judge the peer silent
     /// ([`Session::timeout_awaits_input`]) and its reads are not held: input already reported
-    /// and not yet read ([`Flags::READ_PENDING`]), or input the reactor has not taken yet (a
+    /// and not yet read ([`IoFlags::READ_PENDING`]), or input the reactor has not taken yet (a
     /// peek of the socket).
     fn read_before_timeout(&mut self, id: ConnId) {
         let now = self.clock.now();
-        let Some(s) = self.conn(id) else { return };
-        if !s.timeout_awaits_input(now) || !(s.flags.has(Flags::READ_PENDING) || sock::has_input(s.fd)) {
+        let Some(c) = self.conn(id) else { return };
+        if !c.session.timeout_awaits_input(now) || !(c.io.has(IoFlags::READ_PENDING) || sock::has_input(c.fd)) {
             return;
         }
         if super::reactor::read_held(self, id) {
             // Input waits but this core does not read it now (e.g. an overloaded server holds
             // its publishers): the peer is not silent, and a pong it sent in time stays unread
             // only because of us.
-            if let Some(s) = self.conn(id) {
+            if let Some(s) = self.session(id) {
                 s.input_waits();
             }
             return;
         }
-        if let Some(s) = self.conn(id) {
-            s.flags.clear(Flags::READ_PENDING);
+        if let Some(c) = self.conn(id) {
+            c.io.clear(IoFlags::READ_PENDING);
         }
         self.on_readable(id);
     }
 
     /// Ends `id` at once (EOF, socket error); the reactor tears it down.
     pub fn end(&mut self, id: ConnId, why: ReapReason) {
-        if let Some(s) = session(&mut self.conns.slab, id) {
-            s.kill(why);
-            notice(&mut self.reactor, id, s);
+        if let Some(c) = conn(&mut self.conns.slab, id) {
+            c.session.kill(why);
+            notice(&mut self.reactor, id, c);
         }
     }
 
     /// Bytes read from `id`: the session decodes them; the core serves what it hands up
-    /// (HTTP requests, pub/sub requests) and writes the answers.
+    /// (HTTP requests, pub/sub requests), logs what it reports of the peer, and writes the
+    /// answers.
     pub fn on_bytes(&mut self, id: ConnId, data: &[u8]) {
-        let mut requests = std::mem::take(&mut self.requests);
-        let Some(state) = self.with_session(id, |s, ctx| {
-            s.handle_bytes(ctx, data, &mut requests);
-            s.state()
+        let mut events = std::mem::take(&mut self.events);
+        let Some((state, turn_ended)) = self.with_session(id, |s, ctx| {
+            s.handle_bytes(ctx, data, &mut events);
+            (s.state(), s.poll_turn_ended())
         }) else {
             return;
         };
+        if turn_ended {
+            // The rest of its input waits for the reactor's next pass (MESSAGES_PER_TURN).
+            if let Some(c) = self.conn(id) {
+                c.io.set(IoFlags::READ_PENDING);
+            }
+        }
         if let State::Http(_) = state {
             self.serve_pending(id);
         }
-        for req in requests.drain(..) {
-            // A connection this server is closing (a limit, an error) serves no more
-            // requests; those sent before the peer's own close still count.
-            if self.conn(id).is_none_or(|s| matches!(s.state(), State::ClosingByUs | State::Closed)) {
-                break;
+        let mut serving = true;
+        while let Some(event) = events.poll_event() {
+            match event {
+                Event::Request(req) => {
+                    // A connection this server is closing (a limit, an error) serves no more
+                    // requests; those sent before the peer's own close still count.
+                    serving = serving
+                        && self.session(id).is_some_and(|s| !matches!(s.state(), State::ClosingByUs | State::Closed));
+                    if serving {
+                        self.serve_request(id, req);
+                    }
+                }
+                Event::PeerClosed { code, reason } => {
+                    super::events::peer_closed(self.me, self.conn(id).map(|c| c.fd), code, &reason)
+                }
+                Event::Refused(e) => super::events::message_refused(self.me, self.conn(id).map(|c| c.fd), &e),
             }
-            self.serve_request(id, req);
         }
-        self.requests = requests;
+        self.events = events;
         self.flush(id);
     }
 
     /// A publish by connection `reply` (a WebSocket `pub` or an HTTP publish).
     pub fn publish(&mut self, reply: ConnId, ch: &str, id: Option<Box<str>>, data: Bytes) {
-        if let Some(s) = self.conn(reply) {
-            s.flags.set(Flags::PUBLISHER);
+        if let Some(c) = self.conn(reply) {
+            c.io.set(IoFlags::PUBLISHER);
         }
         let reply = Some(ConnRef { core: self.me as u16, id: reply });
         self.broker.request(&mut self.router, Request::Publish { ch: ch.into(), id, data, reply, fence: None });
@@ -444,11 +467,11 @@ impl CoreState {
     /// in its socket: under a backlog the clock can run before the reactor has handed this
     /// core's input to its sessions, and a peer whose answer arrived in time is not reaped.
     pub fn on_timer(&mut self, id: ConnId, due: Tick) {
-        if self.conn(id).is_none_or(|s| s.armed != due) {
+        if self.conn(id).is_none_or(|c| c.armed != due) {
             return; // the deadline moved, or the slot holds another connection
         }
         self.read_before_timeout(id);
-        if self.conn(id).is_none_or(|s| s.armed != due || s.is_closed()) {
+        if self.conn(id).is_none_or(|c| c.armed != due || c.session.is_closed()) {
             return; // what was read moved the deadline, or ended the connection
         }
         let drain = self.shared.drain_code();
@@ -457,7 +480,7 @@ impl CoreState {
             s.is_closed() && s.reap_reason() == Some(ReapReason::HandshakeTimeout)
         });
         if timed_out == Some(true) {
-            let fd = self.conn(id).map(|s| s.fd);
+            let fd = self.conn(id).map(|c| c.fd);
             super::events::handshake_failed(
                 self.me,
                 fd,
@@ -478,11 +501,11 @@ impl CoreState {
             for f in frames {
                 queued += u64::from(s.enqueue(ctx, f.clone(), chan, Some(policy)));
             }
-            (queued, open && !s.state().can_write(), s.fd)
+            (queued, open && !s.state().can_write())
         });
-        let Some((queued, closed, fd)) = r else { return 0 };
+        let Some((queued, closed)) = r else { return 0 };
         if closed {
-            let cfg = &self.clock.cfg;
+            let (cfg, fd) = (&self.clock.cfg, self.conns.slab[id.key as usize].fd);
             super::events::overflow_closed(self.me, fd, cfg.queue_max_bytes, cfg.queue_max_messages);
         }
         queued
@@ -494,19 +517,19 @@ impl CoreState {
         if self.conn(id).is_none() {
             return;
         }
-        let s = self.conns.slab.remove(id.key as usize);
-        let metrics = &self.shared.metrics[self.me];
+        let c = self.conns.slab.remove(id.key as usize);
+        let (s, metrics) = (&c.session, &self.shared.metrics[self.me]);
         let why = s.reap_reason().unwrap_or(ReapReason::Eof);
-        if s.flags.has(Flags::UPGRADED) {
+        if s.is_upgraded() {
             metrics.connections.fetch_sub(1, Relaxed);
             self.shared.open.fetch_sub(1, Relaxed);
             metrics.reaped(why);
-            super::events::reaped(self.me, s.fd, why);
+            super::events::reaped(self.me, c.fd, why);
             if why.is_abnormal() {
-                metrics.close(CloseCode::Abnormal);
+                metrics.session.close(CloseCode::Abnormal);
             }
-            if s.flags.has(Flags::DRAIN) {
-                metrics.drain_remaining.fetch_sub(1, Relaxed);
+            if s.drain_scheduled() {
+                metrics.session.drain_remaining.fetch_sub(1, Relaxed);
             }
         } else if why == ReapReason::HandshakeTimeout {
             metrics.reaped(why);
@@ -514,13 +537,13 @@ impl CoreState {
         if let Some(g) = s.grant() {
             self.release_grant(g);
         }
-        for e in s.subs {
+        for e in c.subs {
             self.drop_sub(e);
         }
         self.waiting.forget(id);
         // Last: the log lines above name the peer, asked of the socket.
-        self.reactor.deregister(s.fd, id);
-        sock::close(s.fd);
+        self.reactor.deregister(c.fd, id);
+        sock::close(c.fd);
         if self.conns.slab.is_empty() {
             self.reclaim_if_spare();
         }
@@ -529,9 +552,9 @@ impl CoreState {
     /// Closes the socket of every connection left when the core stops (the drain's deadline
     /// passed with peers that never answered), without counting them as reaped.
     pub fn close_all(&mut self) {
-        for (key, s) in self.conns.slab.iter() {
-            self.reactor.deregister(s.fd, ConnId { key: key as u32, gen: s.gen });
-            sock::close(s.fd);
+        for (key, c) in self.conns.slab.iter() {
+            self.reactor.deregister(c.fd, ConnId { key: key as u32, gen: c.gen });
+            sock::close(c.fd);
         }
         self.conns.slab.clear();
     }
@@ -557,7 +580,7 @@ impl CoreState {
                 if super::feed_port::FeedInbox::is_ticket(reply.id) {
                     return self.feeds.answer(reply.id, result);
                 }
-                let Some(s) = self.conn(reply.id) else { return };
+                let Some(s) = self.session(reply.id) else { return };
                 if let Some(keep_alive) = s.awaiting() {
                     return self.answer_publish(reply.id, result, keep_alive);
                 }

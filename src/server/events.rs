@@ -4,9 +4,10 @@
 //! "suppressed K similar lines" summary), so a storm of bad handshakes or a mass reap after a
 //! network cut does not become a storm of log lines.
 //!
-//! Callers are one-line hooks in the engine (the session included: a sans-IO state machine
-//! may log, as quinn-proto's does); nothing here touches connection state. The peer address is
-//! asked of the kernel (`getpeername`) only when a line is actually written.
+//! Callers are one-line hooks in the engine; the session does not log, it hands up what is
+//! worth a line (`session::Event`) and the core calls these. Nothing here touches connection
+//! state. The peer address is asked of the kernel (`getpeername`) only when a line is actually
+//! written.
 //!
 //! Bytes a client chose (request targets, header values, channel names, close reasons, the op
 //! of a refused request) are written through [`Escaped`] only: a client cannot forge a log
@@ -18,13 +19,12 @@ use std::time::Instant;
 
 use tracing::Level;
 
-use super::metrics::HandshakeFailure;
-use super::session::reap::ReapReason;
 use crate::http::{Request, StatusCode};
 use crate::log_limit::{Admit, LogLimiter};
 use crate::logging::Escaped;
 use crate::protocol::close::CloseCode;
 use crate::protocol::RequestError;
+use crate::session::{HandshakeFailure, ReapReason};
 
 /// Lines per second per kind per core before suppression.
 pub const LINES_PER_SECOND: u32 = 10;
@@ -50,8 +50,6 @@ struct State {
     epoch: Instant,
     limiters: [LogLimiter; KINDS],
     last_drain_line_ms: Option<u64>,
-    /// This thread's core, for lines whose caller does not know it (the session).
-    core: usize,
 }
 
 thread_local! {
@@ -60,17 +58,7 @@ thread_local! {
         epoch: Instant::now(),
         limiters: [const { LogLimiter::new(LINES_PER_SECOND, 1000) }; KINDS],
         last_drain_line_ms: None,
-        core: usize::MAX,
     });
-}
-
-/// Records that this thread runs core `core` (called once when the core starts).
-pub fn set_core(core: usize) {
-    STATE.with(|s| s.borrow_mut().core = core);
-}
-
-fn this_core() -> usize {
-    STATE.with(|s| s.borrow().core)
 }
 
 fn now_ms(st: &State) -> u64 {
@@ -158,14 +146,11 @@ pub fn handshake_failed_for(
 
 /// A WebSocket text message refused as a request (answered with an `error` of code
 /// `e.code`): its reason (which may quote the client's op) and the channel it named, if it
-/// is a JSON object with a string `ch` (read from `text` only when the line is written), both
-/// escaped. `debug`, rate-limited.
-pub fn message_refused(fd: RawFd, e: &RequestError, text: &[u8]) {
-    let core = this_core();
+/// could be read, both escaped. `debug`, rate-limited.
+pub fn message_refused(core: usize, fd: Option<RawFd>, e: &RequestError) {
     if tracing::enabled!(Level::DEBUG) && admit(Kind::Refused, Level::DEBUG, core) {
-        let ch = channel_of(text).unwrap_or_default();
-        let (reason, ch) = (Escaped::str(&e.reason), Escaped::str(&ch));
-        tracing::debug!(core, peer = %peer(Some(fd)), code = e.code, ?reason, ?ch, "request refused");
+        let (reason, ch) = (Escaped::str(&e.reason), Escaped::str(e.ch.as_deref().unwrap_or("")));
+        tracing::debug!(core, peer = %peer(fd), code = e.code, ?reason, ?ch, "request refused");
     }
 }
 
@@ -178,22 +163,13 @@ pub fn publish_refused(core: usize, fd: Option<RawFd>, reason: &str, channel: &[
     }
 }
 
-fn channel_of(text: &[u8]) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Ch {
-        ch: Option<String>,
-    }
-    serde_json::from_slice::<Ch>(text).ok()?.ch
-}
-
 /// The peer sent a close frame: its code (`None`: no status) and reason, escaped (client
 /// bytes). `debug`, rate-limited.
-pub fn peer_closed(fd: RawFd, code: Option<CloseCode>, reason: &[u8]) {
-    let core = this_core();
+pub fn peer_closed(core: usize, fd: Option<RawFd>, code: Option<CloseCode>, reason: &[u8]) {
     if tracing::enabled!(Level::DEBUG) && admit(Kind::PeerClose, Level::DEBUG, core) {
         let code = code.map(u16::from);
         let reason = Escaped(reason);
-        tracing::debug!(core, peer = %peer(Some(fd)), code, ?reason, "peer sent a close frame");
+        tracing::debug!(core, peer = %peer(fd), code, ?reason, "peer sent a close frame");
     }
 }
 

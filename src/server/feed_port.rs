@@ -18,7 +18,7 @@ use tokio::sync::oneshot;
 use super::broker::home::home_of;
 use super::broker::{Fence, PublishResult, Request};
 use super::bus::{ConnRef, Doorbell};
-use super::session::ConnId;
+use super::conn::ConnId;
 use crate::feeds::FeedPublish;
 use crate::protocol::RequestError;
 

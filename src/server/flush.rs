@@ -7,18 +7,20 @@
 //! submitting the first send of up to [`BATCH`] connections together on the core's send ring
 //! ([`SendBatch`]) and then finishing each connection exactly as [`CoreState::flush`] does,
 //! starting from the batched send's result. Either way one function acts on a send's result
-//! (bytes → [`Session::transmitted`](super::session::Session::transmitted), a full socket →
-//! [`Flags::WANT_WRITE`], an error → the connection is reaped), so ordering, replay pumping,
+//! (bytes → [`Session::transmitted`](crate::session::Session::transmitted), a full socket →
+//! [`IoFlags::WANT_WRITE`], an error → the connection is reaped), so ordering, replay pumping,
 //! the FIN and the queue rules are the same.
 
 use std::io::{self, IoSlice};
 
-use super::core::{arm, notice, session, CoreState};
+use super::conn::{ConnId, IoFlags};
+use super::core::{arm, conn, notice, CoreState};
 use super::io::batch::{SendBatch, BATCH};
 use super::io::{self as sock};
-use super::session::queue::MAX_IOV;
-use super::session::{ConnId, Ctx, Flags, ReapReason, Tick};
 use crate::config;
+use crate::session::queue::MAX_IOV;
+use crate::session::{Ctx, ReapReason};
+use crate::tick::Tick;
 
 /// The core's send ring when `io.send_batch = "io_uring"` and one could be created, else `None`
 /// (the reason is logged: the core sends with `sendmsg(2)`).
@@ -41,7 +43,7 @@ pub fn send_ring(core: usize, mode: config::SendBatch) -> Option<SendBatch> {
 impl CoreState {
     /// Writes what `id` has queued, refilling from a resume replay as the socket takes it;
     /// half-closes TCP when the session is finishing. On a full socket the connection waits for
-    /// writability ([`Flags::WANT_WRITE`], flushed again on the reactor's output edge); on an
+    /// writability ([`IoFlags::WANT_WRITE`], flushed again on the reactor's output edge); on an
     /// error the connection is reaped.
     pub fn flush(&mut self, id: ConnId) {
         let now = self.clock.now();
@@ -53,12 +55,13 @@ impl CoreState {
     /// before anything more is sent; `None`: nothing was sent yet.
     fn flush_at(&mut self, id: ConnId, now: Tick, mut first: Option<io::Result<usize>>) {
         let mut fetch = None;
-        let ctx = Ctx { now, cfg: &self.clock.cfg, metrics: &self.shared.metrics[self.me] };
-        let Some(s) = session(&mut self.conns.slab, id) else { return };
-        s.flags.clear(Flags::DIRTY);
-        if first.is_none() && s.flags.has(Flags::WANT_WRITE) {
+        let ctx = Ctx { now, cfg: &self.clock.cfg, stats: &self.shared.metrics[self.me].session };
+        let Some(c) = conn(&mut self.conns.slab, id) else { return };
+        c.io.clear(IoFlags::DIRTY);
+        if first.is_none() && c.io.has(IoFlags::WANT_WRITE) {
             return;
         }
+        let (s, fd) = (&mut c.session, c.fd);
         loop {
             let written = match first.take() {
                 Some(r) => r,
@@ -74,14 +77,14 @@ impl CoreState {
                         }
                         break;
                     }
-                    sock::send(s.fd, &iov[..n])
+                    sock::send(fd, &iov[..n])
                 }
             };
             match written {
                 Ok(n) => s.transmitted(n, now),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     // The send that failed armed the socket's next output edge.
-                    s.flags.set(Flags::WANT_WRITE);
+                    c.io.set(IoFlags::WANT_WRITE);
                     break;
                 }
                 Err(_) => {
@@ -90,11 +93,11 @@ impl CoreState {
                 }
             }
         }
-        if s.poll_fin(&ctx) {
-            sock::shutdown_write(s.fd);
+        if c.session.poll_fin(&ctx) {
+            sock::shutdown_write(fd);
         }
-        arm(&mut self.clock.wheel, self.clock.heartbeat_slack, id, s);
-        notice(&mut self.reactor, id, s);
+        arm(&mut self.clock.wheel, self.clock.heartbeat_slack, id, c);
+        notice(&mut self.reactor, id, c);
         if let Some(f) = fetch {
             self.fetch(id, f);
         }
@@ -148,22 +151,22 @@ impl CoreState {
         // Slot of each connection's staged send, if one was staged.
         let mut staged = [usize::MAX; BATCH];
         for (k, &id) in chunk.iter().enumerate() {
-            let Some(s) = session(&mut self.conns.slab, id) else { continue };
+            let Some(c) = conn(&mut self.conns.slab, id) else { continue };
             // An id listed twice (flushed in between, then queued to again) is staged once:
             // its second listing finds DIRTY clear and is flushed after the first.
             // A ring that broke in an earlier chunk of this pass is not used again: the
             // connections of this one are flushed with `sendmsg` below.
-            if !s.flags.has(Flags::DIRTY) || s.flags.has(Flags::WANT_WRITE) || batch.is_broken() {
+            if !c.io.has(IoFlags::DIRTY) || c.io.has(IoFlags::WANT_WRITE) || batch.is_broken() {
                 continue;
             }
-            s.flags.clear(Flags::DIRTY);
+            c.io.clear(IoFlags::DIRTY);
             let mut iov = [IoSlice::new(&[]); MAX_IOV];
-            let n = s.poll_transmit(&mut iov);
+            let n = c.session.poll_transmit(&mut iov);
             if n > 0 {
                 // SAFETY: the iovecs point into frames held by the session's queue, and `fd` is
                 // the session's open socket; no session is touched (nor torn down) until
                 // `submit` below has returned, with every staged send completed.
-                staged[k] = unsafe { batch.stage(s.fd, &iov[..n]) };
+                staged[k] = unsafe { batch.stage(c.fd, &iov[..n]) };
             }
         }
         let results = if batch.is_empty() { &mut [][..] } else { batch.submit() };

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use slab::Slab;
 
-use super::session::{ConnId, SubEntry};
+use super::conn::{ConnId, SubEntry};
 use crate::config::Overflow;
 
 /// One channel as seen by one core.

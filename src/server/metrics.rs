@@ -7,119 +7,8 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 
-use super::session::reap::ReapReason;
-use crate::ws::codec::CloseCode;
-
-/// Close codes counted individually in `tether_closes_total{code}`; anything else is `other`.
-pub const CLOSE_CODES: [u16; 14] = [1000, 1001, 1002, 1003, 1006, 1007, 1008, 1009, 1011, 1012, 1013, 1014, 4001, 4003];
-
-/// Why a request failed before (or instead of) becoming a WebSocket connection:
-/// the `reason` label of `tether_handshake_failures_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(usize)]
-pub enum HandshakeFailure {
-    /// Malformed request or failed RFC 6455 §4.2.1 check (HTTP 400).
-    BadRequest = 0,
-    /// `Sec-WebSocket-Version` other than 13 (HTTP 426).
-    Version,
-    /// Request head larger than `limits.max_header_bytes` (HTTP 431).
-    HeadTooLarge,
-    /// No complete request head within `limits.handshake_timeout_ms`.
-    Timeout,
-    /// `max_connections` reached (HTTP 503 + Retry-After).
-    OverCapacity,
-    /// `accept_rate` exceeded (HTTP 503 + Retry-After).
-    RateLimited,
-    /// `Origin` not in `allowed_origins` (HTTP 403).
-    Origin,
-    /// The server is draining (HTTP 503).
-    Draining,
-    /// The peer went away mid-handshake.
-    Aborted,
-    /// `[auth]` is on and the upgrade carried no valid token (HTTP 401, docs/security.md).
-    Unauthorized,
-}
-
-const FAILURE_NAMES: [&str; 10] = [
-    "bad_request",
-    "version",
-    "head_too_large",
-    "timeout",
-    "over_capacity",
-    "rate_limited",
-    "origin",
-    "draining",
-    "aborted",
-    "unauthorized",
-];
-
-impl HandshakeFailure {
-    /// The metric label (also used in log lines).
-    pub fn label(self) -> &'static str {
-        FAILURE_NAMES[self as usize]
-    }
-}
-
-/// The limit that refused a request or a frame: the `limit` label of
-/// `tether_limit_refusals_total` (docs/security.md, "Per-connection limits").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(usize)]
-pub enum Limit {
-    /// `limits.per_connection.max_subscriptions`: a `sub` beyond it.
-    MaxSubscriptions = 0,
-    /// `limits.per_connection.publish_rate`: a `pub` with the message bucket empty.
-    PublishRate,
-    /// `limits.per_connection.publish_bytes_rate`: a `pub` with too few bytes in its bucket.
-    PublishBytesRate,
-    /// `limits.per_connection.control_frames_rate`: a ping left unanswered, or an unsolicited
-    /// pong, beyond the rate.
-    ControlFrames,
-    /// `limits.max_channels`: a `sub` or publish that would create one channel too many.
-    MaxChannels,
-    /// `limits.per_connection.subscribe_rate`: a `sub` or `unsub` beyond it.
-    SubscribeRate,
-    /// `limits.per_connection.refresh_rate`: a `refresh` beyond it.
-    RefreshRate,
-    /// `limits.per_connection.bad_request_rate`: a malformed or unknown request beyond it.
-    BadRequestRate,
-    /// More requests held behind unanswered ones than `server::requests::MAX_HELD` (closes
-    /// the connection with 1008).
-    HeldRequests,
-}
-
-const LIMIT_NAMES: [&str; 9] = [
-    "max_subscriptions",
-    "publish_rate",
-    "publish_bytes_rate",
-    "control_frames",
-    "max_channels",
-    "subscribe_rate",
-    "refresh_rate",
-    "bad_request_rate",
-    "held_requests",
-];
-
-impl Limit {
-    /// The metric label.
-    pub fn label(self) -> &'static str {
-        LIMIT_NAMES[self as usize]
-    }
-
-    /// The configuration key (without its table), as named in `error` reasons and in the
-    /// JSON reason of a 1008 close.
-    pub fn key(self) -> &'static str {
-        match self {
-            Limit::ControlFrames => "control_frames_rate",
-            other => other.label(),
-        }
-    }
-}
-
-/// Overflow policies, the `policy` label of `tether_overflow_total`.
-pub const OVERFLOW_POLICIES: [&str; 3] = ["disconnect", "drop-oldest", "conflate"];
-
-/// Upper bounds (bytes) of the `tether_overflow_queue_bytes` histogram buckets.
-const QUEUE_BUCKETS: [u64; 8] = [4096, 16384, 65536, 262_144, 1_048_576, 4_194_304, 16_777_216, u64::MAX];
+use crate::session::stats::{SessionStats, CLOSE_CODES, FAILURE_NAMES, LIMIT_NAMES, OVERFLOW_POLICIES, QUEUE_BUCKETS};
+use crate::session::ReapReason;
 
 /// One core's counters. Aligned so two cores never share a cache line.
 #[repr(align(128))]
@@ -131,13 +20,10 @@ pub struct CoreMetrics {
     pub accepted: AtomicU64,
     /// WebSocket connections upgraded (counter).
     pub upgraded: AtomicU64,
-    closes: [AtomicU64; CLOSE_CODES.len() + 1],
-    handshake_failures: [AtomicU64; FAILURE_NAMES.len()],
     reaped: [AtomicU64; ReapReason::ALL.len()],
-    overflow: [AtomicU64; OVERFLOW_POLICIES.len()],
-    overflow_queue_bytes: [AtomicU64; QUEUE_BUCKETS.len()],
-    overflow_queue_bytes_sum: AtomicU64,
-    limit_refusals: [AtomicU64; LIMIT_NAMES.len()],
+    /// What the sessions count themselves: closes by code, handshake timeouts, overflows,
+    /// limit refusals, pings, the drain's remaining closes.
+    pub session: SessionStats,
     /// Messages published on channels whose home is this core (dedup hits excluded).
     pub published: AtomicU64,
     /// Publishes answered from the dedup window instead of being published again.
@@ -147,14 +33,10 @@ pub struct CoreMetrics {
     pub feed_fenced: AtomicU64,
     /// Frames queued to subscribers on this core (one per subscriber per message).
     pub delivered: AtomicU64,
-    /// Pings sent by the heartbeat.
-    pub pings_sent: AtomicU64,
     /// HTTP requests served (non-upgrade).
     pub http_requests: AtomicU64,
     /// HTTP API requests refused with 401, by [`Guarded`](super::http::auth::Guarded).
     pub http_auth_failures: [AtomicU64; 2],
-    /// Connections still to be closed by the drain on this core (gauge).
-    pub drain_remaining: AtomicI64,
     /// Messages waiting in spill lists because a cross-core queue was full (gauge).
     pub bus_spilled: AtomicI64,
     /// Distinct token grants interned on this core (gauge; docs/security.md): connections
@@ -163,46 +45,14 @@ pub struct CoreMetrics {
 }
 
 impl CoreMetrics {
-    /// Counts one close frame sent or received with `code` (1006 for an abnormal end).
-    pub fn close(&self, code: CloseCode) {
-        let code = u16::from(code);
-        let i = CLOSE_CODES.iter().position(|&c| c == code).unwrap_or(CLOSE_CODES.len());
-        self.closes[i].fetch_add(1, Relaxed);
-    }
-
-    /// Counts one handshake failure.
-    pub fn handshake_failure(&self, why: HandshakeFailure) {
-        self.handshake_failures[why as usize].fetch_add(1, Relaxed);
-    }
-
     /// Counts one reaped connection.
     pub fn reaped(&self, why: ReapReason) {
         self.reaped[why as usize].fetch_add(1, Relaxed);
     }
 
-    /// Counts one refusal by `limit`.
-    pub fn limit_refused(&self, limit: Limit) {
-        self.limit_refusals[limit as usize].fetch_add(1, Relaxed);
-    }
-
-    /// Overflows so far under each policy, in [`OVERFLOW_POLICIES`] order
-    /// (`tether_overflow_total{policy}` of this core).
-    pub fn overflows(&self) -> [u64; OVERFLOW_POLICIES.len()] {
-        std::array::from_fn(|i| self.overflow[i].load(Relaxed))
-    }
-
     /// Connections reaped so far for `why` (`tether_reaped_total{reason}` of this core).
     pub fn reaped_count(&self, why: ReapReason) -> u64 {
         self.reaped[why as usize].load(Relaxed)
-    }
-
-    /// Counts one overflow under `policy` (index into [`OVERFLOW_POLICIES`]) with the queue
-    /// size in bytes at that moment.
-    pub fn overflow(&self, policy: usize, queued_bytes: u64) {
-        self.overflow[policy].fetch_add(1, Relaxed);
-        let b = QUEUE_BUCKETS.iter().position(|&ub| queued_bytes <= ub).unwrap_or(QUEUE_BUCKETS.len() - 1);
-        self.overflow_queue_bytes[b].fetch_add(1, Relaxed);
-        self.overflow_queue_bytes_sum.fetch_add(queued_bytes, Relaxed);
     }
 }
 
@@ -299,7 +149,7 @@ pub fn render(cores: &[CoreMetrics], draining: bool) -> String {
         "tether_pings_sent_total",
         "counter",
         "Heartbeat pings sent.",
-        per_core(&|m| m.pings_sent.load(Relaxed)),
+        per_core(&|m| m.session.pings_sent.load(Relaxed)),
     );
     counter(
         &mut out,
@@ -326,7 +176,7 @@ pub fn render(cores: &[CoreMetrics], draining: bool) -> String {
         "tether_drain_remaining",
         "gauge",
         "Connections the drain still has to close.",
-        per_core(&|m| m.drain_remaining.load(Relaxed).max(0) as u64),
+        per_core(&|m| m.session.drain_remaining.load(Relaxed).max(0) as u64),
     );
     counter(
         &mut out,
@@ -359,14 +209,14 @@ pub fn render(cores: &[CoreMetrics], draining: bool) -> String {
         "tether_closes_total",
         "counter",
         "WebSocket closes by close code (1006: ended without a close frame).",
-        labelled(&codes, "code", &|m, i| m.closes[i].load(Relaxed)),
+        labelled(&codes, "code", &|m, i| m.session.closes[i].load(Relaxed)),
     );
     counter(
         &mut out,
         "tether_handshake_failures_total",
         "counter",
         "Requests refused before or instead of an upgrade.",
-        labelled(&FAILURE_NAMES, "reason", &|m, i| m.handshake_failures[i].load(Relaxed)),
+        labelled(&FAILURE_NAMES, "reason", &|m, i| m.session.handshake_failures[i].load(Relaxed)),
     );
     counter(
         &mut out,
@@ -380,22 +230,22 @@ pub fn render(cores: &[CoreMetrics], draining: bool) -> String {
         "tether_overflow_total",
         "counter",
         "Outbound queue overflows, by policy.",
-        labelled(&OVERFLOW_POLICIES, "policy", &|m, i| m.overflow[i].load(Relaxed)),
+        labelled(&OVERFLOW_POLICIES, "policy", &|m, i| m.session.overflow[i].load(Relaxed)),
     );
     counter(
         &mut out,
         "tether_limit_refusals_total",
         "counter",
         "Requests and control frames refused by an abuse limit, by limit.",
-        labelled(&LIMIT_NAMES, "limit", &|m, i| m.limit_refusals[i].load(Relaxed)),
+        labelled(&LIMIT_NAMES, "limit", &|m, i| m.session.limit_refusals[i].load(Relaxed)),
     );
     histogram(
         &mut out,
         "tether_overflow_queue_bytes",
         "Outbound queue size at overflow.",
         &QUEUE_BUCKETS,
-        (0..QUEUE_BUCKETS.len()).map(|b| cores.iter().map(|m| m.overflow_queue_bytes[b].load(Relaxed)).sum()),
-        cores.iter().map(|m| m.overflow_queue_bytes_sum.load(Relaxed)).sum(),
+        (0..QUEUE_BUCKETS.len()).map(|b| cores.iter().map(|m| m.session.overflow_queue_bytes[b].load(Relaxed)).sum()),
+        cores.iter().map(|m| m.session.overflow_queue_bytes_sum.load(Relaxed)).sum(),
         1.0,
     );
     let _ = writeln!(

@@ -8,8 +8,10 @@
 //! ([`bus`]).
 //!
 //! # Layout
-//! - [`session`]: one connection's decisions, sans-IO: frames, the close handshake,
-//!   heartbeats, the outbound queue and its overflow policies, resume replay pacing.
+//! - [`conn`]: the record of one connection in the core's slab: its sans-IO session
+//!   (`tether_proto::session`: frames, the close handshake, heartbeats, the outbound queue and
+//!   its overflow policies, resume replay pacing) beside its socket, generation, subscription
+//!   list, timer entry and readiness conditions.
 //! - [`io`]: every socket call (`recv`, `sendmsg`, `shutdown`, `close`), and
 //!   [`io::batch`]: the core's send ring (a chunk of `sendmsg`s per `io_uring_enter`).
 //! - [`flush`]: the send path: writing what the sessions queued, one `sendmsg` per connection
@@ -50,6 +52,7 @@
 pub mod authorize;
 pub mod broker;
 pub mod bus;
+pub mod conn;
 pub mod core;
 pub mod events;
 pub mod feed_port;
@@ -62,7 +65,6 @@ pub mod processor;
 pub mod reactor;
 pub mod reclaim;
 pub mod requests;
-pub mod session;
 pub mod subscribe;
 pub mod tick;
 pub mod timer;
@@ -82,8 +84,8 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use monoio::net::TcpListener;
 
+pub use self::conn::ConnId;
 use self::core::CoreState;
-pub use self::session::ConnId;
 use crate::auth::Verifier;
 use crate::config::{BrokerKind, Config};
 use crate::ws::codec::CloseCode;
@@ -418,7 +420,6 @@ fn core_thread(
         monoio::FusionRuntime::Legacy(_) => "epoll",
     };
     tracing::info!(core = i, driver, "core started");
-    events::set_core(i);
     rt.block_on(async move {
         let listener = match TcpListener::from_std(listener) {
             Ok(l) => l,

@@ -14,9 +14,9 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::bus::{BusMsg, CoreMsg};
+use super::conn::ConnId;
 use super::core::CoreState;
-use super::session::queue::Frame;
-use super::session::ConnId;
+use crate::session::queue::Frame;
 
 /// Subscribers a delivery visits before the processor yields.
 pub const CHUNK: usize = 1024;

@@ -19,10 +19,10 @@
 //! (edge-triggered), so the core remembers what it did not consume: an input report on a
 //! connection whose reads are held (answers owed, a request awaiting
 //! another core, a publisher held by an overload), or one whose read budget ran out, sets
-//! [`Flags::READ_PENDING`], and the connection is revisited through the core's ready list
+//! [`IoFlags::READ_PENDING`], and the connection is revisited through the core's ready list
 //! ([`Reactor::schedule`]) when the hold clears or on the next pass. A held connection is never
 //! revisited while it stays held, so it cannot spin. An output edge flushes a connection that
-//! waits for the socket ([`Flags::WANT_WRITE`]) and is ignored otherwise.
+//! waits for the socket ([`IoFlags::WANT_WRITE`]) and is ignored otherwise.
 
 use std::cell::RefCell;
 use std::future::{poll_fn, Future};
@@ -32,12 +32,12 @@ use std::pin::pin;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
+use super::conn::{Conn, ConnId, IoFlags};
 use super::core::CoreState;
 use super::io::poll_ring::{PollRing, Report};
 use super::processor::yield_now;
-use super::session::ReapReason;
-use super::session::{ConnId, Flags, Session, State};
 use crate::config;
+use crate::session::{ReapReason, State};
 
 /// Reports taken from the readiness source per pass (an epoll event is 12 bytes, a report 16).
 pub const EVENTS_PER_WAIT: usize = 1024;
@@ -67,7 +67,7 @@ enum Source {
 /// One core's readiness source and the connections its reactor task must look at again.
 pub struct Reactor {
     source: Source,
-    /// Connections to revisit on the reactor's next pass (each listed once, [`Flags::READY`]):
+    /// Connections to revisit on the reactor's next pass (each listed once, [`IoFlags::READY`]):
     /// closed ones to tear down, ones whose read hold cleared, ones with input left after their
     /// read budget.
     ready: Vec<ConnId>,
@@ -149,12 +149,12 @@ impl Reactor {
         }
     }
 
-    /// Lists `id` (session `s`) for the reactor's next pass, once, and wakes the reactor.
-    pub fn schedule(&mut self, id: ConnId, s: &mut Session) {
-        if s.flags.has(Flags::READY) {
+    /// Lists `id` (record `c`) for the reactor's next pass, once, and wakes the reactor.
+    pub fn schedule(&mut self, id: ConnId, c: &mut Conn) {
+        if c.io.has(IoFlags::READY) {
             return;
         }
-        s.flags.set(Flags::READY);
+        c.io.set(IoFlags::READY);
         self.ready.push(id);
         if let Some(w) = self.waker.take() {
             w.wake();
@@ -219,15 +219,15 @@ impl Reactor {
 /// awaiting another core, or a publisher while the server is overloaded (listed in the core's
 /// held list, which the clock releases when the overload clears).
 pub(super) fn read_held(st: &mut CoreState, id: ConnId) -> bool {
-    let Some(s) = st.conns.get(id) else { return true };
-    let http = matches!(s.state(), State::Http(_));
-    let owed = s.flags.has(Flags::WANT_WRITE) && (s.flags.has(Flags::ECHO) || http);
-    if owed || s.awaiting().is_some() {
+    let Some(c) = st.conns.get(id) else { return true };
+    let http = matches!(c.session.state(), State::Http(_));
+    let owed = c.io.has(IoFlags::WANT_WRITE) && (c.session.is_echo() || http);
+    if owed || c.session.awaiting().is_some() {
         return true;
     }
-    if s.flags.has(Flags::PUBLISHER) && st.router.overloaded() {
-        if !s.flags.has(Flags::HELD) {
-            s.flags.set(Flags::HELD);
+    if c.io.has(IoFlags::PUBLISHER) && st.router.overloaded() {
+        if !c.io.has(IoFlags::HELD) {
+            c.io.set(IoFlags::HELD);
             st.conns.held.push(id);
             // The clock checks every tick whether the overload cleared.
             super::tick::nudge();
@@ -242,9 +242,9 @@ pub(super) fn read_held(st: &mut CoreState, id: ConnId) -> bool {
 /// armed again is ended as reset: it would never be read again). A stale event (the
 /// connection is gone, or its slab key was reused: another generation) is ignored.
 fn on_event(st: &mut CoreState, id: ConnId, bits: u32, ended: bool) {
-    let Some(s) = st.conns.get(id) else { return };
+    let Some(c) = st.conns.get(id) else { return };
     if ended {
-        let fd = s.fd;
+        let fd = c.fd;
         if let Err(e) = st.reactor.register(fd, id) {
             tracing::warn!(fd, error = %e, "cannot arm a socket's poll again; closing it");
             st.end(id, ReapReason::Reset);
@@ -252,17 +252,17 @@ fn on_event(st: &mut CoreState, id: ConnId, bits: u32, ended: bool) {
             return;
         }
     }
-    let Some(s) = st.conns.get(id) else { return };
+    let Some(c) = st.conns.get(id) else { return };
     let broken = bits & (libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0;
     if broken || bits & libc::EPOLLRDHUP as u32 != 0 {
         // The peer's FIN (or an error) may come in the same report as its last bytes.
-        s.flags.set(Flags::INPUT_ENDED);
-        s.flags.set(Flags::READ_PENDING);
+        c.io.set(IoFlags::INPUT_ENDED);
+        c.io.set(IoFlags::READ_PENDING);
     } else if bits & libc::EPOLLIN as u32 != 0 {
-        s.flags.set(Flags::READ_PENDING);
+        c.io.set(IoFlags::READ_PENDING);
     }
-    if (broken || bits & libc::EPOLLOUT as u32 != 0) && s.flags.has(Flags::WANT_WRITE) {
-        s.flags.clear(Flags::WANT_WRITE);
+    if (broken || bits & libc::EPOLLOUT as u32 != 0) && c.io.has(IoFlags::WANT_WRITE) {
+        c.io.clear(IoFlags::WANT_WRITE);
         // A broken socket fails the write, which reaps the connection.
         st.flush(id);
         // Pipelined requests wait while their answers do not drain.
@@ -274,15 +274,15 @@ fn on_event(st: &mut CoreState, id: ConnId, bits: u32, ended: bool) {
 /// Does what connection `id` is waiting for: reads pending input unless its reads are held,
 /// and tears it down once its session is over.
 fn service(st: &mut CoreState, id: ConnId) {
-    let Some(s) = st.conns.get(id) else { return };
-    s.flags.clear(Flags::READY);
-    if !s.is_closed() && s.flags.has(Flags::READ_PENDING) && !read_held(st, id) {
-        if let Some(s) = st.conns.get(id) {
-            s.flags.clear(Flags::READ_PENDING);
+    let Some(c) = st.conns.get(id) else { return };
+    c.io.clear(IoFlags::READY);
+    if !c.session.is_closed() && c.io.has(IoFlags::READ_PENDING) && !read_held(st, id) {
+        if let Some(c) = st.conns.get(id) {
+            c.io.clear(IoFlags::READ_PENDING);
         }
         st.on_readable(id);
     }
-    if st.conns.get(id).is_some_and(|s| s.is_closed()) {
+    if st.conns.get(id).is_some_and(|c| c.session.is_closed()) {
         st.teardown(id);
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! A session hands up what one read held, in order: the requests that parsed and passed its
 //! per-connection rates, and the `error` answers it made itself for those that did not
-//! ([`Inbound`]). The core serves them one by one, except that a request about a channel
+//! ([`Inbound`], in the session's `Event`s). The core serves them one by one, except that a request about a channel
 //! whose earlier `sub` (of the same connection) still waits for the broker's answer is held
 //! behind it, and so is any request but a `pub` that comes after an unanswered `pub` of the
 //! connection; each is served when the answers it waits for have gone out. So every request gets exactly one
@@ -21,45 +21,14 @@ use std::collections::{HashMap, VecDeque};
 use bytes::Bytes;
 
 use super::authorize::Right;
+use super::conn::{ConnId, PENDING};
 use super::core::CoreState;
-use super::metrics::Limit;
-use super::session::{ConnId, ReapReason, PENDING};
 use crate::protocol::close::{CloseCode, CloseReason};
 use crate::protocol::ClientOp;
+use crate::session::{Inbound, Limit, ReapReason};
 
 /// Requests one connection may have held at once (see the module docs).
 pub const MAX_HELD: usize = 1024;
-
-/// One request of a connection, as its session hands it up.
-#[derive(Debug)]
-pub enum Inbound {
-    /// A request that parsed and passed the connection's rates: the core serves it.
-    Op(ClientOp),
-    /// A request the session answered itself (malformed, or over one of the
-    /// `limits.per_connection` rates): `frame` is its `error` frame, `ch` the channel it
-    /// named, when it named one.
-    Answered {
-        /// The channel the request named (as sent, at most 128 bytes).
-        ch: Option<Box<str>>,
-        /// The encoded `error` text frame.
-        frame: Bytes,
-    },
-}
-
-impl Inbound {
-    /// The channel this request is about, if any (`refresh` is about none).
-    fn channel(&self) -> Option<&str> {
-        match self {
-            Inbound::Op(ClientOp::Sub { ch, .. } | ClientOp::Unsub { ch } | ClientOp::Pub { ch, .. }) => Some(ch),
-            Inbound::Op(ClientOp::Refresh { .. }) => None,
-            Inbound::Answered { ch, .. } => ch.as_deref(),
-        }
-    }
-
-    fn is_pub(&self) -> bool {
-        matches!(self, Inbound::Op(ClientOp::Pub { .. }))
-    }
-}
 
 /// One connection's held requests: per channel, in request order, each with its ticket
 /// (how many of the connection's `pub`s came before it, all of which must be answered before
@@ -129,7 +98,7 @@ impl CoreState {
             let h =
                 self.waiting.by_conn.entry(id).or_insert_with(|| ConnHeld { wants: u64::MAX, ..ConnHeld::default() });
             if h.count >= MAX_HELD {
-                self.metrics().limit_refused(Limit::HeldRequests);
+                self.metrics().session.limit_refused(Limit::HeldRequests);
                 let reason = CloseReason::limit(Limit::HeldRequests.key()).to_json();
                 self.with_session(id, |s, ctx| s.close(ctx, CloseCode::Policy, &reason, ReapReason::Limit));
                 return self.flush(id);

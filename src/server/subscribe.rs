@@ -6,11 +6,11 @@ use std::sync::Arc;
 use super::broker::Request;
 use super::broker::Resume;
 use super::bus::ConnRef;
+use super::conn::{ConnId, SubEntry, CANCELLED, PENDING};
 use super::core::CoreState;
 use super::local::relocate_entry;
-use super::metrics::Limit;
-use super::session::{ConnId, SubEntry, CANCELLED, NO_CHAN, PENDING};
 use crate::protocol::{self, codes, ResetReason};
+use crate::session::{Limit, NO_CHAN};
 use crate::ws::codec;
 
 impl CoreState {
@@ -23,7 +23,7 @@ impl CoreState {
         if s.subs.len() >= max && s.subs.iter().filter(|e| e.pos != CANCELLED).count() >= max {
             let chan = self.local.find(ch);
             if !s.subs.iter().any(|e| Some(e.chan) == chan && e.pos != CANCELLED) {
-                self.metrics().limit_refused(Limit::MaxSubscriptions);
+                self.metrics().session.limit_refused(Limit::MaxSubscriptions);
                 let reason = format!("max_subscriptions ({max}) reached: unsub from a channel first");
                 let e = protocol::with_channel(protocol::error_json(codes::LIMIT, &reason, None), ch);
                 return self.reply(id, codec::text_frame(&e));
@@ -63,18 +63,18 @@ impl CoreState {
     pub(crate) fn end_subscription(&mut self, id: ConnId, ch: &str) -> bool {
         let chan = self.local.find(ch);
         let entry = chan.and_then(|chan| {
-            let s = self.conns.get(id)?;
-            let i = s.subs.iter().position(|e| e.chan == chan && e.pos != CANCELLED)?;
-            s.cancel_replay(chan);
-            if s.subs[i].pos == PENDING {
+            let c = self.conns.get(id)?;
+            let i = c.subs.iter().position(|e| e.chan == chan && e.pos != CANCELLED)?;
+            c.session.cancel_replay(chan);
+            if c.subs[i].pos == PENDING {
                 // Its answer is on the way: keep the entry, in order, to absorb it.
-                s.subs[i].pos = CANCELLED;
+                c.subs[i].pos = CANCELLED;
                 return Some(None);
             }
             // Its frames still queued go out, but the channel's index may go to another
             // channel, whose overflow policy must not take them for its own.
-            s.queue.release_channel(chan);
-            Some(Some(s.subs.remove(i)))
+            c.session.release_channel(chan);
+            Some(Some(c.subs.remove(i)))
         });
         match entry {
             Some(Some(e)) => self.drop_sub(e),
@@ -109,8 +109,8 @@ impl CoreState {
         }
         let slab = &mut self.conns.slab;
         self.local.tidy(chan, |id, chan, pos| {
-            if let Some(s) = slab.get_mut(id.key as usize).filter(|s| s.gen == id.gen) {
-                relocate_entry(&mut s.subs, chan, pos);
+            if let Some(c) = super::core::conn(slab, id) {
+                relocate_entry(&mut c.subs, chan, pos);
             }
         });
     }
@@ -137,11 +137,11 @@ impl CoreState {
             }
             return;
         };
-        let cancelled = self.conn(id).is_some_and(|s| s.subs[i].pos == CANCELLED);
+        let cancelled = self.conn(id).is_some_and(|c| c.subs[i].pos == CANCELLED);
         if cancelled || matches!(resume, Resume::Ahead | Resume::Unavailable(_) | Resume::Refused(_)) {
             self.local.chans[chan as usize].pending -= 1;
-            if let Some(s) = self.conn(id) {
-                s.subs.remove(i);
+            if let Some(c) = self.conn(id) {
+                c.subs.remove(i);
             }
             if registered {
                 self.unsubscribe_at_home(ch.clone());
@@ -171,8 +171,10 @@ impl CoreState {
             Resume::Reset { reason, oldest } => protocol::reset_json(ch, head, epoch, *reason, *oldest),
             Resume::Ahead | Resume::Unavailable(_) | Resume::Refused(_) => unreachable!("handled above"),
         };
+        if let Some(c) = self.conn(id) {
+            c.subs[i].pos = pos;
+        }
         let fetch = self.with_session(id, |s, ctx| {
-            s.subs[i].pos = pos;
             s.enqueue(ctx, codec::text_frame(&first), NO_CHAN, None);
             match resume {
                 Resume::Recovered { from, frames, until } => {

@@ -19,9 +19,11 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::task::{Poll, Waker};
 
+use super::conn::{ConnId, IoFlags};
 use super::core::CoreState;
-use super::session::{ticks, ConnId, Flags, State, Tick};
-use super::timer::TICK_MS;
+use crate::tick::TICK_MS;
+use crate::session::State;
+use crate::tick::{ticks, Tick};
 
 /// How often idle channels are swept, in milliseconds.
 pub const SWEEP_MS: u64 = 5_000;
@@ -194,7 +196,8 @@ pub fn catch_up(st: &mut CoreState) {
         // a drain ends within window + 2 s even when peers never answer.
         let wait = cfg.limits.close_timeout_ms.min(DRAIN_CLOSE_WAIT_MS);
         let deadline = *st.drain.deadline.get_or_insert(now + ticks(cfg.drain.window_ms + wait) + 1);
-        let (to_close, open) = (st.metrics().drain_remaining.load(Relaxed), st.metrics().connections.load(Relaxed));
+        let (to_close, open) =
+            (st.metrics().session.drain_remaining.load(Relaxed), st.metrics().connections.load(Relaxed));
         super::events::drain_progress(st.me, to_close, open);
         if open <= 0 || (now.wrapping_sub(deadline) as i32) >= 0 {
             st.drain.done = true;
@@ -208,10 +211,10 @@ pub fn catch_up(st: &mut CoreState) {
 pub fn release_held(st: &mut CoreState) {
     if !st.conns.held.is_empty() && !st.router.overloaded() {
         for id in std::mem::take(&mut st.conns.held) {
-            if let Some(s) = st.conns.get(id) {
-                s.flags.clear(Flags::HELD);
+            if let Some(c) = st.conns.get(id) {
+                c.io.clear(IoFlags::HELD);
                 // Input may have come while held: the reactor reads it now.
-                st.reactor.schedule(id, s);
+                st.reactor.schedule(id, c);
             }
         }
     }
@@ -234,11 +237,11 @@ pub fn start_drain(st: &mut CoreState) {
         .conns
         .slab
         .iter()
-        .filter(|(_, s)| s.state() == State::Open)
-        .map(|(k, s)| ConnId { key: k as u32, gen: s.gen })
+        .filter(|(_, c)| c.session.state() == State::Open)
+        .map(|(k, c)| ConnId { key: k as u32, gen: c.gen })
         .collect();
     let n = open.len() as u64;
-    st.metrics().drain_remaining.fetch_add(n as i64, Relaxed);
+    st.metrics().session.drain_remaining.fetch_add(n as i64, Relaxed);
     super::events::drain_started(st.me, n, st.shared.config.drain.window_ms);
     for (i, id) in open.into_iter().enumerate() {
         // Evenly spaced from the first tick to the end of the window.

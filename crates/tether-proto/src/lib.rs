@@ -16,6 +16,14 @@
 //!   §5–§7).
 //! - [`protocol`]: the pub/sub wire protocol v1 (docs/protocol.md): client ops in, server
 //!   frames out, the close-code contract and the reconnect backoff.
+//! - [`tick`]: the session's time base (a [`tick::Tick`] of 10 ms, passed in, never read) and
+//!   the heartbeat grid a core files pings on.
+//! - [`session`]: one connection's decisions (quinn-proto's shape: `handle_*` in, `poll_*`
+//!   out, events handed up through [`session::Events::poll_event`]): HTTP requests and the
+//!   upgrade, frames, the close handshake, heartbeats, the outbound queue and its overflow
+//!   policies, resume replay pacing, per-connection limits and token expiry, and what they
+//!   count ([`session::SessionStats`]). The server keeps one [`session::Session`] per
+//!   connection in its core's slab and does its I/O.
 //! - [`duration`]: durations as an operator types them (`30s`, `500ms`, `1.5m`), for the
 //!   server's, the client's and the load tool's command lines.
 //! - [`redact`]: URLs with their secrets taken out, for logs and error messages (used by the
@@ -27,4 +35,6 @@ pub mod duration;
 pub mod http;
 pub mod protocol;
 pub mod redact;
+pub mod session;
+pub mod tick;
 pub mod ws;

@@ -11,8 +11,8 @@ use super::home::{home_of, Dedup, FenceCheck, Homes, MAX_FEEDS_PER_CHANNEL};
 use super::{Broker, Outbox, PublishResult, Request, Resume};
 use crate::protocol::RequestError;
 use crate::server::bus::CoreMsg;
-use crate::server::metrics::Limit;
 use crate::server::Shared;
+use crate::session::Limit;
 
 /// One core's part of the memory broker: the channels homed on this core.
 pub struct MemoryBroker {
@@ -46,7 +46,7 @@ impl Broker for MemoryBroker {
                 let refusal = match fence.as_ref().map(|f| (f, self.homes.fence(&ch, f, cap))) {
                     None | Some((_, Some(FenceCheck::Accepted))) => None,
                     Some((_, None)) => {
-                        metrics.limit_refused(Limit::MaxChannels);
+                        metrics.session.limit_refused(Limit::MaxChannels);
                         Some(self.shared.channels.refusal())
                     }
                     Some((f, Some(FenceCheck::Fenced { highest }))) => {
@@ -69,7 +69,7 @@ impl Broker for MemoryBroker {
                     return;
                 }
                 let Some((p, name)) = self.homes.publish(&ch, id.as_deref(), &data, cap, now_ms) else {
-                    metrics.limit_refused(Limit::MaxChannels);
+                    metrics.session.limit_refused(Limit::MaxChannels);
                     if let Some(r) = reply {
                         let result = PublishResult::Refused(Box::new(self.shared.channels.refusal()));
                         out.to_core(r.core as usize, CoreMsg::Published { reply: r, ch, id, result });
@@ -104,7 +104,7 @@ impl Broker for MemoryBroker {
                         CoreMsg::Subscribed { ch: name, conn: conn.id, head, epoch, resume }
                     }
                     None => {
-                        metrics.limit_refused(Limit::MaxChannels);
+                        metrics.session.limit_refused(Limit::MaxChannels);
                         let resume = Resume::Refused(Box::new(self.shared.channels.refusal()));
                         CoreMsg::Subscribed { ch, conn: conn.id, head: 0, epoch: "".into(), resume }
                     }

@@ -11,7 +11,7 @@ use crate::http;
 use crate::http::StatusCode;
 use crate::http::{Method, Request};
 use crate::server::core::CoreState;
-use crate::server::session::ConnId;
+use crate::server::ConnId;
 
 /// What a `/feeds…` request resolves to before the feeds thread sees it.
 enum Route {
@@ -56,7 +56,7 @@ impl CoreState {
                 return self.send(id, http::error_response(status, reason, &allow, keep_alive), keep_alive);
             }
         };
-        if let Some(s) = self.conn(id) {
+        if let Some(s) = self.session(id) {
             s.await_answer(keep_alive);
         }
         let answer = self.shared.feed_ports.answerer(self.me, id);
@@ -69,7 +69,7 @@ impl CoreState {
 
     /// The feeds thread answered the admin request of `id`.
     pub fn answer_feeds(&mut self, id: ConnId, reply: AdminReply) {
-        let Some(keep_alive) = self.conn(id).and_then(|s| s.awaiting()) else { return };
+        let Some(keep_alive) = self.session(id).and_then(|s| s.awaiting()) else { return };
         let resp = http::response(reply.status, "application/json", &reply.body, &[], keep_alive);
         self.send(id, resp, keep_alive);
         self.serve_pending(id);

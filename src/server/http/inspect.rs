@@ -8,9 +8,9 @@ use std::collections::BinaryHeap;
 use crate::http;
 use crate::http::Request;
 use crate::server::bus::{ConnRef, ConnRow, CoreLoad, CoreMsg};
+use crate::server::conn::ConnId;
 use crate::server::core::{CoreState, Gathering};
-use crate::server::session::{ConnId, Flags};
-use crate::server::timer::TICK_MS;
+use crate::tick::TICK_MS;
 
 /// Which endpoint a gathering answers once every core has sent its rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,11 +36,11 @@ impl CoreState {
         let now = self.clock.now();
         let mut load = CoreLoad { core: self.me, ..CoreLoad::default() };
         let mut heap: BinaryHeap<Reverse<(usize, usize)>> = BinaryHeap::with_capacity(top.min(1024) + 1);
-        for (k, s) in self.conns.slab.iter().filter(|(_, s)| s.flags.has(Flags::UPGRADED)) {
-            let bytes = s.queue.bytes();
+        for (k, c) in self.conns.slab.iter().filter(|(_, c)| c.session.is_upgraded()) {
+            let bytes = c.session.queued_bytes();
             load.queued_bytes += bytes;
-            load.queued_messages += s.queue.len();
-            load.backlogged += usize::from(!s.queue.is_empty());
+            load.queued_messages += c.session.queued_frames();
+            load.backlogged += usize::from(c.session.has_output());
             if top == 0 {
                 continue;
             }
@@ -55,19 +55,20 @@ impl CoreState {
             .into_sorted_vec()
             .into_iter()
             .map(|Reverse((_, k))| {
-                let s = &self.conns.slab[k];
-                let since_drain = if s.queue.is_empty() {
+                let c = &self.conns.slab[k];
+                let s = &c.session;
+                let since_drain = if !s.has_output() {
                     0.0
                 } else {
-                    now.wrapping_sub(s.last_drained) as f64 * TICK_MS as f64 / 1000.0
+                    now.wrapping_sub(s.last_drained()) as f64 * TICK_MS as f64 / 1000.0
                 };
                 ConnRow {
-                    id: format!("{}:{}:{}", self.me, k, s.gen),
-                    peer: s.peer().map_or_else(|| "?".into(), |p| p.to_string()),
-                    queued_bytes: s.queue.bytes(),
-                    queued_messages: s.queue.len(),
+                    id: format!("{}:{}:{}", self.me, k, c.gen),
+                    peer: c.peer().map_or_else(|| "?".into(), |p| p.to_string()),
+                    queued_bytes: s.queued_bytes(),
+                    queued_messages: s.queued_frames(),
                     secs_since_drain: since_drain,
-                    subscriptions: s
+                    subscriptions: c
                         .subs
                         .iter()
                         .filter(|e| e.is_active())

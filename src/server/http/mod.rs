@@ -1,6 +1,6 @@
 //! The HTTP side of a core: what a plain HTTP request on the WebSocket port is routed to and
 //! how it is answered. Requests are parsed by the session
-//! ([`Session::next_request`](super::session::Session::next_request), with
+//! ([`Session::next_request`](crate::session::Session::next_request), with
 //! [`crate::http::parse_request`]); the bytes of every answer are built by [`crate::http`].
 //!
 //! - [`route`]: the router: the upgrade (`GET /ws`, `GET /echo`), `POST /publish/{channel}`,

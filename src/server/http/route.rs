@@ -2,7 +2,7 @@
 //! (`POST /publish/{channel}`, `/healthz`, `/readyz`, `/metrics`, `/connections`; the status
 //! page is [`super::status`], `/feeds` is [`super::feeds`]). HTTP/1.1 keep-alive and
 //! pipelining are honoured; an upgraded connection leaves this module for good.
-//! The session parses requests ([`Session::next_request`](crate::server::session::Session::next_request));
+//! The session parses requests ([`Session::next_request`](crate::session::Session::next_request));
 //! this module routes them and answers.
 
 use crate::http::StatusCode;
@@ -18,9 +18,10 @@ use crate::http::{HttpError, Method, Request};
 use crate::protocol;
 use crate::server::broker::PublishResult;
 use crate::server::bus::ConnRow;
+use crate::server::conn::{ConnId, IoFlags};
 use crate::server::core::CoreState;
-use crate::server::metrics::{self, HandshakeFailure};
-use crate::server::session::{ConnId, State};
+use crate::server::metrics;
+use crate::session::{HandshakeFailure, State};
 use crate::ws::handshake;
 
 /// `Retry-After` (seconds) sent with 503 answers to upgrades refused for capacity or rate.
@@ -32,16 +33,20 @@ impl CoreState {
     pub fn serve_pending(&mut self, id: ConnId) {
         loop {
             let cfg = &self.clock.cfg;
-            let Some(s) = self.conns.get(id) else { return };
-            let next = s.next_request(cfg);
+            let Some(c) = self.conns.get(id) else { return };
+            if c.io.has(IoFlags::WANT_WRITE) {
+                // The last answer waits for the socket: the next request waits for it.
+                return;
+            }
+            let next = c.session.next_request(cfg);
             match next {
                 None => return,
                 Some(Ok((req, body))) => self.route(id, &req, &body),
                 Some(Err(e)) if e.status == StatusCode::PAYLOAD_TOO_LARGE => {
                     // Name the limit and its value, so the sender knows what to change.
                     let max = cfg.max_publish_bytes;
-                    self.metrics().handshake_failure(HandshakeFailure::BadRequest);
-                    let fd = self.conn(id).map(|s| s.fd);
+                    self.metrics().session.handshake_failure(HandshakeFailure::BadRequest);
+                    let fd = self.conn(id).map(|c| c.fd);
                     crate::server::events::handshake_failed(
                         self.me,
                         fd,
@@ -69,7 +74,7 @@ impl CoreState {
 
     /// Answers pipelined requests held back while earlier answers waited for the socket.
     pub fn resume_http(&mut self, id: ConnId) {
-        if self.conn(id).is_some_and(|s| matches!(s.state(), State::Http(_))) {
+        if self.session(id).is_some_and(|s| matches!(s.state(), State::Http(_))) {
             self.serve_pending(id);
         }
     }
@@ -119,7 +124,7 @@ impl CoreState {
 
     /// Every core answered the `GET /connections` of `id`.
     pub fn answer_inspect(&mut self, id: ConnId, rows: Vec<ConnRow>) {
-        let Some(keep_alive) = self.conn(id).and_then(|s| s.awaiting()) else { return };
+        let Some(keep_alive) = self.session(id).and_then(|s| s.awaiting()) else { return };
         let body = serde_json::to_vec(&serde_json::json!({ "connections": rows })).unwrap_or_default();
         self.send(id, http::response(StatusCode::OK, "application/json", &body, &[], keep_alive), keep_alive);
         self.serve_pending(id);
@@ -196,7 +201,7 @@ impl CoreState {
                 http::response(StatusCode::OK, "text/plain; version=0.0.4", text.as_bytes(), &[], keep_alive)
             }
             (Method::Get | Method::Head, "/connections") => {
-                if let Some(s) = self.conn(id) {
+                if let Some(s) = self.session(id) {
                     s.await_answer(keep_alive);
                 }
                 return self.start_inspect(id, super::inspect::top_of(req), Gather::Connections);
@@ -215,10 +220,10 @@ impl CoreState {
     /// [`auth::check_admin`] for a request on connection `id`, with the connection's two
     /// addresses.
     pub(super) fn check_admin(&mut self, id: ConnId, req: &Request) -> Result<(), Refusal> {
-        let s = self.conn(id);
+        let c = self.conn(id);
         let ends = auth::Ends {
-            peer: s.as_ref().and_then(|s| s.peer()).map(|a| a.ip()),
-            local: s.and_then(|s| s.local()).map(|a| a.ip()),
+            peer: c.as_ref().and_then(|c| c.peer()).map(|a| a.ip()),
+            local: c.and_then(|c| c.local()).map(|a| a.ip()),
         };
         auth::check_admin(&self.shared.config, req, ends)
     }
@@ -228,7 +233,7 @@ impl CoreState {
     /// keep-alive: a client may retry with the right token.
     pub(super) fn refuse_auth(&mut self, id: ConnId, what: Guarded, r: Refusal, keep_alive: bool) {
         self.metrics().http_auth_failures[what as usize].fetch_add(1, Relaxed);
-        let fd = self.conn(id).map(|s| s.fd);
+        let fd = self.conn(id).map(|c| c.fd);
         crate::server::events::http_auth_failed(self.me, fd, auth::GUARDED_NAMES[what as usize], r.reason);
         let challenge = [("WWW-Authenticate", r.challenge)];
         let headers: &[(&str, &str)] = if r.status == StatusCode::UNAUTHORIZED { &challenge } else { &[] };
@@ -261,7 +266,7 @@ impl CoreState {
             Ok(ok) => ok,
             Err(reason) => {
                 let sent = decoded.as_deref().unwrap_or(raw_ch);
-                crate::server::events::publish_refused(self.me, self.conn(id).map(|s| s.fd), &reason, sent.as_bytes());
+                crate::server::events::publish_refused(self.me, self.conn(id).map(|c| c.fd), &reason, sent.as_bytes());
                 return self.send(
                     id,
                     http::error_response(StatusCode::BAD_REQUEST, &reason, &[], keep_alive),
@@ -269,7 +274,7 @@ impl CoreState {
                 );
             }
         };
-        if let Some(s) = self.conn(id) {
+        if let Some(s) = self.session(id) {
             s.await_answer(keep_alive);
         }
         let data = Bytes::copy_from_slice(data.get().as_bytes());
@@ -354,16 +359,16 @@ impl CoreState {
 
     /// Answers a refused request and closes the connection once the answer is written.
     fn reject(&mut self, id: ConnId, e: HttpError, why: HandshakeFailure, extra: &[(&str, &str)]) {
-        self.metrics().handshake_failure(why);
-        crate::server::events::handshake_failed(self.me, self.conn(id).map(|s| s.fd), why, Some(e.status), e.reason);
+        self.metrics().session.handshake_failure(why);
+        crate::server::events::handshake_failed(self.me, self.conn(id).map(|c| c.fd), why, Some(e.status), e.reason);
         self.send(id, http::handshake_rejection(e, extra), false);
     }
 
     /// [`Self::reject`] for a request whose head was read: the log line also names its
     /// target and `Origin` (escaped).
     fn refuse(&mut self, id: ConnId, req: &Request, e: HttpError, why: HandshakeFailure, extra: &[(&str, &str)]) {
-        self.metrics().handshake_failure(why);
-        crate::server::events::handshake_failed_for(self.me, self.conn(id).map(|s| s.fd), why, e.status, e.reason, req);
+        self.metrics().session.handshake_failure(why);
+        crate::server::events::handshake_failed_for(self.me, self.conn(id).map(|c| c.fd), why, e.status, e.reason, req);
         self.send(id, http::handshake_rejection(e, extra), false);
     }
 

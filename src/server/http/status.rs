@@ -24,10 +24,11 @@ use super::inspect::Gather;
 use crate::http;
 use crate::http::{Method, Request};
 use crate::server::bus::{ConnRow, CoreLoad};
+use crate::server::conn::ConnId;
 use crate::server::core::CoreState;
-use crate::server::metrics::OVERFLOW_POLICIES;
-use crate::server::session::{ConnId, ReapReason};
 use crate::server::Shared;
+use crate::session::stats::OVERFLOW_POLICIES;
+use crate::session::ReapReason;
 
 /// The page, its script and its style sheet, as compiled in.
 const PAGE: &str = include_str!("status/status.html");
@@ -124,7 +125,7 @@ impl CoreState {
                     return self.refuse_auth(id, Guarded::Admin, r, keep_alive);
                 }
                 if let Some(s) = self.conn(id) {
-                    s.await_answer(keep_alive);
+                    s.session.await_answer(keep_alive);
                 }
                 return self.start_inspect(id, super::inspect::top_of(req), Gather::Status);
             }
@@ -134,7 +135,7 @@ impl CoreState {
 
     /// Every core answered the `GET /status.json` of `id`: its top connections and loads.
     pub fn answer_status(&mut self, id: ConnId, top: Vec<ConnRow>, loads: Vec<CoreLoad>) {
-        let Some(keep_alive) = self.conn(id).and_then(|s| s.awaiting()) else { return };
+        let Some(keep_alive) = self.session(id).and_then(|s| s.awaiting()) else { return };
         let body = status_json(&self.shared, self.clock.now_ms(), top, &loads);
         let headers = [("Cache-Control", "no-store")];
         self.send(id, http::response(StatusCode::OK, "application/json", &body, &headers, keep_alive), keep_alive);
@@ -164,7 +165,7 @@ pub fn status_json(shared: &Shared, uptime_ms: u64, top: Vec<ConnRow>, loads: &[
                 "queued_bytes": load.queued_bytes,
                 "queued_messages": load.queued_messages,
                 "backlogged": load.backlogged,
-                "drain_remaining": gauge(c.drain_remaining.load(Relaxed)),
+                "drain_remaining": gauge(c.session.drain_remaining.load(Relaxed)),
                 "bus_spilled": gauge(c.bus_spilled.load(Relaxed)),
             })
         })
@@ -172,7 +173,7 @@ pub fn status_json(shared: &Shared, uptime_ms: u64, top: Vec<ConnRow>, loads: &[
     let sum = |f: &dyn Fn(&crate::server::metrics::CoreMetrics) -> u64| m.iter().map(f).sum::<u64>();
     let mut overflow = Map::new();
     for (i, policy) in OVERFLOW_POLICIES.iter().enumerate() {
-        overflow.insert((*policy).into(), sum(&|c| c.overflows()[i]).into());
+        overflow.insert((*policy).into(), sum(&|c| c.session.overflows()[i]).into());
     }
     let mut reaped = Map::new();
     for why in ReapReason::ALL {
@@ -187,7 +188,7 @@ pub fn status_json(shared: &Shared, uptime_ms: u64, top: Vec<ConnRow>, loads: &[
         "published_total": sum(&|c| c.published.load(Relaxed)),
         "delivered_total": sum(&|c| c.delivered.load(Relaxed)),
         "publish_duplicates_total": sum(&|c| c.publish_duplicates.load(Relaxed)),
-        "pings_sent_total": sum(&|c| c.pings_sent.load(Relaxed)),
+        "pings_sent_total": sum(&|c| c.session.pings_sent.load(Relaxed)),
         "overflow_total": overflow,
         "reaped_total": reaped,
         "heartbeat": {
@@ -197,7 +198,7 @@ pub fn status_json(shared: &Shared, uptime_ms: u64, top: Vec<ConnRow>, loads: &[
         "drain": {
             "draining": shared.draining(),
             "close_code": shared.drain_code().map(u16::from),
-            "remaining": sum(&|c| gauge(c.drain_remaining.load(Relaxed))),
+            "remaining": sum(&|c| gauge(c.session.drain_remaining.load(Relaxed))),
         },
         "broker": {
             "kind": cfg.broker.kind.as_str(),

@@ -23,7 +23,7 @@ use std::os::fd::RawFd;
 
 use io_uring::{opcode, types, IoUring};
 
-use crate::server::session::queue::MAX_IOV;
+use crate::session::queue::MAX_IOV;
 
 /// Sends staged per submission, at most: the ring's size. Each slot holds [`MAX_IOV`] iovecs,
 /// so the batch's own memory is about 130 KiB per core (128 × (64 × 16 B + a `msghdr`)).

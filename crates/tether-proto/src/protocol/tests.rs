@@ -69,7 +69,7 @@ fn bad_json() {
         assert_eq!(err(text).code, codes::BAD_JSON, "{text:?}");
     }
     assert_eq!(parse_client_op(b"{\"op\":\"\xff\"}").unwrap_err().code, codes::BAD_JSON);
-    // Found by the `protocol` fuzz target (fuzz/corpus/protocol/duplicate_then_garbage): a
+    // Found by the `protocol` fuzz target (crates/tether-fuzz/corpus/protocol/duplicate_then_garbage): a
     // repeated field read before the syntax error made text that is not JSON `bad_request`.
     let e = err(r#"{"op":"sub","op":"sub""#);
     assert_eq!(e.code, codes::BAD_JSON, "{e:?}");

@@ -87,6 +87,10 @@ pub enum Message {
     },
 }
 
+/// The largest bound [`Decoder::decode`] applies to a message (4 GiB − 1): the server's
+/// `limits.max_message_bytes` is at most 1 GiB.
+pub const MAX_MESSAGE_BYTES: usize = u32::MAX as usize;
+
 /// A fragmented text or binary message being put together (§5.4).
 #[derive(Debug)]
 struct Assembly {
@@ -104,8 +108,10 @@ pub struct Decoder {
     /// owns no buffer (the per-connection state stays compact, see `server::conn_state`).
     assembly: Option<Box<Assembly>>,
     /// Payload bytes of the frame at the front of the caller's buffer that were already
-    /// UTF-8-checked while the frame was incomplete (fail-fast, §8.1). Reset when a frame is consumed.
-    checked: usize,
+    /// UTF-8-checked while the frame was incomplete (fail-fast, §8.1). Reset when a frame is
+    /// consumed. A `u32` (a data frame is at most [`MAX_MESSAGE_BYTES`]): the decoder sits in
+    /// every connection's record, and these 4 bytes keep it at 16.
+    checked: u32,
     /// Open code point at the end of the text checked so far (message-wide, across fragments).
     utf8: Utf8Carry,
 }
@@ -135,15 +141,16 @@ impl Decoder {
     ///   size). Oversize is reported as soon as the frame header is read, before its payload is
     ///   buffered. The decoder is reset (its buffer freed) on error.
     ///
-    /// `max_message_bytes` bounds a whole message across its fragments. With `require_mask`,
-    /// unmasked frames are refused (§5.1: client frames must be masked).
+    /// `max_message_bytes` bounds a whole message across its fragments (at most
+    /// [`MAX_MESSAGE_BYTES`]; a larger bound counts as that). With `require_mask`, unmasked
+    /// frames are refused (§5.1: client frames must be masked).
     pub fn decode(
         &mut self,
         input: &[u8],
         max_message_bytes: usize,
         require_mask: bool,
     ) -> Result<(usize, Option<Message>), Violation> {
-        let result = self.decode_frame(input, max_message_bytes, require_mask);
+        let result = self.decode_frame(input, max_message_bytes.min(MAX_MESSAGE_BYTES), require_mask);
         if result.is_err() {
             *self = Decoder::default();
         }
@@ -216,7 +223,7 @@ impl Decoder {
             return Ok((0, None));
         }
         let payload = &input[start..total];
-        let checked = std::mem::take(&mut self.checked).min(payload.len());
+        let checked = (std::mem::take(&mut self.checked) as usize).min(payload.len());
         let message = match kind {
             Kind::Control(control) => Some(control_message(control, payload, header.mask)?),
             Kind::Data { text } => self.absorb(text, header.is_final, payload, header.mask, checked)?,
@@ -278,7 +285,7 @@ impl Decoder {
     /// payload prefix), unmasking into a stack buffer since `input` is read-only. Only bytes not
     /// checked by an earlier call are looked at, so a frame trickling in costs O(length) overall.
     fn check_partial_text(&mut self, available: &[u8], mask: Option<[u8; 4]>) -> Result<(), Violation> {
-        let from = self.checked.min(available.len());
+        let from = (self.checked as usize).min(available.len());
         let mut scratch = [0u8; 512];
         let mut offset = from;
         for piece in available[from..].chunks(scratch.len()) {
@@ -290,7 +297,8 @@ impl Decoder {
             self.utf8.feed(plain).map_err(|_| Violation::INVALID_UTF8)?;
             offset += piece.len();
         }
-        self.checked = self.checked.max(available.len());
+        // `available` is a prefix of a data frame's payload, at most MAX_MESSAGE_BYTES.
+        self.checked = self.checked.max(available.len() as u32);
         Ok(())
     }
 }

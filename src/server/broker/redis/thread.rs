@@ -34,8 +34,8 @@ use crate::redis::link::Link;
 use crate::server::broker::epoch::new_epoch;
 use crate::server::broker::{Request, Resume};
 use crate::server::bus::CoreMsg;
-use crate::server::metrics::Limit;
 use crate::server::Shared;
+use crate::session::Limit;
 
 /// Batches in flight at once on one Redis; past it the serve task waits (backpressure on the
 /// cores). Redis runs the calls one after another anyway: a few in flight hide the round trip
@@ -462,7 +462,7 @@ fn handle(ctx: &Rc<Ctx>, req: Request, batch: &mut Vec<Pub>) {
             // `limits.max_channels` while it lives (publishes create none here).
             if !chans.contains_key(&ch) && !ctx.shared.channels.try_acquire() {
                 drop(chans);
-                ctx.shared.metrics[conn.core as usize].limit_refused(Limit::MaxChannels);
+                ctx.shared.metrics[conn.core as usize].session.limit_refused(Limit::MaxChannels);
                 let resume = Resume::Refused(Box::new(ctx.shared.channels.refusal()));
                 let msg = CoreMsg::Subscribed { ch, conn: conn.id, head: 0, epoch: "".into(), resume };
                 return ctx.to_core(conn.core as usize, msg);

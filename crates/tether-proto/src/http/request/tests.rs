@@ -85,7 +85,7 @@ fn oversize_heads_get_431() {
 
 #[test]
 fn bytes_beyond_the_head_limit_do_not_decide_the_answer() {
-    // Found by the `handshake` fuzz target (fuzz/corpus/handshake/regress_431_or_400): a head
+    // Found by the `handshake` fuzz target (crates/tether-fuzz/corpus/handshake/regress_431_or_400): a head
     // over the limit whose first malformed byte lies beyond the limit got 400 when it arrived
     // in one read and 431 when it arrived in pieces. Now it is 431 whatever the reads.
     let mut head = b"GET / HTTP/1.1\r\nHost: h\r\nX-Big: ".to_vec();

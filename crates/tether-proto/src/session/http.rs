@@ -17,7 +17,7 @@ impl Session {
     /// `100 Continue` queued right after its head (RFC 9110 §10.1.1), once.
     pub fn next_request(&mut self, cfg: &SessionConfig) -> Option<Result<(Request, Vec<u8>), HttpError>> {
         let State::Http(phase) = self.state else { return None };
-        if phase.awaiting || self.flags.has(Flags::WANT_WRITE) || self.pending_in.is_empty() {
+        if phase.awaiting || self.pending_in.is_empty() {
             return None;
         }
         let req = match http::parse_request(self.pending_in.as_slice(), cfg.max_header_bytes) {

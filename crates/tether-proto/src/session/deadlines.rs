@@ -6,9 +6,8 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use rand::Rng;
 
-use super::{reached, Ctx, Flags, ReapReason, Session, State, Tick, DRAIN_RETRY_SPREAD_MS, PING};
+use super::{reached, Ctx, Flags, HandshakeFailure, ReapReason, Session, State, Tick, DRAIN_RETRY_SPREAD_MS, PING};
 use crate::protocol::close::{CloseCode, CloseReason};
-use crate::server::metrics::HandshakeFailure;
 
 impl Session {
     /// The tick of this connection's next deadline. The caller files it in its timer wheel
@@ -18,7 +17,7 @@ impl Session {
     }
 
     /// Whether the deadline is a heartbeat's, which may come up to a grid step late
-    /// ([`heartbeat_slack`](crate::server::timer::heartbeat_slack)): the next ping time or the
+    /// ([`heartbeat_slack`](crate::tick::heartbeat_slack)): the next ping time or the
     /// pong deadline of an open connection (no drain close, not the token's expiry).
     /// Handshake and close timeouts, drain closes and token expiry stay exact to the tick.
     pub fn deadline_is_heartbeat(&self) -> bool {
@@ -76,7 +75,7 @@ impl Session {
                     // An idle keep-alive connection.
                     self.kill(ReapReason::Eof);
                 } else {
-                    ctx.metrics.handshake_failure(HandshakeFailure::Timeout);
+                    ctx.stats.handshake_failure(HandshakeFailure::Timeout);
                     self.kill(ReapReason::HandshakeTimeout);
                 }
             }
@@ -86,7 +85,7 @@ impl Session {
                 // their return over DRAIN_RETRY_SPREAD_MS even when the drain window is short.
                 let code = drain.unwrap_or(CloseCode::Restart);
                 let reason = CloseReason::drain(code, rng.random_range(0..=DRAIN_RETRY_SPREAD_MS));
-                ctx.metrics.drain_remaining.fetch_sub(1, Relaxed);
+                ctx.stats.drain_remaining.fetch_sub(1, Relaxed);
                 self.flags.clear(Flags::DRAIN);
                 self.close(ctx, code, &reason.to_json(), ReapReason::Drain);
             }
@@ -117,7 +116,7 @@ impl Session {
             self.ping_sent = now;
             self.flags.set(Flags::AWAIT_PONG);
             self.flags.set(Flags::PONG_DUE);
-            ctx.metrics.pings_sent.fetch_add(1, Relaxed);
+            ctx.stats.pings_sent.fetch_add(1, Relaxed);
             self.reply(ctx, PING.clone());
             if !self.state.can_write() {
                 return;

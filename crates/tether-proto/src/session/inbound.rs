@@ -1,18 +1,17 @@
 //! Frames in, requests out: the decoding of an open connection's input into messages, each
 //! answered here (pongs, errors of malformed requests, the close handshake) or handed up to
-//! the core as a request, in message order ([`Inbound`]), at most [`MESSAGES_PER_TURN`] per
-//! call.
+//! the core as a request, in message order ([`Inbound`] in an [`Event`]), at most
+//! [`MESSAGES_PER_TURN`] per call.
 
-use super::{Ctx, Flags, ReapReason, Session, State, MESSAGES_PER_TURN, NO_CHAN};
+use super::{Ctx, Event, Events, Flags, Inbound, ReapReason, Session, State, MESSAGES_PER_TURN, NO_CHAN};
 use crate::protocol::close::CloseCode;
 use crate::protocol::{self, codes};
-use crate::server::requests::Inbound;
 use tungstenite::protocol::frame::coding::Data;
 
 use crate::ws::codec::{self, Message, OpCode};
 
 impl Session {
-    pub(super) fn decode(&mut self, ctx: &Ctx, data: &[u8], requests: &mut Vec<Inbound>) {
+    pub(super) fn decode(&mut self, ctx: &Ctx, data: &[u8], events: &mut Events) {
         let mut pending = self.pending_in.take();
         let buf: &[u8] = if pending.is_empty() {
             data
@@ -30,7 +29,7 @@ impl Session {
             if turn == MESSAGES_PER_TURN {
                 // The rest waits for the reactor's next pass: one connection's pipeline does
                 // not keep the core from its other connections.
-                self.flags.set(Flags::READ_PENDING);
+                self.flags.set(Flags::TURN_ENDED);
                 break;
             }
             match self.decoder.decode(&buf[pos..], ctx.cfg.max_message_bytes, true) {
@@ -39,10 +38,10 @@ impl Session {
                 Ok((n, Some(m))) => {
                     pos += n;
                     turn += 1;
-                    self.on_message(ctx, m, requests);
+                    self.on_message(ctx, m, events);
                 }
                 Err(v) => {
-                    self.queue_answered(ctx, requests);
+                    self.queue_answered(ctx, events);
                     self.fail(ctx, v);
                     pos = buf.len();
                 }
@@ -58,7 +57,7 @@ impl Session {
         }
     }
 
-    fn on_message(&mut self, ctx: &Ctx, m: Message, requests: &mut Vec<Inbound>) {
+    fn on_message(&mut self, ctx: &Ctx, m: Message, events: &mut Events) {
         if self.state == State::ClosingByUs {
             // Our close is out: only the peer's close matters now (RFC 6455 §7.1.2).
             if let Message::Close { .. } = m {
@@ -74,13 +73,13 @@ impl Session {
             Message::Binary(p) if echo => self.queue.push(codec::encode_frame(OpCode::Data(Data::Binary), &p), NO_CHAN),
             Message::Text(p) => match protocol::parse_client_op(&p) {
                 Ok(op) => match self.admit_op(ctx, &op) {
-                    Ok(()) => requests.push(Inbound::Op(op)),
-                    Err(refusal) => self.hand_up(ctx, refusal, requests),
+                    Ok(()) => events.push_request(Inbound::Op(op)),
+                    Err(refusal) => self.hand_up(ctx, refusal, events),
                 },
                 Err(e) => {
-                    crate::server::events::message_refused(self.fd, &e, &p);
                     let refusal = self.admit_bad_request(ctx, e.ch.as_deref(), || e.to_json());
-                    self.hand_up(ctx, refusal, requests);
+                    events.push(Event::Refused(e));
+                    self.hand_up(ctx, refusal, events);
                 }
             },
             Message::Binary(_) => {
@@ -89,29 +88,29 @@ impl Session {
                     protocol::error_json(codes::BAD_REQUEST, reason, None)
                 };
                 let refusal = self.admit_bad_request(ctx, None, e);
-                self.hand_up(ctx, refusal, requests);
+                self.hand_up(ctx, refusal, events);
             }
             Message::Ping(p) => {
-                if self.admit_control(ctx, requests) {
+                if self.admit_control(ctx, events) {
                     if echo {
                         self.reply(ctx, codec::pong_frame(&p));
                     } else {
                         // In line with the answers to requests (they go out in message order).
-                        requests.push(Inbound::Answered { ch: None, frame: codec::pong_frame(&p) });
+                        events.push_request(Inbound::Answered { ch: None, frame: codec::pong_frame(&p) });
                     }
                 }
             }
             Message::Pong(_) if self.flags.has(Flags::PONG_DUE) => self.flags.clear(Flags::PONG_DUE),
             Message::Pong(_) => {
                 // Unsolicited (RFC 6455 §5.5.3 allows it): nothing to answer, but counted.
-                self.admit_control(ctx, requests);
+                self.admit_control(ctx, events);
             }
             Message::Close { code, reason } => {
-                crate::server::events::peer_closed(self.fd, code, &reason);
-                self.queue_answered(ctx, requests);
+                self.queue_answered(ctx, events);
+                events.push(Event::PeerClosed { code, reason });
                 // Echo the peer's code (RFC 6455 §5.5.1), then close TCP once it is written.
                 let code = code.unwrap_or(CloseCode::Normal);
-                ctx.metrics.close(code);
+                ctx.stats.close(code);
                 self.queue.push(codec::close_frame(code, ""), NO_CHAN);
                 self.reap.get_or_insert(ReapReason::Close);
                 self.finish(ctx);

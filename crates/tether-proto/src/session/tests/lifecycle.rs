@@ -6,7 +6,7 @@ use super::*;
 fn never_upgraded_connection_dies_at_the_handshake_timeout() {
     let sim = Sim::new(cfg());
     let mut rng = rng();
-    let mut s = Session::new(1, -1, 1000, &sim.cfg);
+    let mut s = Session::new(1000, &sim.cfg);
     // A trickled request head must not buy more time (slowloris).
     feed(&mut s, &sim.at(1010), b"GET / HTTP/1.1\r\n");
     assert_eq!(s.poll_timeout(), 1030);
@@ -22,7 +22,7 @@ fn never_upgraded_connection_dies_at_the_handshake_timeout() {
 fn keep_alive_http_connection_dies_idle_one_handshake_timeout_after_its_answer() {
     let sim = Sim::new(cfg());
     let mut rng = rng();
-    let mut s = Session::new(1, -1, 0, &sim.cfg);
+    let mut s = Session::new(0, &sim.cfg);
     feed(&mut s, &sim.at(10), b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
     assert!(matches!(s.next_request(&sim.cfg), Some(Ok(_))));
     s.respond(&sim.at(20), b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".to_vec(), true);
@@ -41,7 +41,7 @@ fn keep_alive_http_connection_dies_idle_one_handshake_timeout_after_its_answer()
 #[test]
 fn http_answer_without_keep_alive_finishes_once_written() {
     let sim = Sim::new(cfg());
-    let mut s = Session::new(1, -1, 0, &sim.cfg);
+    let mut s = Session::new(0, &sim.cfg);
     s.respond(&sim.at(5), b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n".to_vec(), false);
     assert_eq!(s.state(), State::Finishing);
     assert!(!s.poll_fin(&sim.at(5)), "no FIN before the answer is out");
@@ -100,17 +100,17 @@ fn only_open_writes_new_frames() {
 #[test]
 fn flags_set_clear_and_has_every_bit() {
     let mut f = Flags::default();
-    assert!(!f.has(Flags::DIRTY));
-    f.set(Flags::DIRTY);
+    assert!(!f.has(Flags::TURN_ENDED));
+    f.set(Flags::TURN_ENDED);
     f.set(Flags::AWAIT_PONG);
-    assert!(f.has(Flags::DIRTY) && f.has(Flags::AWAIT_PONG));
+    assert!(f.has(Flags::TURN_ENDED) && f.has(Flags::AWAIT_PONG));
     assert!(!f.has(Flags::DRAIN));
     // `has` of several bits asks for all of them.
-    assert!(f.has(Flags(Flags::DIRTY.0 | Flags::AWAIT_PONG.0)));
-    assert!(!f.has(Flags(Flags::DIRTY.0 | Flags::DRAIN.0)));
-    f.clear(Flags::DIRTY);
-    assert!(!f.has(Flags::DIRTY));
+    assert!(f.has(Flags(Flags::TURN_ENDED.0 | Flags::AWAIT_PONG.0)));
+    assert!(!f.has(Flags(Flags::TURN_ENDED.0 | Flags::DRAIN.0)));
+    f.clear(Flags::TURN_ENDED);
+    assert!(!f.has(Flags::TURN_ENDED));
     assert!(f.has(Flags::AWAIT_PONG), "clear touches only its own bits");
-    f.clear(Flags::DIRTY);
+    f.clear(Flags::TURN_ENDED);
     assert_eq!(f, Flags::AWAIT_PONG);
 }

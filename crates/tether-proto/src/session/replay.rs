@@ -11,8 +11,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{Ctx, Frame, Session};
-use crate::config::Overflow;
+use super::{Ctx, Frame, Overflow, Session};
 use crate::protocol::{self, ResetReason};
 use crate::ws::codec;
 

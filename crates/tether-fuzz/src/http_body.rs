@@ -1,8 +1,8 @@
 //! The `http_body` target: a chunked request body, and the target and query decoders.
 
 use super::{bucket, hash_of, hex_prefix, split_schedules, Signature, MAX_BODY_BYTES};
-use crate::http::HttpError;
-use crate::http::{decode_chunked, percent_decode, query_param};
+use tether_proto::http::HttpError;
+use tether_proto::http::{decode_chunked, percent_decode, query_param};
 
 type Decoded = Result<Option<(Vec<u8>, usize)>, HttpError>;
 

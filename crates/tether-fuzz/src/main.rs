@@ -1,14 +1,14 @@
-//! The stable fuzz runner (docs/security.md, "Fuzzing"): the targets of `tether::fuzz`, driven
-//! by its mutation engine from the seed corpus in `fuzz/corpus/<target>/`, for a time budget.
+//! The stable fuzz runner (docs/security.md, "Fuzzing"): the targets of `tether_fuzz`, driven
+//! by its mutation engine from the seed corpus in `corpus/<target>/`, for a time budget.
 //!
 //! ```sh
-//! cargo run --release --example fuzz -- --seconds 600            # every target, 10 min each
-//! cargo run --release --example fuzz -- frames handshake --seconds 60 --seed 7
-//! cargo run --release --example fuzz -- frames --replay fuzz/artifacts/frames/crash-…
+//! cargo run --release -p tether-fuzz -- --seconds 600            # every target, 10 min each
+//! cargo run --release -p tether-fuzz -- frames handshake --seconds 60 --seed 7
+//! cargo run --release -p tether-fuzz -- frames --replay artifacts/frames/crash-…
 //! ```
 //!
 //! Prints one JSON line per target on stdout (`executions`, `signatures`, `crashes`, …) and
-//! writes a crashing input, and its shrunk version, to `fuzz/artifacts/<target>/`. Exits 1
+//! writes a crashing input, and its shrunk version, to `artifacts/<target>/`. Exits 1
 //! when a target panicked, 2 on bad arguments.
 
 use std::path::PathBuf;
@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use tether::fuzz::{engine, TARGETS};
+use tether_fuzz::{engine, TARGETS};
 
 #[derive(Parser)]
 #[command(about = "Fuzz tether's parsers on stable Rust (targets: handshake, frames, protocol, http_body)")]
@@ -33,10 +33,10 @@ struct Args {
     #[arg(long, default_value_t = 8192)]
     max_len: usize,
     /// Corpus root (one folder per target).
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/corpus"))]
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/corpus"))]
     corpus: PathBuf,
     /// Where crashing inputs are written (one folder per target).
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/artifacts"))]
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/artifacts"))]
     artifacts: PathBuf,
     /// Run this one file through the (single) target and report, instead of fuzzing.
     #[arg(long)]
@@ -52,7 +52,7 @@ fn main() -> ExitCode {
     };
     let mut targets = Vec::new();
     for name in &names {
-        match tether::fuzz::target(name) {
+        match tether_fuzz::target(name) {
             Some(t) => targets.push(t),
             None => {
                 let known: Vec<&str> = TARGETS.iter().map(|t| t.name).collect();

@@ -9,11 +9,9 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use super::{MAX_BODY_BYTES, MAX_HEAD_BYTES, MAX_MESSAGE_BYTES};
-use crate::http::{HttpError, Method, Request};
-use crate::server::metrics::CoreMetrics;
-use crate::server::requests::Inbound;
-use crate::server::session::{queue, Ctx, Flags, Session, SessionConfig, State};
-use crate::ws::handshake;
+use tether_proto::http::{HttpError, Method, Request};
+use tether_proto::session::{queue, Ctx, Event, Events, Inbound, Session, SessionConfig, SessionStats, State};
+use tether_proto::ws::handshake;
 
 /// What happened on one simulated connection, in order. Equal for every split of the same
 /// input: that is the split invariant of the session targets.
@@ -31,7 +29,7 @@ pub(super) struct Transcript {
 /// One core's limits and counters for one session, at a fixed tick.
 pub(super) struct Sim {
     cfg: SessionConfig,
-    metrics: CoreMetrics,
+    stats: SessionStats,
     rng: StdRng,
 }
 
@@ -53,23 +51,23 @@ impl Sim {
             rates: Default::default(),
             token_refresh_grace: 0,
         };
-        Sim { cfg, metrics: CoreMetrics::default(), rng: StdRng::seed_from_u64(0) }
+        Sim { cfg, stats: SessionStats::default(), rng: StdRng::seed_from_u64(0) }
     }
 
     fn ctx(&self) -> Ctx<'_> {
-        Ctx { now: 0, cfg: &self.cfg, metrics: &self.metrics }
+        Ctx { now: 0, cfg: &self.cfg, stats: &self.stats }
     }
 
-    /// A fresh connection speaking HTTP (fd -1: the session never touches its socket).
+    /// A fresh connection speaking HTTP (it has no socket: the session never touches one).
     pub(super) fn http_session(&self) -> Session {
-        Session::new(1, -1, 0, &self.cfg)
+        Session::new(0, &self.cfg)
     }
 
     /// A fresh connection already upgraded (its `101` written).
     pub(super) fn open_session(&mut self) -> Session {
         let mut s = self.http_session();
         let response = handshake::switching_protocols("fuzz");
-        s.upgrade(&Ctx { now: 0, cfg: &self.cfg, metrics: &self.metrics }, response, false, &mut self.rng);
+        s.upgrade(&Ctx { now: 0, cfg: &self.cfg, stats: &self.stats }, response, false, &mut self.rng);
         write_all(&mut s, &mut Vec::new());
         s
     }
@@ -78,12 +76,11 @@ impl Sim {
     /// what happened.
     pub(super) fn run(&mut self, s: &mut Session, pieces: &[&[u8]]) -> Transcript {
         let mut t = Transcript::default();
-        let mut ops = Vec::new();
+        let mut ops = Events::default();
         for piece in pieces {
             s.handle_bytes(&self.ctx(), piece, &mut ops);
             // The core's next passes: what one turn left (MESSAGES_PER_TURN) goes on.
-            while s.flags.has(Flags::READ_PENDING) && s.has_input() {
-                s.flags.clear(Flags::READ_PENDING);
+            while s.poll_turn_ended() && s.has_input() {
                 s.handle_bytes(&self.ctx(), &[], &mut ops);
             }
             self.serve_pending(s, &mut ops, &mut t);
@@ -97,7 +94,7 @@ impl Sim {
     /// `CoreState::serve_pending` + `route` reduced to what the parsers decide: every complete
     /// request is answered (an upgrade on `/ws`, a marker answer otherwise) until one is refused
     /// or the connection stops speaking HTTP.
-    fn serve_pending(&mut self, s: &mut Session, ops: &mut Vec<Inbound>, t: &mut Transcript) {
+    fn serve_pending(&mut self, s: &mut Session, ops: &mut Events, t: &mut Transcript) {
         while let State::Http(_) = s.state() {
             let Some(next) = s.next_request(&self.cfg) else { return };
             match next {
@@ -109,7 +106,7 @@ impl Sim {
                         match handshake::check_upgrade(&req) {
                             Ok(accept) => {
                                 t.events.push(format!("upgrade {accept}"));
-                                let ctx = Ctx { now: 0, cfg: &self.cfg, metrics: &self.metrics };
+                                let ctx = Ctx { now: 0, cfg: &self.cfg, stats: &self.stats };
                                 s.upgrade(&ctx, handshake::switching_protocols(&accept), false, &mut self.rng);
                                 // Frames sent right behind the head (`server::http::route` upgrade).
                                 s.handle_bytes(&self.ctx(), &[], ops);
@@ -146,24 +143,28 @@ fn check_request(req: &Request, body: &[u8]) {
 /// What the routes derive from a request (decoded path, `top`, `token`, expectation), so the
 /// fuzzer runs those decoders on the same client bytes.
 fn derived(req: &Request) -> String {
-    let path = crate::http::percent_decode(&req.path);
+    let path = tether_proto::http::percent_decode(&req.path);
     if let Some(p) = &path {
         assert!(p.len() <= req.path.len(), "percent-decoding grew {:?}", req.path);
     }
     let query = req.query.as_deref().unwrap_or("");
-    let top = crate::http::query_param(query, "top");
-    let token = crate::http::query_param(query, "token");
-    format!("{path:?} {top:?} {token:?} {:?}", crate::http::expectation(req))
+    let top = tether_proto::http::query_param(query, "top");
+    let token = tether_proto::http::query_param(query, "token");
+    format!("{path:?} {top:?} {token:?} {:?}", tether_proto::http::expectation(req))
 }
 
-fn record_ops(s: &mut Session, ctx: &Ctx, ops: &mut Vec<Inbound>, t: &mut Transcript) {
-    for op in ops.drain(..) {
-        match op {
-            Inbound::Op(op) => t.events.push(format!("op {op:?}")),
+fn record_ops(s: &mut Session, ctx: &Ctx, ops: &mut Events, t: &mut Transcript) {
+    while let Some(event) = ops.poll_event() {
+        match event {
+            Event::Request(Inbound::Op(op)) => t.events.push(format!("op {op:?}")),
             // Answered by the session itself: the core queues it as it serves it.
-            Inbound::Answered { frame, .. } => {
+            Event::Request(Inbound::Answered { frame, .. }) => {
                 s.reply(ctx, frame);
             }
+            // What the core would log: part of the transcript, so it must not depend on the
+            // split either.
+            Event::PeerClosed { code, reason } => t.events.push(format!("peer closed {code:?} {reason:?}")),
+            Event::Refused(e) => t.events.push(format!("refused request {} {:?}", e.code, e.ch)),
         }
     }
 }
@@ -176,7 +177,7 @@ fn write_all(s: &mut Session, out: &mut Vec<u8>) {
             let n = s.poll_transmit(&mut iov);
             let mut written = 0;
             for slice in &iov[..n] {
-                if **slice != *crate::http::CONTINUE {
+                if **slice != *tether_proto::http::CONTINUE {
                     out.extend_from_slice(slice);
                 }
                 written += slice.len();
@@ -195,7 +196,7 @@ fn write_all(s: &mut Session, out: &mut Vec<u8>) {
 pub(super) fn server_frames(mut bytes: &[u8]) -> Vec<(u8, Bytes)> {
     let mut v = Vec::new();
     while !bytes.is_empty() {
-        let (n, fin, op, payload) = match crate::ws::codec::decode_server_frame(bytes) {
+        let (n, fin, op, payload) = match tether_proto::ws::codec::decode_server_frame(bytes) {
             Ok(Some(frame)) => frame,
             other => panic!("the session wrote something that is not a whole server frame: {other:?}"),
         };

@@ -1,6 +1,6 @@
 //! Property tests (proptest) for the parsers that read client bytes, on generated inputs
 //! with generated split points (docs/security.md, "Fuzzing"): the invariants of the
-//! `tether::fuzz` targets (same outcome whatever the split, tungstenite's reader as the frames
+//! `tether_fuzz` targets (same outcome whatever the split, tungstenite's reader as the frames
 //! oracle, no panic), plus what each parser must make of well-formed input built here by an
 //! independent encoder: the request that was written, the messages that were framed, the
 //! fields that were sent, the body that was chunked.
@@ -9,10 +9,10 @@ use base64::Engine as _;
 use proptest::collection::vec;
 use proptest::prelude::*;
 use serde_json::{json, Value};
-use tether::http::parse_request;
-use tether::protocol::{parse_client_op, ClientOp};
-use tether::ws::codec::{Decoder, Message};
-use tether::ws::handshake::check_upgrade;
+use tether_proto::http::parse_request;
+use tether_proto::protocol::{parse_client_op, ClientOp};
+use tether_proto::ws::codec::{Decoder, Message};
+use tether_proto::ws::handshake::check_upgrade;
 
 // ---- HTTP requests ----
 
@@ -124,7 +124,7 @@ proptest! {
         let accept = check_upgrade(&parsed).unwrap();
         prop_assert_eq!(accept, tungstenite::handshake::derive_accept_key(key.as_bytes()));
         prop_assert_eq!(parsed.query.as_deref(), Some("token=t"));
-        tether::fuzz::handshake_split(&req, &cuts);
+        tether_fuzz::handshake_split(&req, &cuts);
     }
 
     #[test]
@@ -132,16 +132,16 @@ proptest! {
         let parsed = parse_request(&req, 8192).unwrap().expect("complete head");
         let rest = &req[parsed.head_len..];
         let decoded = if parsed.chunked {
-            let (b, n) = tether::http::decode_chunked(rest, 1 << 20).unwrap().expect("complete body");
+            let (b, n) = tether_proto::http::decode_chunked(rest, 1 << 20).unwrap().expect("complete body");
             prop_assert_eq!(n, rest.len());
-            tether::fuzz::http_body_split(rest, &cuts);
+            tether_fuzz::http_body_split(rest, &cuts);
             b
         } else {
             prop_assert_eq!(parsed.content_length, Some(body.len()));
             rest.to_vec()
         };
         prop_assert_eq!(decoded, body);
-        tether::fuzz::handshake_split(&req, &cuts);
+        tether_fuzz::handshake_split(&req, &cuts);
     }
 
     #[test]
@@ -155,7 +155,7 @@ proptest! {
             let i = at.index(bytes.len());
             bytes[i] ^= x;
         }
-        tether::fuzz::handshake_split(&bytes, &cuts);
+        tether_fuzz::handshake_split(&bytes, &cuts);
     }
 }
 
@@ -261,7 +261,7 @@ fn decode_all(stream: &[u8]) -> Vec<Message> {
     let mut pos = 0;
     let mut out = Vec::new();
     while pos < stream.len() {
-        match d.decode(&stream[pos..], tether::fuzz::MAX_MESSAGE_BYTES, true) {
+        match d.decode(&stream[pos..], tether_fuzz::MAX_MESSAGE_BYTES, true) {
             Ok((0, None)) => break,
             Ok((n, m)) => {
                 pos += n;
@@ -287,7 +287,7 @@ proptest! {
         let (stream, want) = encode(&msgs, parts, mask, close);
         prop_assert_eq!(decode_all(&stream), want);
         // Split invariance, tungstenite's agreement and the session's answers.
-        tether::fuzz::frames_split(&stream, &cuts);
+        tether_fuzz::frames_split(&stream, &cuts);
     }
 
     #[test]
@@ -306,7 +306,7 @@ proptest! {
             stream[i] ^= x;
         }
         stream.truncate(cut_at.index(stream.len() + 1));
-        tether::fuzz::frames_split(&stream, &cuts);
+        tether_fuzz::frames_split(&stream, &cuts);
     }
 }
 
@@ -347,12 +347,12 @@ proptest! {
         data in json_value(),
         pretty in any::<bool>(),
     ) {
-        let valid = tether::protocol::valid_channel(&ch);
+        let valid = tether_proto::protocol::valid_channel(&ch);
         let sub = json!({"op": "sub", "ch": ch, "from": from, "epoch": epoch});
         let publish = json!({"op": "pub", "ch": ch, "id": id, "data": data});
         for msg in [&sub, &publish] {
             let text = if pretty { serde_json::to_vec_pretty(msg) } else { serde_json::to_vec(msg) }.unwrap();
-            tether::fuzz::protocol(&text);
+            tether_fuzz::protocol(&text);
             match parse_client_op(&text) {
                 Ok(ClientOp::Sub { ch: c, from: f, epoch: e }) => {
                     prop_assert!(valid);
@@ -368,7 +368,7 @@ proptest! {
                 Ok(other) => prop_assert!(false, "parsed as {other:?}"),
                 Err(e) => {
                     prop_assert!(!valid, "refused {e:?}");
-                    prop_assert_eq!(e.code, tether::protocol::codes::BAD_CHANNEL);
+                    prop_assert_eq!(e.code, tether_proto::protocol::codes::BAD_CHANNEL);
                 }
             }
         }
@@ -379,8 +379,8 @@ proptest! {
         v in json_value(),
         bytes in vec(any::<u8>(), 0..200),
     ) {
-        tether::fuzz::protocol(serde_json::to_string(&v).unwrap().as_bytes());
-        tether::fuzz::protocol(&bytes);
+        tether_fuzz::protocol(serde_json::to_string(&v).unwrap().as_bytes());
+        tether_fuzz::protocol(&bytes);
     }
 
     #[test]
@@ -395,7 +395,7 @@ proptest! {
         let mut encoded = chunked(&body, &sizes, ext, trailer);
         let len = encoded.len();
         encoded.extend_from_slice(&tail);
-        prop_assert_eq!(tether::http::decode_chunked(&encoded, 1 << 20).unwrap(), Some((body, len)));
-        tether::fuzz::http_body_split(&encoded, &cuts);
+        prop_assert_eq!(tether_proto::http::decode_chunked(&encoded, 1 << 20).unwrap(), Some((body, len)));
+        tether_fuzz::http_body_split(&encoded, &cuts);
     }
 }

@@ -8,9 +8,36 @@ use std::ops::Deref;
 use std::rc::Rc;
 
 use bytes::Bytes;
+use serde::Deserialize;
 
 use super::Ctx;
-use crate::config::Overflow;
+
+/// What a full outbound queue does to a subscriber (docs/operations.md, slow subscribers); the
+/// `overflow` key of a `[[channels]]` rule.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Overflow {
+    /// Close with 1013 Try Again Later; the client reconnects and resumes from its last
+    /// processed seq. For ordered streams. TOML `"disconnect"`.
+    Disconnect,
+    /// Drop the oldest queued messages of the channel; the client sees a seq gap.
+    /// TOML `"drop-oldest"`.
+    DropOldest,
+    /// Keep only the latest queued message of the channel (tickers, cursors).
+    /// TOML `"conflate"`.
+    Conflate,
+}
+
+impl Overflow {
+    /// The TOML spelling: `disconnect`, `drop-oldest`, `conflate`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Overflow::Disconnect => "disconnect",
+            Overflow::DropOldest => "drop-oldest",
+            Overflow::Conflate => "conflate",
+        }
+    }
+}
 
 /// Frames handed to one `sendmsg` at most.
 pub const MAX_IOV: usize = 64;
@@ -165,7 +192,7 @@ impl OutQueue {
                 |_| dropped += 1,
             );
             if dropped > 0 {
-                ctx.metrics.overflow(1, self.bytes as u64);
+                ctx.stats.overflow(1, self.bytes as u64);
             }
             // A conflate channel's newest value waits beside the queue rather than being lost.
             let mut conflated = Vec::new();
@@ -176,7 +203,7 @@ impl OutQueue {
                 |o| conflated.push(o),
             );
             if !conflated.is_empty() {
-                ctx.metrics.overflow(2, self.bytes as u64);
+                ctx.stats.overflow(2, self.bytes as u64);
             }
             for o in conflated {
                 self.park(ctx, o);
@@ -185,11 +212,11 @@ impl OutQueue {
         if !self.fits(ctx, frame.len()) {
             match policy.unwrap_or(Overflow::Disconnect) {
                 Overflow::Disconnect => {
-                    ctx.metrics.overflow(0, self.bytes as u64);
+                    ctx.stats.overflow(0, self.bytes as u64);
                     return Offer::Overflow;
                 }
                 Overflow::DropOldest => {
-                    ctx.metrics.overflow(1, self.bytes as u64);
+                    ctx.stats.overflow(1, self.bytes as u64);
                     // The front may be partly written: never drop it.
                     self.remove_where(1, |o| o.chan == chan, |q| q.fits(ctx, frame.len()), drop);
                     if !self.fits(ctx, frame.len()) {
@@ -197,7 +224,7 @@ impl OutQueue {
                     }
                 }
                 Overflow::Conflate => {
-                    ctx.metrics.overflow(2, self.bytes as u64);
+                    ctx.stats.overflow(2, self.bytes as u64);
                     // Only the newest message of the channel is worth sending: every older one
                     // still queued goes (the partly written front stays: cutting it would
                     // corrupt the stream).

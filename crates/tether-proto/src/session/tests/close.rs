@@ -133,7 +133,7 @@ fn drain_retry_hints_differ_between_connections() {
 #[test]
 fn drain_is_scheduled_only_on_open_connections() {
     let sim = Sim::new(cfg());
-    let mut s = Session::new(1, -1, 0, &sim.cfg);
+    let mut s = Session::new(0, &sim.cfg);
     s.start_drain(5);
     assert_eq!(s.poll_timeout(), 30, "HTTP keeps its handshake deadline");
     assert!(!s.flags.has(Flags::DRAIN));

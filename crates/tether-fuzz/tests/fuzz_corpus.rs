@@ -1,14 +1,16 @@
-//! The fuzz targets of `tether::fuzz` in `cargo test` (docs/security.md, "Fuzzing"):
-//! every file of `fuzz/corpus/` through every target, then the mutation engine for a bounded
+//! The fuzz targets of `tether_fuzz` in `cargo test` (docs/security.md, "Fuzzing"):
+//! every file of `corpus/` through every target, then the mutation engine for a bounded
 //! time per target. Every input also runs under a counting allocator: the most it made the
-//! target hold at once must stay within `tether::fuzz::allocation_bound` (linear in the input,
+//! target hold at once must stay within `tether_fuzz::allocation_bound` (linear in the input,
 //! plus the limits), so a parser that trusts a declared length fails here.
 //!
 //! `TETHER_FUZZ_SECONDS` sets the mutation time per target (default 10; four targets run on
 //! the test harness's threads), `TETHER_FUZZ_SEED` the RNG seed (default: from the clock,
 //! printed). Each target prints one JSON line with its executions on stderr, whatever the
-//! test harness captures. A crashing input is written to `fuzz/artifacts/<target>/`.
+//! test harness captures. A crashing input is written to `artifacts/<target>/`.
 
+// The workspace's counting allocator, shared with the server's memory tests.
+#[path = "../../../tests/counting_alloc/mod.rs"]
 mod counting_alloc;
 
 use std::io::Write;
@@ -16,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use counting_alloc::{thread_mark, thread_peak_since, Counting};
-use tether::fuzz::{allocation_bound, engine, Signature, Target, TARGETS};
+use tether_fuzz::{allocation_bound, engine, Signature, Target, TARGETS};
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
@@ -25,8 +27,9 @@ static ALLOC: Counting = Counting;
 /// within the minute the CI gives fuzzing.
 const DEFAULT_SECONDS: f64 = 10.0;
 
+/// The crate's folder: `corpus/` and `artifacts/` live there.
 fn fuzz_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz")
+    Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
 }
 
 /// Runs `target` on `input`, then panics if it held more than the bound at once.
@@ -92,7 +95,7 @@ fn seed() -> u64 {
 
 /// The bounded mutation run of one target; its report goes to the real stderr (not captured).
 fn mutate(name: &str) {
-    let target = tether::fuzz::target(name).expect("target");
+    let target = tether_fuzz::target(name).expect("target");
     let seeds = engine::load_corpus(&fuzz_dir().join("corpus").join(name)).expect("corpus");
     let opts = engine::Options {
         duration: Duration::from_secs_f64(seconds()),
@@ -105,7 +108,7 @@ fn mutate(name: &str) {
     if let Some(crash) = &report.crash {
         panic!(
             "{name}: {}\ninput ({} bytes, shrunk to {}) written to {:?}; replay with \
-             `cargo run --example fuzz -- {name} --replay FILE`",
+             `cargo run -p tether-fuzz -- {name} --replay FILE`",
             crash.message,
             crash.input.len(),
             crash.minimized.len(),

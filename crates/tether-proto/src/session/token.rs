@@ -9,7 +9,7 @@
 use super::{reached, Ctx, Flags, ReapReason, Session, State, Tick};
 use crate::protocol::close::{CloseReason, TOKEN_EXPIRED};
 use crate::protocol::{self, codes};
-use crate::server::timer::TICK_MS;
+use crate::tick::TICK_MS;
 use crate::ws::codec;
 
 /// `grant` of a connection without a token (a server without JWT auth).

@@ -31,7 +31,7 @@ use tungstenite::Error;
 
 use super::frames::{Decoded, End};
 use super::MAX_MESSAGE_BYTES;
-use crate::ws::codec::{CloseCode, Message, Violation};
+use tether_proto::ws::codec::{CloseCode, Message, Violation};
 
 /// A message as both readers can state it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,14 +8,22 @@
 //! comes out of [`Session::poll_transmit`], its next deadline out of [`Session::poll_timeout`],
 //! and whether TCP should be half-closed out of [`Session::poll_fin`].
 //!
-//! It never touches a socket, a clock or a random source: the caller passes `now` (a tick of
-//! [`TICK_MS`]), the random source and the per-core context ([`Ctx`]), and does the I/O itself
-//! (`server::io`). So heartbeats, overflow, close and replay are unit-tested on a simulated
-//! clock (`session/tests.rs`).
+//! It never touches a socket, a clock or a random source, and it does not know its peer: the
+//! caller passes `now` (a [`Tick`]), the random source and the per-core context ([`Ctx`]),
+//! owns the socket and the peer's address (the server's `Conn` record, which holds this one),
+//! does the I/O itself and writes the log lines about what the session hands up
+//! ([`Events::poll_event`]). This crate cannot name a runtime or a socket (its `Cargo.toml`
+//! has no IO crate; the workspace's `tests/layers.rs` checks it), so that is a build failure to
+//! break. Heartbeats, overflow, close and replay are unit-tested on a simulated clock
+//! (`session/tests/`).
 //!
 //! # Layout
 //! - this file: the record, its lifecycle ([`State`]), WebSocket input, output, closes;
 //! - `flags.rs`: [`Flags`], the conditions orthogonal to the lifecycle, one bit each;
+//! - [`event`]: what a call hands up ([`Event`]: requests, and what the core logs), in the
+//!   queue the core lends ([`Events`]);
+//! - [`stats`]: what the sessions of a core count ([`SessionStats`]: closes by code,
+//!   overflows, limit refusals, pings), rendered by the server's `/metrics`;
 //! - `http.rs`: plain HTTP requests in, answers and the upgrade out;
 //! - `input.rs`: the unconsumed input (a partial frame or request head), boxed;
 //! - `deadlines.rs`: the one deadline (handshake, heartbeat, token expiry, close, drain);
@@ -27,6 +35,7 @@
 
 mod admit;
 mod deadlines;
+pub mod event;
 mod flags;
 mod http;
 mod inbound;
@@ -35,42 +44,25 @@ pub mod limits;
 pub mod queue;
 pub mod reap;
 pub mod replay;
+pub mod stats;
 #[cfg(test)]
 mod tests;
 mod token;
 
-use std::net::SocketAddr;
-use std::os::fd::RawFd;
-
 use bytes::Bytes;
-use smallvec::SmallVec;
 
+pub use self::event::{Event, Events, Inbound};
 pub use self::flags::Flags;
 use self::limits::{Limiter, Rates};
+pub use self::queue::Overflow;
 use self::queue::{Frame, OutQueue};
 pub use self::reap::ReapReason;
 use self::replay::Replay;
+pub use self::stats::{HandshakeFailure, Limit, SessionStats};
 pub use self::token::{token_due, MAX_TOKEN_TICKS, NO_GRANT};
-use super::metrics::CoreMetrics;
-use super::timer::TICK_MS;
-use crate::config::Config;
 use crate::protocol::close::{CloseCode, CloseReason};
-use crate::server::requests::Inbound;
+use crate::tick::{reached, Tick};
 use crate::ws::codec::{self, Decoder, Violation};
-
-/// A point in time on a core's clock, in ticks of [`TICK_MS`] milliseconds since the core
-/// started. Wraps after ~497 days; compare with `wrapping_sub`.
-pub type Tick = u32;
-
-/// Milliseconds → ticks, rounded up.
-pub fn ticks(ms: u64) -> Tick {
-    ms.div_ceil(TICK_MS) as Tick
-}
-
-/// Whether tick `a` is at or after tick `b` (wrap-aware).
-fn reached(a: Tick, b: Tick) -> bool {
-    (a.wrapping_sub(b) as i32) >= 0
-}
 
 /// Drain closes carry `retry_after_ms` drawn uniformly from 0 to this, in milliseconds.
 pub const DRAIN_RETRY_SPREAD_MS: u64 = 3000;
@@ -81,24 +73,9 @@ pub const NO_CHAN: u32 = u32::MAX;
 /// A ping with an empty payload (RFC 6455 §5.5.2), shared by every heartbeat.
 pub static PING: Bytes = Bytes::from_static(&[0x89, 0x00]);
 
-/// A connection's address on its core: slab key plus a generation that changes whenever the
-/// slot is reused, so a stale id (a message for a connection that already left) misses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ConnId {
-    /// Slab key.
-    pub key: u32,
-    /// Generation of the slot when the connection was accepted.
-    pub gen: u32,
-}
-
-impl ConnId {
-    /// A tombstone in a channel's subscriber list.
-    pub const DEAD: ConnId = ConnId { key: u32::MAX, gen: u32::MAX };
-}
-
 /// Messages one connection's input may hand up per call of [`Session::handle_bytes`]: the
-/// rest stays in its input, [`Flags::READ_PENDING`] is set, and the core decodes it on the
-/// reactor's next pass, after the other connections ready in this one (about 100 µs of
+/// rest stays in its input, [`Session::poll_turn_ended`] says so, and the core decodes it on
+/// the reactor's next pass, after the other connections ready in this one (about 100 µs of
 /// requests per turn: a neighbour on the same core waits at most that for one pipeline).
 pub const MESSAGES_PER_TURN: usize = 64;
 
@@ -188,90 +165,41 @@ pub struct SessionConfig {
     pub token_refresh_grace: Tick,
 }
 
-impl SessionConfig {
-    /// The session's view of `cfg`.
-    pub fn new(cfg: &Config) -> SessionConfig {
-        let l = &cfg.limits;
-        SessionConfig {
-            ping_interval: ticks(cfg.heartbeat.ping_interval_ms).max(1),
-            pong_timeout: ticks(cfg.heartbeat.pong_timeout_ms).max(1),
-            close_timeout: ticks(l.close_timeout_ms),
-            handshake_timeout: ticks(l.handshake_timeout_ms),
-            queue_max_bytes: l.queue_max_bytes,
-            queue_max_messages: l.queue_max_messages,
-            max_message_bytes: l.max_message_bytes,
-            max_header_bytes: l.max_header_bytes,
-            max_publish_bytes: l.max_publish_bytes,
-            rates: Rates::new(&l.per_connection, l.max_message_bytes),
-            token_refresh_grace: cfg.auth.as_ref().map_or(0, |a| ticks(a.token_refresh_grace_ms)),
-        }
-    }
-}
-
 /// What every session call needs from its core: the time, the limits and the counters.
 pub struct Ctx<'a> {
     /// Now, in ticks.
     pub now: Tick,
     /// The limits.
     pub cfg: &'a SessionConfig,
-    /// The core's counters (relaxed atomics; counting is not I/O).
-    pub metrics: &'a CoreMetrics,
+    /// The core's session counters (relaxed atomics; counting is not I/O).
+    pub stats: &'a SessionStats,
 }
 
-/// One subscription of a connection: the local channel and the position of this connection in
-/// that channel's subscriber list ([`PENDING`] until the home confirms).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SubEntry {
-    /// Index into the core's local channel table.
-    pub chan: u32,
-    /// Index into that channel's subscriber list, or [`PENDING`] / [`CANCELLED`].
-    pub pos: u32,
-}
-
-/// Position of a subscription still waiting for its `Subscribed` answer.
-pub const PENDING: u32 = u32::MAX;
-/// Position of a subscription unsubscribed while still pending: it stays in the list (in
-/// request order) until its answer arrives, so each answer meets the request it answers.
-pub const CANCELLED: u32 = u32::MAX - 1;
-
-impl SubEntry {
-    /// Whether the home confirmed this subscription (it sits in a subscriber list).
-    pub fn is_active(&self) -> bool {
-        self.pos < CANCELLED
-    }
-}
-
-/// One connection's state in its core's slab: ids, counters, a queue of shared frames.
+/// One connection's protocol state: its lifecycle, counters, deadline and a queue of shared
+/// frames. The server keeps it in its core's slab inside the connection's `Conn` record, beside
+/// what only the I/O owner needs (the socket, the slab generation, the subscription list, the
+/// timer entry).
 ///
 /// An idle connection owns no read buffer (reads go to the core's scratch buffer; only the
 /// tail of a partial frame or request is kept in `pending_in`) and no write buffer (`queue`
 /// holds `Bytes` shared with every other subscriber). Its size is a product figure: see the
-/// `session_record_stays_compact` test.
+/// `session_record_stays_compact` test here and the server's `conn_record_stays_compact`.
 pub struct Session {
-    /// Generation (see [`ConnId`]).
-    pub gen: u32,
-    /// The socket, for the I/O layer (owned: the core closes it when it tears the session
-    /// down); the session itself never uses it.
-    pub fd: RawFd,
     state: State,
     /// Orthogonal conditions.
-    pub flags: Flags,
+    flags: Flags,
     reap: Option<ReapReason>,
     /// Frames not yet written.
-    pub queue: OutQueue,
-    /// Channels this connection is subscribed to (usually one or two), kept by the core.
-    pub subs: SmallVec<[SubEntry; 2]>,
+    queue: OutQueue,
     decoder: Decoder,
     /// Unconsumed input: a partial frame or request head. Empty (unallocated) when idle.
     pending_in: input::Input,
     /// The one deadline of this connection ([`Session::poll_timeout`]).
     deadline: Tick,
-    /// The deadline the core's timer wheel holds an entry for.
-    pub armed: Tick,
     /// Tick of the last ping sent.
     ping_sent: Tick,
     /// Tick at which the outbound queue was last empty.
-    pub last_drained: Tick,
+    last_drained: Tick,
     /// Resume replays in progress, in order (usually none). Boxed: an idle connection pays
     /// 8 bytes here instead of the 24 of an empty `Vec`.
     #[allow(clippy::box_collection)]
@@ -290,21 +218,17 @@ pub struct Session {
 }
 
 impl Session {
-    /// A connection accepted at `now`: speaking HTTP, with the handshake deadline armed.
-    pub fn new(gen: u32, fd: RawFd, now: Tick, cfg: &SessionConfig) -> Session {
+    /// A connection accepted at `now`: speaking HTTP, with the handshake deadline set
+    /// ([`Session::poll_timeout`]).
+    pub fn new(now: Tick, cfg: &SessionConfig) -> Session {
         Session {
-            gen,
-            fd,
             state: State::Http(HttpPhase::default()),
             flags: Flags::default(),
             reap: None,
             queue: OutQueue::default(),
-            subs: SmallVec::new(),
             decoder: Decoder::new(),
             pending_in: input::Input::default(),
             deadline: now.wrapping_add(cfg.handshake_timeout),
-            // The core files this first deadline when it inserts the session.
-            armed: now.wrapping_add(cfg.handshake_timeout),
             ping_sent: now,
             last_drained: now,
             replays: None,
@@ -329,20 +253,68 @@ impl Session {
         self.state == State::Closed
     }
 
-    /// The peer's address, asked of the kernel (not stored: it would cost every connection
-    /// 32 bytes for a debugging view).
-    pub fn peer(&self) -> Option<SocketAddr> {
-        super::io::peer_addr(self.fd)
+    /// Whether the connection upgraded to WebSocket (and counts in the connection gauge until
+    /// it is torn down).
+    pub fn is_upgraded(&self) -> bool {
+        self.flags.has(Flags::UPGRADED)
     }
 
-    /// The address this connection's peer connected to (`getsockname`), if still known.
-    pub fn local(&self) -> Option<SocketAddr> {
-        super::io::local_addr(self.fd)
+    /// Whether it is an `/echo` connection (data frames echoed, not parsed as requests).
+    pub fn is_echo(&self) -> bool {
+        self.flags.has(Flags::ECHO)
     }
 
-    /// Asks the connection's I/O owner to look at it ([`Flags::WAKE`]).
+    /// Whether the drain scheduled this connection's close and it has not gone out yet.
+    pub fn drain_scheduled(&self) -> bool {
+        self.flags.has(Flags::DRAIN)
+    }
+
+    /// Asks the connection's I/O owner to look at it ([`Session::poll_wake`]).
     pub fn wake(&mut self) {
         self.flags.set(Flags::WAKE);
+    }
+
+    /// Whether the session asked its I/O owner to look at it since the last call (it closed,
+    /// or the hold on its reads cleared); clears the request.
+    pub fn poll_wake(&mut self) -> bool {
+        let wake = self.flags.has(Flags::WAKE);
+        self.flags.clear(Flags::WAKE);
+        wake
+    }
+
+    /// Whether the last [`Session::handle_bytes`] stopped after [`MESSAGES_PER_TURN`]
+    /// messages with input left undecoded (the I/O owner feeds it again on a later turn, with
+    /// `handle_bytes(ctx, &[], …)`); clears it.
+    pub fn poll_turn_ended(&mut self) -> bool {
+        let ended = self.flags.has(Flags::TURN_ENDED);
+        self.flags.clear(Flags::TURN_ENDED);
+        ended
+    }
+
+    /// Bytes queued and not yet written.
+    pub fn queued_bytes(&self) -> usize {
+        self.queue.bytes()
+    }
+
+    /// Frames queued and not yet written (the front one may be partly written).
+    pub fn queued_frames(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Whether anything waits to be written.
+    pub fn has_output(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
+    /// The tick at which the outbound queue was last empty (how long a backlog has lasted).
+    pub fn last_drained(&self) -> Tick {
+        self.last_drained
+    }
+
+    /// Drops what is queued of local channel `chan` and frees its conflation slot: the
+    /// connection left the channel (`unsub`).
+    pub fn release_channel(&mut self, chan: u32) {
+        self.queue.release_channel(chan);
     }
 
     /// Ends the connection now, without waiting on the peer (its TCP connection is closed by
@@ -363,14 +335,17 @@ impl Session {
     ///   1009); pub/sub requests are appended to `requests` for the core, and a malformed one
     ///   is answered with an `error` (the connection stays). `/echo` echoes data frames.
     /// - Finishing, lingering or closed: discarded.
-    pub fn handle_bytes(&mut self, ctx: &Ctx, data: &[u8], requests: &mut Vec<Inbound>) {
+    ///
+    /// What it hands up (requests, close frames and refusals to log) goes to `events`, in
+    /// order, for the caller to take with [`Events::poll_event`].
+    pub fn handle_bytes(&mut self, ctx: &Ctx, data: &[u8], events: &mut Events) {
         self.flags.clear(Flags::AWAIT_PONG);
         if !self.state.can_read() {
             return;
         }
         match self.state {
             State::Http(_) => self.pending_in.extend(data),
-            _ => self.decode(ctx, data, requests),
+            _ => self.decode(ctx, data, events),
         }
     }
 
@@ -379,13 +354,7 @@ impl Session {
     /// Queues `frame` under the overflow policy `policy` (`None` for replies, which overflow
     /// like `disconnect`). Returns whether it was queued. With `disconnect`, an overflow
     /// closes the connection with 1013 (the queued data dropped, the close frame first).
-    pub fn enqueue(
-        &mut self,
-        ctx: &Ctx,
-        frame: impl Into<Frame>,
-        chan: u32,
-        policy: Option<crate::config::Overflow>,
-    ) -> bool {
+    pub fn enqueue(&mut self, ctx: &Ctx, frame: impl Into<Frame>, chan: u32, policy: Option<Overflow>) -> bool {
         let frame = frame.into();
         if !self.state.can_write() {
             return false;
@@ -394,7 +363,7 @@ impl Session {
             match self.hold_for_replay(ctx, chan, &frame, policy) {
                 replay::Held::Queued => return true,
                 replay::Held::Overflow => {
-                    ctx.metrics.overflow(0, self.queue.bytes() as u64);
+                    ctx.stats.overflow(0, self.queue.bytes() as u64);
                     self.close_slow(ctx, "replay backlog".into());
                     return false;
                 }
@@ -471,7 +440,7 @@ impl Session {
         self.queue.push(codec::close_frame(code, reason), NO_CHAN);
         self.state = State::ClosingByUs;
         self.reap = Some(why);
-        ctx.metrics.close(code);
+        ctx.stats.close(code);
         self.deadline = ctx.now.wrapping_add(ctx.cfg.close_timeout);
     }
 
@@ -484,7 +453,7 @@ impl Session {
         }
         self.queue.push(codec::close_frame(v.code, v.reason), NO_CHAN);
         self.reap = Some(ReapReason::Protocol);
-        ctx.metrics.close(v.code);
+        ctx.stats.close(v.code);
         self.finish(ctx);
     }
 
@@ -498,10 +467,12 @@ impl Session {
 mod size {
     #[test]
     fn session_record_stays_compact() {
-        // The per-connection cost at C1M: keep the slab entry small (see benches/density).
+        // The per-connection cost at C1M: the server's slab record (`Conn`) is this plus its
+        // socket, generation, subscription list and timer entry, 168 bytes in all (its own
+        // test); keep this part small (see benches/density).
         let size = std::mem::size_of::<super::Session>();
-        eprintln!("Session (the per-connection record): {size} bytes");
-        assert!(size <= 200, "Session is {size} bytes");
+        eprintln!("Session (the protocol part of a connection's record): {size} bytes");
+        assert!(size <= 120, "Session is {size} bytes");
     }
 
     #[test]

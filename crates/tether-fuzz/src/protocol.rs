@@ -4,7 +4,7 @@ use serde::de::IgnoredAny;
 use serde_json::Value;
 
 use super::{hash_of, hex_prefix, Signature};
-use crate::protocol::{self, codes, ClientOp, RequestError};
+use tether_proto::protocol::{self, codes, ClientOp, RequestError};
 
 /// Every `code` a refused client message may carry.
 const REQUEST_CODES: [&str; 4] = [codes::BAD_JSON, codes::BAD_OP, codes::BAD_REQUEST, codes::BAD_CHANNEL];

@@ -8,7 +8,7 @@ fn first_ping_lands_between_half_and_one_and_a_half_intervals() {
     let sim = Sim::new(SessionConfig { ping_interval: 7, ..cfg() });
     let mut seen = std::collections::BTreeSet::new();
     for seed in 0..200 {
-        let mut s = Session::new(1, -1, 500, &sim.cfg);
+        let mut s = Session::new(500, &sim.cfg);
         s.upgrade(&sim.at(500), Vec::new(), false, &mut StdRng::seed_from_u64(seed));
         seen.insert(s.poll_timeout());
     }
@@ -21,7 +21,7 @@ fn first_pings_of_a_burst_spread_over_the_whole_interval() {
     let mut rng = rng();
     let mut buckets = [0u32; 20];
     for _ in 0..1000 {
-        let mut s = Session::new(1, -1, 0, &sim.cfg);
+        let mut s = Session::new(0, &sim.cfg);
         s.upgrade(&sim.at(0), Vec::new(), false, &mut rng);
         let d = s.poll_timeout();
         assert!((500..1500).contains(&d), "first ping at {d}");
@@ -162,7 +162,7 @@ fn only_deadlines_that_judge_the_peer_silent_read_waiting_input_first() {
     let sim = Sim::new(cfg());
     let mut rng = rng();
     // HTTP, never served: the handshake timeout waits for a request head.
-    let http = Session::new(1, -1, 0, &sim.cfg);
+    let http = Session::new(0, &sim.cfg);
     let h = http.poll_timeout();
     assert!(!http.timeout_awaits_input(h - 1));
     assert!(http.timeout_awaits_input(h));

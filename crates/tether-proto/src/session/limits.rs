@@ -16,9 +16,8 @@
 //! and never pings costs nothing here. Time is the session's tick ([`TICK_MS`]), never a
 //! clock read per message.
 
-use super::Tick;
-use crate::server::metrics::Limit;
-use crate::server::timer::TICK_MS;
+use super::Limit;
+use crate::tick::{Tick, TICK_MS};
 
 /// Ticks in one second: the length of a refusal window.
 pub const SECOND: Tick = (1000 / TICK_MS) as Tick;
@@ -87,23 +86,16 @@ impl Op {
 }
 
 impl Rates {
-    /// The rates of `[limits.per_connection]`, with the bytes burst sized against
-    /// `max_message_bytes`.
-    pub fn new(p: &crate::config::PerConnection, max_message_bytes: usize) -> Rates {
-        let bytes = p.publish_bytes_rate;
+    /// These rates with the bursts that follow from them: the bytes bucket holds one second's
+    /// worth and at least `max_message_bytes` (`limits.max_message_bytes`), the `sub`/`unsub`
+    /// bucket one second's worth and at least twice `max_subscriptions`
+    /// (`limits.per_connection.max_subscriptions`). A rate of 0 (unlimited) keeps a burst of 0.
+    pub fn with_bursts(self, max_subscriptions: usize, max_message_bytes: usize) -> Rates {
+        let (bytes, subs) = (self.publish_bytes_rate, self.subscribe_rate);
         Rates {
-            publish_rate: p.publish_rate as u64,
-            publish_bytes_rate: bytes,
             publish_bytes_burst: if bytes == 0 { 0 } else { bytes.max(max_message_bytes as u64) },
-            control_frames_rate: p.control_frames_rate as u64,
-            subscribe_rate: p.subscribe_rate as u64,
-            subscribe_burst: if p.subscribe_rate == 0 {
-                0
-            } else {
-                (p.subscribe_rate as u64).max(2 * p.max_subscriptions as u64)
-            },
-            refresh_rate: p.refresh_rate as u64,
-            bad_request_rate: p.bad_request_rate as u64,
+            subscribe_burst: if subs == 0 { 0 } else { subs.max(2 * max_subscriptions as u64) },
+            ..self
         }
     }
 

@@ -2,7 +2,8 @@
 //! `error` `limit`, unanswered pings, the 1008 close, and the pongs that never count.
 
 use super::*;
-use crate::server::session::limits::{Rates, SECOND};
+use crate::session::limits::{Rates, SECOND};
+use crate::tick::TICK_MS;
 
 fn rated(publish_rate: u64, publish_bytes_rate: u64, control_frames_rate: u64) -> SessionConfig {
     let burst = if publish_bytes_rate == 0 { 0 } else { publish_bytes_rate.max(1 << 16) };

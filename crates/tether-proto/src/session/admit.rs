@@ -8,11 +8,9 @@
 use bytes::Bytes;
 
 use super::limits::{Limiter, Op, Verdict};
-use super::{Ctx, Flags, ReapReason, Session};
+use super::{Ctx, Events, Flags, Inbound, Limit, ReapReason, Session};
 use crate::protocol::close::{CloseCode, CloseReason};
 use crate::protocol::{self, codes, ClientOp};
-use crate::server::metrics::Limit;
-use crate::server::requests::Inbound;
 use crate::ws::codec;
 
 /// What the rates made of a request that is not let through.
@@ -26,29 +24,25 @@ pub(super) enum Refusal {
 }
 
 impl Session {
-    /// Hands up a refusal ([`Refusal`]): its answer joins `requests`, or, for a close, every
-    /// answer already in `requests` is queued in order, then this one, then the close (the
+    /// Hands up a refusal ([`Refusal`]): its answer joins `events`, or, for a close, every
+    /// answer already in `events` is queued in order, then this one, then the close (the
     /// requests that would have gone to the broker stay; their answers can no longer go out).
-    pub(super) fn hand_up(&mut self, ctx: &Ctx, r: Refusal, requests: &mut Vec<Inbound>) {
+    pub(super) fn hand_up(&mut self, ctx: &Ctx, r: Refusal, events: &mut Events) {
         match r {
-            Refusal::Answer(a) => requests.push(a),
+            Refusal::Answer(a) => events.push_request(a),
             Refusal::Close(frame, over) => {
-                self.queue_answered(ctx, requests);
+                self.queue_answered(ctx, events);
                 self.reply(ctx, frame);
                 self.close_for(ctx, over);
             }
         }
     }
 
-    /// Queues, in order, the answers already in `requests` (taking them out): before a close
+    /// Queues, in order, the answers already in `events` (taking them out): before a close
     /// frame, which nothing may follow.
-    pub(super) fn queue_answered(&mut self, ctx: &Ctx, requests: &mut Vec<Inbound>) {
-        requests.retain(|r| match r {
-            Inbound::Answered { frame, .. } => {
-                self.reply(ctx, frame.clone());
-                false
-            }
-            Inbound::Op(_) => true,
+    pub(super) fn queue_answered(&mut self, ctx: &Ctx, events: &mut Events) {
+        events.take_answered(|frame| {
+            self.reply(ctx, frame);
         });
     }
 
@@ -92,8 +86,8 @@ impl Session {
     /// A control frame that counts against `control_frames_rate` (a ping, or a pong that
     /// answers none of our pings) at `ctx.now`. Returns whether it is within the rate (a ping
     /// is then answered); beyond it nothing is answered, and past [`CLOSE_AFTER_BURSTS`](super::limits::CLOSE_AFTER_BURSTS) the
-    /// connection is closed with 1008 (after the answers already in `requests`).
-    pub(super) fn admit_control(&mut self, ctx: &Ctx, requests: &mut Vec<Inbound>) -> bool {
+    /// connection is closed with 1008 (after the answers already in `events`).
+    pub(super) fn admit_control(&mut self, ctx: &Ctx, events: &mut Events) -> bool {
         let r = &ctx.cfg.rates;
         if r.control_frames_rate == 0 {
             return true;
@@ -101,9 +95,9 @@ impl Session {
         let now = ctx.now;
         let v = self.limiter.get_or_insert_with(|| Box::new(Limiter::new(now, r))).control(now, r);
         let Verdict::Refuse { limit, close, .. } = v else { return true };
-        ctx.metrics.limit_refused(limit);
+        ctx.stats.limit_refused(limit);
         if let Some(over) = close {
-            self.queue_answered(ctx, requests);
+            self.queue_answered(ctx, events);
             self.close_for(ctx, over);
         }
         false
@@ -184,7 +178,7 @@ impl Session {
 /// Counts a refusal of `limit` in `tether_limit_refusals_total`; its answer `json` (about
 /// `ch`), to hand up, or to send before the close `close` says is due.
 fn refused(ctx: &Ctx, limit: Limit, close: Option<Limit>, json: Vec<u8>, ch: Option<Box<str>>) -> Refusal {
-    ctx.metrics.limit_refused(limit);
+    ctx.stats.limit_refused(limit);
     let frame: Bytes = codec::text_frame(&json);
     match close {
         None => Refusal::Answer(Inbound::Answered { ch, frame }),

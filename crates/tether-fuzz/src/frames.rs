@@ -9,8 +9,8 @@ use super::sim::{server_frames, Sim, Transcript};
 use super::{
     assert_same_split, bucket, hash_of, hex_prefix, oracle, pieces, split_schedules, Signature, MAX_MESSAGE_BYTES,
 };
-use crate::protocol::{self, codes};
-use crate::ws::codec::{Decoder, Message, Violation};
+use tether_proto::protocol::{self, codes};
+use tether_proto::ws::codec::{Decoder, Message, Violation};
 
 /// What the decoder made of a stream, read the way the session reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,12 +142,16 @@ fn check_session(data: &[u8], cuts: &[usize], decoded: &Decoded) {
         match m {
             Message::Text(p) => match protocol::parse_client_op(p) {
                 Ok(op) => requests.push(format!("op {op:?}")),
-                Err(e) => answers.push(Answer::Exact(0x1, e.to_json())),
+                Err(e) => {
+                    requests.push(format!("refused request {} {:?}", e.code, e.ch));
+                    answers.push(Answer::Exact(0x1, e.to_json()))
+                }
             },
             Message::Binary(_) => answers.push(Answer::Error(codes::BAD_REQUEST)),
             Message::Ping(p) => answers.push(Answer::Exact(0xA, p.to_vec())),
             Message::Pong(_) => {}
-            Message::Close { code, .. } => {
+            Message::Close { code, reason } => {
+                requests.push(format!("peer closed {code:?} {reason:?}"));
                 answers.push(Answer::Exact(0x8, close_payload(code.map_or(1000, u16::from), "")))
             }
         }

@@ -1,24 +1,25 @@
-//! Fuzz targets for the parsers that read client bytes (docs/security.md, "Fuzzing").
+//! tether-fuzz — fuzz targets for the parsers that read client bytes and for the session that
+//! drives them (docs/security.md, "Fuzzing"), on the sans-IO crate (`tether-proto`) alone.
 //!
 //! One place for the targets, shared by everything that drives them:
-//! - `cargo test`: `tests/fuzz_corpus.rs` replays every file of `fuzz/corpus/` through every
+//! - `cargo test`: `tests/fuzz_corpus.rs` replays every file of `corpus/` through every
 //!   target and runs the mutation [`engine`] for a bounded time per target
 //!   (`TETHER_FUZZ_SECONDS`); `tests/fuzz_properties.rs` checks the same invariants with
 //!   `proptest` on generated requests, frame streams, JSON and chunked bodies;
-//! - `cargo run --release --example fuzz -- [TARGET…] --seconds N` (`fuzz/main.rs`): the same
+//! - `cargo run --release -p tether-fuzz -- [TARGET…] --seconds N` (`src/main.rs`): the same
 //!   engine, as long as wanted, on stable Rust.
 //!
 //! The targets are plain `fn(&[u8])`, so a libFuzzer or AFL harness needs one line per target.
 //!
 //! Each target takes raw bytes and panics only when an invariant breaks:
 //! - [`handshake`]: the bytes are a client's side of a connection, fed to a real session
-//!   ([`Session`](crate::server::session::Session)) the way a core feeds it: requests parsed
+//!   ([`Session`](tether_proto::session::Session)) the way a core feeds it: requests parsed
 //!   from growing buffers (`parse_request`), bodies (`Content-Length`, chunked), pipelining,
 //!   the upgrade checks (`check_upgrade`) and, after a `101`, the frames behind the head.
 //!   Invariant: the same requests, refusals, upgrade, output and end state whatever the split
 //!   of the input into reads.
 //! - [`frames`]: the bytes are a client's frame stream after the upgrade, fed to the codec's
-//!   [`Decoder`](crate::ws::codec::Decoder) as the session feeds it and to an upgraded session.
+//!   [`Decoder`](tether_proto::ws::codec::Decoder) as the session feeds it and to an upgraded session.
 //!   Invariants: the same messages and the same violation whatever the split; the same as
 //!   tungstenite's own reader (the oracle, see `oracle.rs` for the documented differences);
 //!   the session answers exactly what the decoded messages call for.
@@ -74,7 +75,7 @@ const BYTEWISE_MAX: usize = 512;
 /// A hash of the shape of a target's outcome; equal shapes hash equal within one build.
 pub type Signature = u64;
 
-/// One fuzz target: its name (also the corpus folder `fuzz/corpus/<name>/`), its function and
+/// One fuzz target: its name (also the corpus folder `corpus/<name>/`), its function and
 /// the tokens its mutations may insert.
 pub struct Target {
     /// Name, as given on the command line and used for corpus and artifact folders.

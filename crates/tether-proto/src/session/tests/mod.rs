@@ -5,18 +5,18 @@
 //! woken and how it ends. Durations below are in ticks (10 ms).
 
 use std::io::IoSlice;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use super::replay::Fetch;
+use super::stats::{CLOSE_CODES, FAILURE_NAMES, LIMIT_NAMES, OVERFLOW_POLICIES};
 use super::*;
-use crate::config::Overflow;
 use crate::protocol::close::CloseReason;
 use crate::protocol::ClientOp;
-use crate::server::metrics::render;
-use crate::server::requests::Inbound;
+use crate::tick::Tick;
 use crate::ws::codec::{decode_server_frame, encode_client_frame};
 
 const MASK: [u8; 4] = [0x37, 0xfa, 0x21, 0x3d];
@@ -45,32 +45,48 @@ fn cfg() -> SessionConfig {
 /// One core's limits and counters, handing out a [`Ctx`] at any tick.
 struct Sim {
     cfg: SessionConfig,
-    m: CoreMetrics,
+    m: SessionStats,
 }
 
 impl Sim {
     fn new(cfg: SessionConfig) -> Sim {
-        Sim { cfg, m: CoreMetrics::default() }
+        Sim { cfg, m: SessionStats::default() }
     }
 
     fn at(&self, now: Tick) -> Ctx<'_> {
-        Ctx { now, cfg: &self.cfg, metrics: &self.m }
+        Ctx { now, cfg: &self.cfg, stats: &self.m }
     }
 
     /// A session upgraded at `now`, its 101 response already written.
     fn open(&self, now: Tick, rng: &mut StdRng) -> Session {
-        let mut s = Session::new(1, -1, now, &self.cfg);
+        let mut s = Session::new(now, &self.cfg);
         s.upgrade(&self.at(now), b"HTTP/1.1 101 Switching Protocols\r\n\r\n".to_vec(), false, rng);
         write_all(&mut s, now);
         s
     }
 
-    /// The value of one Prometheus series, e.g. `tether_overflow_total{core="0",policy="conflate"}`.
+    /// The count behind one Prometheus series of the server's `/metrics` (the one core of
+    /// this simulation), e.g. `tether_overflow_total{core="0",policy="conflate"}`.
     fn metric(&self, series: &str) -> u64 {
-        let text = render(std::slice::from_ref(&self.m), false);
-        text.lines()
-            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or_else(|| panic!("no series {series} in\n{text}"))
+        let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+        let value = labels.rsplit_once("=\"").map(|(_, v)| v.trim_end_matches("\"}"));
+        let at = |names: &[&str]| {
+            let v = value.unwrap_or_else(|| panic!("no label in {series}"));
+            names.iter().position(|n| *n == v).unwrap_or_else(|| panic!("no label value {v} in {series}"))
+        };
+        let m = &self.m;
+        match name {
+            "tether_closes_total" => {
+                let codes: Vec<String> = CLOSE_CODES.iter().map(u16::to_string).collect();
+                let codes: Vec<&str> = codes.iter().map(String::as_str).collect();
+                m.closes[at(&codes)].load(Relaxed)
+            }
+            "tether_handshake_failures_total" => m.handshake_failures[at(&FAILURE_NAMES)].load(Relaxed),
+            "tether_limit_refusals_total" => m.limit_refusals[at(&LIMIT_NAMES)].load(Relaxed),
+            "tether_overflow_total" => m.overflow[at(&OVERFLOW_POLICIES)].load(Relaxed),
+            "tether_pings_sent_total" => m.pings_sent.load(Relaxed),
+            _ => panic!("no series {series} among the session's counters"),
+        }
     }
 }
 
@@ -160,20 +176,20 @@ fn client(opcode: u8, payload: &[u8]) -> Vec<u8> {
 /// Feeds `bytes` and returns the requests handed up; the answers the session made itself are
 /// queued on it, as the core does when it serves them.
 fn feed(s: &mut Session, ctx: &Ctx, bytes: &[u8]) -> Vec<ClientOp> {
-    let mut requests = Vec::new();
-    s.handle_bytes(ctx, bytes, &mut requests);
+    let mut events = Events::default();
+    s.handle_bytes(ctx, bytes, &mut events);
     // As the core does on its next passes: what one turn left (MESSAGES_PER_TURN) goes on.
-    while s.flags.has(Flags::READ_PENDING) && s.has_input() {
-        s.flags.clear(Flags::READ_PENDING);
-        s.handle_bytes(ctx, &[], &mut requests);
+    while s.poll_turn_ended() && s.has_input() {
+        s.handle_bytes(ctx, &[], &mut events);
     }
     let mut ops = Vec::new();
-    for r in requests {
-        match r {
-            Inbound::Op(op) => ops.push(op),
-            Inbound::Answered { frame, .. } => {
+    while let Some(e) = events.poll_event() {
+        match e {
+            Event::Request(Inbound::Op(op)) => ops.push(op),
+            Event::Request(Inbound::Answered { frame, .. }) => {
                 s.reply(ctx, frame);
             }
+            Event::PeerClosed { .. } | Event::Refused(_) => {}
         }
     }
     ops
@@ -220,7 +236,7 @@ fn drain_close(sim: &Sim, rng: &mut StdRng, code: CloseCode) -> (Session, u16, C
     s.start_drain(40);
     assert_eq!(s.poll_timeout(), 40, "the drain moves the deadline ahead of the first ping");
     s.handle_timeout(&sim.at(39), Some(code), rng);
-    assert!(s.queue.is_empty());
+    assert!(!s.has_output());
     s.handle_timeout(&sim.at(40), Some(code), rng);
     let (wire, reason) = only_close(&write_all(&mut s, 40));
     (s, wire, CloseReason::parse(&reason).expect("JSON close reason"))
