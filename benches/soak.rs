@@ -143,11 +143,11 @@ async fn run_client(mut s: TcpStream, mut buf: Vec<u8>, mut rx: mpsc::UnboundedR
 
 /// Waits until `counter` reaches `want`; panics naming `what` after [`PHASE`].
 async fn wait_for(counter: &AtomicU64, want: u64, what: &str) {
-    let end = Instant::now() + PHASE;
-    while counter.load(Relaxed) < want {
-        assert!(Instant::now() < end, "{what}: {} of {want} within {PHASE:?}", counter.load(Relaxed));
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(PHASE, &format!("{what} reaching {want}"), || async {
+        let got = counter.load(Relaxed);
+        check(got >= want, || got)
+    })
+    .await;
 }
 
 /// Connects `n` clients, 256 at a time.
@@ -215,11 +215,6 @@ fn status(port: u16) -> Value {
     let mut text = String::new();
     let _ = s.read_to_string(&mut text);
     text.split_once("\r\n\r\n").and_then(|(_, body)| serde_json::from_str(body).ok()).unwrap_or(Value::Null)
-}
-
-/// Open descriptors of `pid` (/proc/PID/fd).
-fn fd_count(pid: i32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
 }
 
 /// One cycle's figures.
@@ -297,8 +292,8 @@ fn main() {
         "[heartbeat]\nping_interval_ms = 2000\npong_timeout_ms = 1500\n\n[dedup]\nwindow_ms = {dedup_ms}\n\n\
          [drain]\nwindow_ms = 1000\n"
     );
-    let server = Serve::start("soak", cores, 0, &cfg);
-    let addr: SocketAddr = format!("127.0.0.1:{}", server.port).parse().expect("address");
+    let server = serve("soak", cores, &cfg);
+    let addr = server.addr;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let baseline = rss_bytes(server.pid) as f64 / 1e6;
     println!(
@@ -311,19 +306,19 @@ fn main() {
     for c in 1..=cycles {
         let start = Instant::now();
         rt.block_on(cycle(addr, conns, rooms, msgs, churn_pct));
-        let left = server.wait_connections(0, PHASE);
+        let left = wait_connections(&server, 0, PHASE);
         assert_eq!(left, 0, "cycle {c}: connections left in the gauge after every client left");
         // Idle channels go at the first sweep (every 5 s) past the dedup window.
-        let end = Instant::now() + Duration::from_millis(dedup_ms) + Duration::from_secs(15);
-        while num(&status(server.port), "channels") > 0.0 && Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        let sweep = Duration::from_millis(dedup_ms) + Duration::from_secs(15);
+        let channels = || num(&status(server.addr.port()), "channels");
+        // Still some after that: the next sample shows them.
+        let _ = within_sync(sweep, || check(channels() == 0.0, || ()));
         std::thread::sleep(settle);
-        let st = status(server.port);
+        let st = status(server.addr.port());
         let s = Sample {
             cycle: c,
             rss_mb: rss_bytes(server.pid) as f64 / 1e6,
-            fds: fd_count(server.pid),
+            fds: server.fd_count(),
             connections: num(&st, "connections"),
             channels: num(&st, "channels"),
             seconds: start.elapsed().as_secs_f64(),
