@@ -141,15 +141,6 @@ async fn run_client(mut s: TcpStream, mut buf: Vec<u8>, mut rx: mpsc::UnboundedR
     }
 }
 
-/// Waits until `counter` reaches `want`; panics naming `what` after [`PHASE`].
-async fn wait_for(counter: &AtomicU64, want: u64, what: &str) {
-    eventually(PHASE, &format!("{what} reaching {want}"), || async {
-        let got = counter.load(Relaxed);
-        check(got >= want, || got)
-    })
-    .await;
-}
-
 /// Connects `n` clients, 256 at a time.
 async fn connect_all(addr: SocketAddr, n: usize, seen: &Arc<Seen>) -> Vec<Client> {
     futures::stream::iter(0..n).map(|_| Client::connect(addr, seen.clone())).buffered(256).collect().await
@@ -236,13 +227,13 @@ async fn cycle(addr: SocketAddr, conns: usize, rooms: usize, msgs: usize, churn_
         c.send(&json!({"op": "sub", "ch": room(i)}));
         c.send(&json!({"op": "sub", "ch": format!("u{i}")}));
     }
-    wait_for(&seen.subscribed, 2 * conns as u64, "subscribed").await;
+    eventually_reaches(&seen.subscribed, 2 * conns as u64, PHASE, "subscribed").await;
 
     // Fan-out: every room MSGS times, every own channel once.
     let mut chans: Vec<String> = (0..msgs).flat_map(|_| (0..rooms).map(|r| format!("room{r}"))).collect();
     chans.extend((0..conns).map(|i| format!("u{i}")));
     publish_all(addr, chans).await;
-    wait_for(&seen.msgs, (conns * (msgs + 1)) as u64, "fan-out deliveries").await;
+    eventually_reaches(&seen.msgs, (conns * (msgs + 1)) as u64, PHASE, "fan-out deliveries").await;
 
     // Churn: move every client to the next room and a new own channel; some reconnect.
     for (i, c) in clients.iter().enumerate() {
@@ -251,7 +242,7 @@ async fn cycle(addr: SocketAddr, conns: usize, rooms: usize, msgs: usize, churn_
         c.send(&json!({"op": "sub", "ch": room(i + 1)}));
         c.send(&json!({"op": "sub", "ch": format!("v{i}")}));
     }
-    wait_for(&seen.subscribed, 4 * conns as u64, "subscribed after the churn").await;
+    eventually_reaches(&seen.subscribed, 4 * conns as u64, PHASE, "subscribed after the churn").await;
     let again = conns * churn_pct / 100;
     let step = (conns / again.max(1)).max(1);
     let moved: Vec<usize> = (0..conns).step_by(step).take(again).collect();
@@ -263,10 +254,11 @@ async fn cycle(addr: SocketAddr, conns: usize, rooms: usize, msgs: usize, churn_
         c.send(&json!({"op": "sub", "ch": room(i + 1)}));
         clients[i] = c;
     }
-    wait_for(&seen.subscribed, (4 * conns + moved.len()) as u64, "subscribed after reconnecting").await;
+    eventually_reaches(&seen.subscribed, (4 * conns + moved.len()) as u64, PHASE, "subscribed after reconnecting")
+        .await;
     let before = seen.msgs.load(Relaxed);
     publish_all(addr, (0..rooms).map(|r| format!("room{r}")).collect()).await;
-    wait_for(&seen.msgs, before + conns as u64, "fan-out after the churn").await;
+    eventually_reaches(&seen.msgs, before + conns as u64, PHASE, "fan-out after the churn").await;
 
     // Disconnect all.
     drop(clients);

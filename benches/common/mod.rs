@@ -27,7 +27,7 @@ pub use redis_figures::RedisFigures;
 #[allow(unused_imports)]
 pub use server::{Metrics, Server, BIN};
 #[allow(unused_imports)]
-pub use wait::{check, eventually, eventually_sync, within_sync};
+pub use wait::{check, eventually, eventually_reaches, eventually_sync, within_sync};
 
 use std::io::Read;
 use std::net::TcpStream;

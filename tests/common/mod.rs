@@ -25,7 +25,7 @@ pub mod wait;
 #[allow(unused_imports)]
 pub use server::{Metrics, Server};
 #[allow(unused_imports)]
-pub use wait::{check, eventually, eventually_sync, wait_child, within, within_sync};
+pub use wait::{check, eventually, eventually_reaches, eventually_sync, wait_child, within, within_sync};
 
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
