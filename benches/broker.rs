@@ -36,7 +36,7 @@
 //! second node is then not started),
 //! BROKER_PUBLISHERS (64),
 //! BROKER_WINDOWS ("1,16"), BROKER_PUB_DURATION (5 s), BROKER_PUB_CHANNELS (64: publisher j on
-//! channel j % 64), REDIS_SERVER (/usr/bin/redis-server). Prints tables; writes every run to
+//! channel j % 64), REDIS_SERVER (`redis-server` on the PATH). Prints tables; writes every run to
 //! `target/bench/broker.json`.
 //!
 //! Everything shares one box with the load generator (2 cores here, and other work): compare
@@ -49,7 +49,7 @@ mod common;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::redis_server::{redis_alone, RedisServer, ALONE_BATCH, ALONE_CLIENTS, ALONE_DEPTH};
+use common::redis_figures::{redis_alone, ALONE_BATCH, ALONE_CLIENTS, ALONE_DEPTH};
 use common::*;
 use serde_json::{json, Value};
 
@@ -70,32 +70,25 @@ impl Kind {
 }
 
 /// `[broker]` of a node on `redis`.
-fn redis_config(redis: &RedisServer) -> String {
-    format!("[broker]\nkind = \"redis\"\nurl = \"unix://{}\"\nhistory_ttl_ms = 600000\n", redis.sock.display())
+fn redis_config(redis: &RedisProc) -> String {
+    format!("[broker]\nkind = \"redis\"\nurl = \"{}\"\nhistory_ttl_ms = 600000\n", redis.url())
 }
 
 /// Waits until `node` says its broker is up; panics with what it saw after `limit`.
-fn wait_broker_up(node: &Serve, limit: Duration) {
-    let start = Instant::now();
-    loop {
-        let up = node.metric("tether_broker_up");
-        if up == Some(1.0) {
-            return;
-        }
-        if start.elapsed() > limit {
-            panic!("node on port {} did not report tether_broker_up 1 within {limit:?} (saw {up:?})", node.port);
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn wait_broker_up(node: &Server, limit: Duration) {
+    eventually_sync(limit, &format!("node {} reporting tether_broker_up 1", node.addr), || {
+        let up = node.metric_sync("tether_broker_up", &[]);
+        check(up == Some(1.0), || format!("{up:?}"))
+    });
 }
 
 /// Waits (bounded) until every node has no connection left, so one run's teardown does
 /// not overlap the next run; says so when one does not get there.
-fn settle(nodes: &[&Serve]) {
+fn settle(nodes: &[&Server]) {
     for n in nodes {
-        let left = n.wait_connections(0, Duration::from_secs(30));
+        let left = wait_connections(n, 0, Duration::from_secs(30));
         if left != 0 {
-            eprintln!("warning: node on port {} still has {left} connections after 30 s", n.port);
+            eprintln!("warning: node on port {} still has {left} connections after 30 s", n.addr.port());
         }
     }
 }
@@ -128,20 +121,20 @@ fn main() {
     let memory_cores: usize = env_or("BROKER_MEMORY_CORES", 2);
     let node_cores: usize = env_or("BROKER_NODE_CORES", memory_cores);
     let redis_nodes: usize = env_or("BROKER_REDIS_NODES", 2usize).clamp(1, 2);
-    let redis = RedisServer::start();
-    let memory = Serve::start("broker-memory", memory_cores, 0, "");
+    let redis = RedisProc::start();
+    let memory = serve("broker-memory", memory_cores, "");
     let config = redis_config(&redis);
-    let a = Serve::start("broker-redis-a", node_cores, 0, &config);
+    let a = serve("broker-redis-a", node_cores, &config);
     // The second Redis node only runs when the fan-out uses it (an idle node would still
     // take its share of a small box's CPU).
-    let b = (redis_nodes == 2).then(|| Serve::start("broker-redis-b", node_cores, 0, &config));
-    let nodes: Vec<&Serve> = std::iter::once(&a).chain(b.as_ref()).collect();
+    let b = (redis_nodes == 2).then(|| serve("broker-redis-b", node_cores, &config));
+    let nodes: Vec<&Server> = std::iter::once(&a).chain(b.as_ref()).collect();
     for n in &nodes {
         wait_broker_up(n, Duration::from_secs(15));
     }
     let setup = json!({
         "allocator": allocator(), "rounds": rounds, "memory_node_cores": memory_cores,
-        "redis_node_cores": node_cores, "redis_nodes": redis_nodes, "redis_version": redis.call(&["INFO", "server"]).unwrap_or_default()
+        "redis_node_cores": node_cores, "redis_nodes": redis_nodes, "redis_version": redis.info("server")
             .lines().find_map(|l| l.strip_prefix("redis_version:").map(str::to_string)),
     });
     let mut out = json!({"setup": setup});
@@ -149,7 +142,7 @@ fn main() {
         out["fanout"] = fanout_phase(rounds, &redis, &memory, &nodes, (memory_cores, node_cores));
     }
     if phases.contains("publish") {
-        let all: Vec<&Serve> = std::iter::once(&memory).chain(nodes.iter().copied()).collect();
+        let all: Vec<&Server> = std::iter::once(&memory).chain(nodes.iter().copied()).collect();
         out["publish"] = publish_phase(rounds, &redis, &memory, &a, &all);
     }
     write_json("broker", &out);
@@ -161,7 +154,7 @@ fn main() {
 const FANOUT_TARGETS: [&str; 4] = ["nodes_cpu", "nodes_wait", "redis_cpu", "load_cpu"];
 
 /// Phase 1; returns its JSON.
-fn fanout_phase(rounds: usize, redis: &RedisServer, memory: &Serve, nodes: &[&Serve], cores: (usize, usize)) -> Value {
+fn fanout_phase(rounds: usize, redis: &RedisProc, memory: &Server, nodes: &[&Server], cores: (usize, usize)) -> Value {
     let subs: usize = env_or("BROKER_SUBS", 10_000);
     let rates = env_list("BROKER_RATES", "100,1");
     let duration: f64 = env_or("BROKER_DURATION", 10.0);
@@ -173,13 +166,13 @@ fn fanout_phase(rounds: usize, redis: &RedisServer, memory: &Serve, nodes: &[&Se
         for round in 0..rounds {
             for kind in [Kind::Memory, Kind::Redis] {
                 let mut args: Vec<String> = vec!["fanout".into()];
-                let serving: Vec<&Serve> = match kind {
+                let serving: Vec<&Server> = match kind {
                     Kind::Memory => vec![memory],
                     Kind::Redis => nodes.to_vec(),
                 };
-                args.extend(serving.iter().map(|n| n.url()));
+                args.extend(serving.iter().map(|n| n.ws_url()));
                 if kind == Kind::Redis {
-                    args.extend(["--publish-url".into(), nodes[0].url()]);
+                    args.extend(["--publish-url".into(), nodes[0].ws_url()]);
                 }
                 args.extend(
                     [
@@ -205,7 +198,7 @@ fn fanout_phase(rounds: usize, redis: &RedisServer, memory: &Serve, nodes: &[&Se
                 let files = vec![
                     serving.iter().map(|n| PathBuf::from(format!("/proc/{}/stat", n.pid))).collect(),
                     serving.iter().flat_map(|n| thread_files(n.pid, "", "schedstat")).collect(),
-                    vec![PathBuf::from(format!("/proc/{}/stat", redis.pid))],
+                    vec![PathBuf::from(format!("/proc/{}/stat", redis.pid()))],
                     vec![PathBuf::from(format!("/proc/{}/stat", child.id()))],
                 ];
                 let sampler = ProcSampler::start(files, Duration::from_millis(100));
@@ -378,7 +371,7 @@ fn targets(redis: i32, node: i32, load: u32) -> Vec<Vec<PathBuf>> {
 }
 
 /// Phase 2; returns its JSON.
-fn publish_phase(rounds: usize, redis: &RedisServer, memory: &Serve, node: &Serve, all: &[&Serve]) -> Value {
+fn publish_phase(rounds: usize, redis: &RedisProc, memory: &Server, node: &Server, all: &[&Server]) -> Value {
     let publishers: usize = env_or("BROKER_PUBLISHERS", 64);
     let windows = env_list("BROKER_WINDOWS", "1,16");
     let duration: f64 = env_or("BROKER_PUB_DURATION", 5.0);
@@ -392,7 +385,7 @@ fn publish_phase(rounds: usize, redis: &RedisServer, memory: &Serve, node: &Serv
                 let target = if kind == Kind::Memory { memory } else { node };
                 let args: Vec<String> = vec![
                     "publish".into(),
-                    target.url(),
+                    target.ws_url(),
                     "--publishers".into(),
                     publishers.to_string(),
                     "--window".into(),
@@ -405,7 +398,7 @@ fn publish_phase(rounds: usize, redis: &RedisServer, memory: &Serve, node: &Serv
                     size.to_string(),
                 ];
                 redis.reset();
-                let metric = |n: &str| target.metric(n).unwrap_or(f64::NAN);
+                let metric = |n: &str| target.metric_sync(n, &[]).unwrap_or(f64::NAN);
                 let before = [
                     metric("tether_messages_published_total"),
                     metric("tether_broker_request_seconds_count"),
@@ -414,7 +407,8 @@ fn publish_phase(rounds: usize, redis: &RedisServer, memory: &Serve, node: &Serv
                 let load_before = loadavg();
                 eprintln!("$ tether load {}", args.join(" "));
                 let child = spawn_load(&args);
-                let sampler = ProcSampler::start(targets(redis.pid, target.pid, child.id()), Duration::from_millis(20));
+                let sampler =
+                    ProcSampler::start(targets(redis.pid(), target.pid, child.id()), Duration::from_millis(20));
                 // The load process reads its last acks within its grace, then exits.
                 let r = finish_load(child);
                 let trace = sampler.finish();

@@ -31,10 +31,9 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::redis_server::RedisServer;
 use common::*;
 use serde_json::{json, Value};
 use tether_load::broadcast::Broadcasts;
@@ -179,15 +178,15 @@ fn run() -> i32 {
         return 1;
     }
 
-    let redis = RedisServer::start();
+    let redis = RedisProc::start();
     let config = format!(
-        "[broker]\nkind = \"redis\"\nurl = \"unix://{}\"\n[heartbeat]\nping_interval_ms = {}\npong_timeout_ms = {}\n",
-        redis.sock.display(),
+        "[broker]\nkind = \"redis\"\nurl = \"{}\"\n[heartbeat]\nping_interval_ms = {}\npong_timeout_ms = {}\n",
+        redis.url(),
         plan.ping_ms,
         plan.pong_ms
     );
-    let nodes: Vec<Serve> = (0..plan.nodes).map(|i| Serve::start(&format!("c1m-{i}"), 1, 0, &config)).collect();
-    let urls: Vec<String> = nodes.iter().map(Serve::url).collect();
+    let nodes: Vec<Server> = (0..plan.nodes).map(|i| serve(&format!("c1m-{i}"), 1, &config)).collect();
+    let urls: Vec<String> = nodes.iter().map(Server::ws_url).collect();
     std::thread::sleep(Duration::from_secs(1));
     let base = sample(&nodes, &[], 0, 0.0);
     let mut loads: Vec<LoadProc> = Vec::new();
@@ -268,17 +267,14 @@ fn run() -> i32 {
 /// Connections the nodes reaped since they started, by reason (`tether_reaped_total{reason}`
 /// summed over nodes; reasons with none left out): why connections held at one step are gone
 /// at the next (a pong timeout on a starved box, a slow subscriber).
-fn reaped(nodes: &[Serve]) -> std::collections::BTreeMap<String, u64> {
+fn reaped(nodes: &[Server]) -> std::collections::BTreeMap<String, u64> {
     let mut out = std::collections::BTreeMap::new();
     for n in nodes {
-        let Some(body) = n.metrics_text() else { continue };
-        for line in body.lines().filter(|l| l.starts_with("tether_reaped_total{")) {
-            let reason = line.split("reason=\"").nth(1).and_then(|r| r.split('"').next());
-            let count = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
-            if let (Some(reason), Some(count)) = (reason, count) {
-                if count > 0.0 {
-                    *out.entry(reason.to_string()).or_insert(0) += count as u64;
-                }
+        let Some(metrics) = n.scrape() else { continue };
+        for (labels, count) in metrics.samples("tether_reaped_total") {
+            let reason = labels.split("reason=\"").nth(1).and_then(|r| r.split('"').next());
+            if let Some(reason) = reason.filter(|_| count > 0.0) {
+                *out.entry(reason.to_string()).or_insert(0) += count as u64;
             }
         }
     }
@@ -363,8 +359,9 @@ fn preflight(plan: &Plan) -> Vec<String> {
             burst.min(65535)
         );
     }
-    let redis: String = env_or("REDIS_SERVER", "/usr/bin/redis-server".to_string());
-    if !std::path::Path::new(&redis).exists() {
+    // The one RedisProc::start runs.
+    let redis: String = env_or("REDIS_SERVER", "redis-server".to_string());
+    if Command::new(&redis).arg("--version").stdout(Stdio::null()).status().is_err() {
         short.push(format!("{redis} not found: apt-get install redis-server (or set REDIS_SERVER)"));
     }
     short
@@ -393,7 +390,7 @@ fn memory_short(plan: &Plan, base: &Sample, s: &Sample) -> Option<String> {
 }
 
 /// Why a step stopped short: a stalled count, with the box's state at that point.
-fn why_short(got: u64, step: u64, nodes: &[Serve], base: &Sample, s: &Sample) -> String {
+fn why_short(got: u64, step: u64, nodes: &[Server], base: &Sample, s: &Sample) -> String {
     let available = mem_available();
     let dead = nodes.iter().filter(|n| std::fs::metadata(format!("/proc/{}", n.pid)).is_err()).count();
     format!(
@@ -409,10 +406,10 @@ fn why_short(got: u64, step: u64, nodes: &[Serve], base: &Sample, s: &Sample) ->
 
 /// Waits until the nodes hold `want` connections in all, or no new one arrived for `stall`;
 /// returns the count held.
-fn wait_held(nodes: &[Serve], want: u64, stall: Duration) -> u64 {
+fn wait_held(nodes: &[Server], want: u64, stall: Duration) -> u64 {
     let (mut last, mut since) = (0u64, Instant::now());
     loop {
-        let got: u64 = nodes.iter().map(|n| n.connections().unwrap_or(0)).sum();
+        let got: u64 = nodes.iter().map(|n| connections(n).unwrap_or(0)).sum();
         if got >= want {
             return got;
         }
@@ -426,7 +423,7 @@ fn wait_held(nodes: &[Serve], want: u64, stall: Duration) -> u64 {
 }
 
 /// Reads memory and socket figures now.
-fn sample(nodes: &[Serve], load_pids: &[i32], held: u64, connect_s: f64) -> Sample {
+fn sample(nodes: &[Server], load_pids: &[i32], held: u64, connect_s: f64) -> Sample {
     let sockstat = std::fs::read_to_string("/proc/net/sockstat").unwrap_or_default();
     let field = |line: &str, key: &str| -> u64 {
         sockstat
@@ -455,16 +452,17 @@ fn sample(nodes: &[Serve], load_pids: &[i32], held: u64, connect_s: f64) -> Samp
 /// the load reports, and the connections reaped by the end of the broadcasts, by reason.
 fn broadcast(
     plan: &Plan,
-    nodes: &[Serve],
+    nodes: &[Server],
     held: u64,
     loads: &mut [LoadProc],
 ) -> (Vec<Vec<String>>, Value, Vec<Value>, Value) {
-    let delivered = || nodes.iter().map(|n| n.metric("tether_messages_delivered_total").unwrap_or(0.0)).sum::<f64>();
+    let delivered =
+        || nodes.iter().map(|n| n.metric_sync("tether_messages_delivered_total", &[]).unwrap_or(0.0)).sum::<f64>();
     // Connected is not yet subscribed: an unstamped message that reaches all says they are.
     let ready_by = Instant::now() + Duration::from_secs(60);
     loop {
         let before = delivered();
-        publish(nodes[0].port, r#"{"warmup":true}"#);
+        publish(nodes[0].addr.port(), r#"{"warmup":true}"#);
         let end = Instant::now() + Duration::from_secs(5);
         while delivered() - before < held as f64 && Instant::now() < end {
             std::thread::sleep(Duration::from_millis(200));
@@ -477,7 +475,7 @@ fn broadcast(
     }
     let mut seqs = Vec::new();
     for _ in 0..plan.broadcasts {
-        let seq = publish(nodes[0].port, &format!(r#"{{"t":{}}}"#, tether_load::now_ns()));
+        let seq = publish(nodes[0].addr.port(), &format!(r#"{{"t":{}}}"#, tether_load::now_ns()));
         eprintln!("c1m: broadcast seq {seq:?}");
         seqs.extend(seq);
         std::thread::sleep(plan.spacing);

@@ -24,12 +24,12 @@ fn main() {
     // Handshakes per second at the highest concurrency, per variant.
     let mut peak = Vec::new();
     for v in &variants {
-        let server = Serve::start(&format!("connect-{}", v.name), cores, 0, &v.config);
+        let server = serve(&format!("connect-{}", v.name), cores, &v.config);
         let mut last = 0.0;
         for &c in &concurrency {
             let args: Vec<String> = vec![
                 "connect".into(),
-                v.url(&server.url()),
+                v.url(&server.ws_url()),
                 "--conns".into(),
                 conns.to_string(),
                 "--concurrency".into(),
@@ -50,7 +50,7 @@ fn main() {
             ]);
             last = num(&r, "handshakes_per_s");
             runs.push(json!({"auth": v.name, "conns": conns, "concurrency": c, "report": r}));
-            server.wait_connections(0, std::time::Duration::from_secs(20));
+            wait_connections(&server, 0, std::time::Duration::from_secs(20));
         }
         peak.push(format!("{} {last:.0}", v.name));
     }

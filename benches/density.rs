@@ -134,11 +134,11 @@ fn measure(
 ) -> Measured {
     let readiness: String = env_or("DENSITY_READINESS", "epoll".to_string());
     let config = format!("{}\n[io]\nreadiness = \"{readiness}\"\n", v.config);
-    let mut server = Serve::start(&format!("density-{}", v.name), cores, 0, &config);
+    let mut server = serve(&format!("density-{}", v.name), cores, &config);
     std::thread::sleep(Duration::from_millis(500));
     let base_rss = rss_bytes(server.pid);
     let base_slab = slab_bytes();
-    let url = v.url(&server.url());
+    let url = v.url(&server.ws_url());
     let mut loads = Vec::new();
     let mut samples = Vec::new();
     let mut held = 0usize;
@@ -163,11 +163,11 @@ fn measure(
                 "127.0.0.2-127.0.0.254".into(),
             ];
             // The token stays out of the log.
-            eprintln!("$ tether load idle {} --conns {step} … (auth {})", server.url(), v.name);
+            eprintln!("$ tether load idle {} --conns {step} … (auth {})", server.ws_url(), v.name);
             loads.push(spawn_load(&args));
             held = target;
         }
-        let got = server.wait_connections(held as u64, Duration::from_secs(60));
+        let got = wait_connections(&server, held as u64, Duration::from_secs(60));
         // Let the allocator and the kernel settle (deferred frees, timers).
         std::thread::sleep(Duration::from_millis(1500));
         let rss = rss_bytes(server.pid);
@@ -187,7 +187,7 @@ fn measure(
         errors += num(&report, "errors");
         reports.push(report);
     }
-    server.stop();
+    server.stop(STOP_GRACE);
     let rss_points: Vec<(f64, f64)> = samples.iter().map(|s| (s.0, s.1)).collect();
     let slab_points: Vec<(f64, f64)> = samples.iter().map(|s| (s.0, s.2)).collect();
     Measured {

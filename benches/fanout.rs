@@ -64,8 +64,8 @@ fn main() {
         for mode in &modes {
             let (send_batch, readiness) = mode.split_once('/').unwrap_or((mode, "epoll"));
             let config = format!("[io]\nsend_batch = \"{send_batch}\"\nreadiness = \"{readiness}\"\n");
-            let server = Serve::start("fanout", cores, 0, &config);
-            let url = server.url();
+            let server = serve("fanout", cores, &config);
+            let url = server.ws_url();
             for &n in &subs {
                 let rates = if fixed_rates.is_empty() {
                     vec![((offered / n.max(1) as f64).max(1.0) * 100.0).round() / 100.0]
@@ -115,7 +115,7 @@ fn main() {
                             "rate": rate, "server_cpu_us_per_delivery": cpu_us, "loadavg": load_before,
                             "report": r}));
                         // Let the server reap the previous run's connections before the next one.
-                        server.wait_connections(0, Duration::from_secs(20));
+                        wait_connections(&server, 0, Duration::from_secs(20));
                     }
                 }
             }

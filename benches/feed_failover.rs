@@ -22,7 +22,7 @@
 //! Env: FEED_BENCH_STORES ("redis,dynamodb"; dynamodb needs the feature and moto,
 //! `python3 -m pip install 'moto[server]'`), FEED_BENCH_TIMINGS ("test,seed"),
 //! FEED_BENCH_ROUNDS (10), FEED_BENCH_SEED_ROUNDS (FEED_BENCH_ROUNDS: seed rounds are slow),
-//! REDIS_SERVER (/usr/bin/redis-server). Prints a table; writes every round to
+//! REDIS_SERVER (`redis-server` on the PATH). Prints a table; writes every round to
 //! `target/bench/feed_failover.json`.
 //!
 //! Everything shares the box (2 cores here) with the upstream, the subscriber, redis-server
@@ -36,15 +36,13 @@ mod moto;
 #[allow(dead_code)]
 #[path = "../tests/common/upstream.rs"]
 mod upstream;
-#[allow(dead_code)]
-#[path = "../tests/common/wait.rs"]
-mod wait;
+// upstream.rs waits through `super::wait`: the harness's, in common.
+use common::wait;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::redis_server::RedisServer;
 use common::*;
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
@@ -180,19 +178,19 @@ struct Case<'a> {
     channels: Vec<String>,
     seen: Arc<Mutex<Seen>>,
     config: String,
-    nodes: Vec<Serve>,
+    nodes: Vec<Server>,
     t: &'a Timings,
     label: String,
 }
 
 impl Case<'_> {
-    fn start_node(&self, i: usize) -> Serve {
-        Serve::start(&format!("feed-failover-{}-n{i}", self.label), 1, 0, &self.config)
+    fn start_node(&self, i: usize) -> Server {
+        serve(&format!("feed-failover-{}-n{i}", self.label), 1, &self.config)
     }
 
     /// `tether_feeds_owned` of each node (0 for one that does not answer).
     fn owned(&self) -> Vec<u64> {
-        self.nodes.iter().map(|n| n.metric("tether_feeds_owned").unwrap_or(0.0) as u64).collect()
+        self.nodes.iter().map(|n| n.metric_sync("tether_feeds_owned", &[]).unwrap_or(0.0) as u64).collect()
     }
 
     /// Messages received so far on each channel.
@@ -205,24 +203,18 @@ impl Case<'_> {
     /// channel delivered a message since the call (so a loss at a handover shows as a gap);
     /// panics with what it saw after the case's bound.
     fn settle(&self) {
-        let start = Instant::now();
         let marks = self.received();
-        loop {
+        eventually_sync(self.t.limit(), &format!("{}: settled", self.label), || {
             let owned = self.owned();
             let bad: Vec<&String> = self.ids.iter().filter(|id| self.up.counts(id).open != 1).collect();
             let silent = self.received().iter().zip(&marks).filter(|(n, m)| n <= m).count();
-            if owned.iter().sum::<u64>() == FEEDS as u64 && bad.is_empty() && silent == 0 {
-                return;
-            }
-            assert!(
-                start.elapsed() < self.t.limit(),
-                "{}: not settled within {:?}: owned per node {owned:?}, feeds without one upstream connection \
-                 {bad:?}, {silent} channels silent",
-                self.label,
-                self.t.limit()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            let settled = owned.iter().sum::<u64>() == FEEDS as u64 && bad.is_empty() && silent == 0;
+            check(settled, || {
+                format!(
+                    "owned per node {owned:?}, feeds without one upstream connection {bad:?}, {silent} channels silent"
+                )
+            })
+        });
     }
 
     /// Sends `sig` to the node owning the most feeds; returns the time until the other nodes
@@ -231,16 +223,12 @@ impl Case<'_> {
         self.settle();
         let owned = self.owned();
         let victim = (0..NODES).max_by_key(|&i| owned[i]).expect("nodes");
-        let pid = self.nodes[victim].pid;
-        // SAFETY: kill(2) on a child this bench started and has not reaped.
-        unsafe {
-            libc::kill(pid, sig);
-        }
+        self.nodes[victim].signal(sig);
         let start = Instant::now();
         let took = loop {
             let others: u64 = (0..NODES)
                 .filter(|&i| i != victim)
-                .map(|i| self.nodes[i].metric("tether_feeds_owned").unwrap_or(0.0) as u64)
+                .map(|i| self.nodes[i].metric_sync("tether_feeds_owned", &[]).unwrap_or(0.0) as u64)
                 .sum();
             if others == FEEDS as u64 {
                 break start.elapsed();
@@ -248,16 +236,9 @@ impl Case<'_> {
             assert!(start.elapsed() < self.t.limit(), "{}: takeover not done within {:?}", self.label, self.t.limit());
             std::thread::sleep(Duration::from_millis(10));
         };
-        let mut child = self.nodes[victim].child.take().expect("a running node");
-        let exit = Instant::now();
-        while child.try_wait().ok().flatten().is_none() {
-            if exit.elapsed() > Duration::from_secs(15) {
-                let _ = child.kill();
-                let _ = child.wait();
-                eprintln!("warning: {}: node {victim} still ran 15 s after signal {sig}; killed", self.label);
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if self.nodes[victim].wait_exit(Duration::from_secs(15)).is_none() {
+            self.nodes[victim].stop(Duration::ZERO);
+            eprintln!("warning: {}: node {victim} still ran 15 s after signal {sig}; killed", self.label);
         }
         self.nodes[victim] = self.start_node(victim);
         (took, owned[victim])
@@ -272,7 +253,7 @@ fn summary(v: &[f64]) -> (f64, f64) {
 /// Runs one case; returns its JSON.
 fn run_case(
     rt: &tokio::runtime::Runtime,
-    redis: &RedisServer,
+    redis: &RedisProc,
     up: &Upstream,
     store: Store,
     t: &Timings,
@@ -281,8 +262,7 @@ fn run_case(
     let label = format!("{}-{}", store.name(), t.name);
     let prefix = format!("fb-{label}:");
     let ids: Vec<String> = (0..FEEDS).map(|i| format!("{label}-f{i}")).collect();
-    let broker =
-        format!("[broker]\nkind = \"redis\"\nurl = \"unix://{}\"\nkey_prefix = \"{prefix}\"\n", redis.sock.display());
+    let broker = format!("[broker]\nkind = \"redis\"\nurl = \"{}\"\nkey_prefix = \"{prefix}\"\n", redis.url());
     let base = "[drain]\nwindow_ms = 300\n[heartbeat]\nping_interval_ms = 600000\n";
     #[cfg(feature = "dynamodb")]
     let _moto = (store == Store::Dynamodb).then(|| rt.block_on(moto_with_table()));
@@ -310,10 +290,10 @@ fn run_case(
     let probe = _moto.as_ref().map(|m| rt.spawn(probe_store(m.endpoint(), ids[0].clone(), latencies.clone())));
     #[cfg(not(feature = "dynamodb"))]
     let probe: Option<tokio::task::JoinHandle<()>> = None;
-    let edge = Serve::start(&format!("feed-failover-{label}-edge"), 1, 0, &format!("{base}{broker}"));
+    let edge = serve(&format!("feed-failover-{label}-edge"), 1, &format!("{base}{broker}"));
     let seen = Arc::new(Mutex::new(Seen::default()));
     let channels: Vec<String> = ids.iter().map(|id| format!("feed.{id}")).collect();
-    rt.spawn(subscriber(edge.url(), channels.clone(), seen.clone()));
+    rt.spawn(subscriber(edge.ws_url(), channels.clone(), seen.clone()));
     let mut case = Case {
         up,
         ids,
@@ -436,7 +416,7 @@ fn main() {
     let rounds: usize = env_or("FEED_BENCH_ROUNDS", 10);
     let seed_rounds: usize = env_or("FEED_BENCH_SEED_ROUNDS", rounds);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");
-    let redis = RedisServer::start();
+    let redis = RedisProc::start();
     let up = rt.block_on(Upstream::start(INTERVAL, None));
     let mut cases = Vec::new();
     for t in &timings {

@@ -28,13 +28,11 @@ mod moto;
 #[path = "../tests/common/upstream.rs"]
 #[allow(dead_code)]
 mod upstream;
-#[path = "../tests/common/wait.rs"]
-#[allow(dead_code)]
-mod wait;
+// upstream.rs waits through `super::wait`: the harness's, in common.
+use common::wait;
 
 use std::time::{Duration, Instant};
 
-use common::redis_server::RedisServer;
 use common::*;
 use serde_json::{json, Value};
 
@@ -59,34 +57,27 @@ struct Reading {
     takeovers: f64,
 }
 
-/// The sample of `name` whose label set is exactly `labels` (`""` for none), from a
-/// `/metrics` text.
-fn sample(text: &str, name: &str, labels: &str) -> f64 {
-    let key = if labels.is_empty() { format!("{name} ") } else { format!("{name}{{{labels}}} ") };
-    text.lines().find_map(|l| l.strip_prefix(&key)?.trim().parse().ok()).unwrap_or(0.0)
-}
-
-fn read(node: &Serve) -> Reading {
-    let text = node.metrics_text().unwrap_or_else(|| panic!("node on port {} did not answer /metrics", node.port));
+fn read(node: &Server) -> Reading {
+    let m = node.scrape().unwrap_or_else(|| panic!("node {} did not answer /metrics", node.addr));
     let mut r = Reading {
-        written: sample(&text, "tether_feed_store_items_written_total", ""),
-        owned: sample(&text, "tether_feeds_owned", ""),
-        renew_failures: sample(&text, "tether_feed_lease_renew_failures_total", ""),
-        takeovers: sample(&text, "tether_feed_takeovers_total", ""),
+        written: m.sum("tether_feed_store_items_written_total", &[]),
+        owned: m.sum("tether_feeds_owned", &[]),
+        renew_failures: m.sum("tether_feed_lease_renew_failures_total", &[]),
+        takeovers: m.sum("tether_feed_takeovers_total", &[]),
         ..Reading::default()
     };
     for (i, op) in OPS.iter().enumerate() {
-        r.requests[i] = sample(&text, "tether_feed_store_requests_total", &format!("op=\"{op}\""));
+        r.requests[i] = m.sum("tether_feed_store_requests_total", &[&format!("op=\"{op}\"")]);
     }
     r
 }
 
-/// The node config: one core, the Redis broker at `sock`, `store_toml` (the `[feeds]` store
+/// The node config: one core, the Redis broker at `url` (`unix://…`), `store_toml` (the `[feeds]` store
 /// lines), the seed timings, and one `[[feeds.static]]` per feed of `up`.
-fn node_config(sock: &str, store_toml: &str, up: &upstream::Upstream, feeds: usize) -> String {
+fn node_config(url: &str, store_toml: &str, up: &upstream::Upstream, feeds: usize) -> String {
     let mut t = format!(
         "cores = 1\n[drain]\nwindow_ms = 1000\n\
-         [broker]\nkind = \"redis\"\nurl = \"unix://{sock}\"\n[feeds]\n{store_toml}{TIMINGS}"
+         [broker]\nkind = \"redis\"\nurl = \"{url}\"\n[feeds]\n{store_toml}{TIMINGS}"
     );
     for i in 0..feeds {
         let id = format!("f{i:04}");
@@ -156,16 +147,13 @@ impl Backend {
 }
 
 /// Waits until the nodes own `feeds` together; returns the time taken.
-fn wait_owned(nodes: &[Serve], feeds: usize, limit: Duration) -> Duration {
+fn wait_owned(nodes: &[Server], feeds: usize, limit: Duration) -> Duration {
     let start = Instant::now();
-    loop {
-        let owned: f64 = nodes.iter().map(|n| n.metric("tether_feeds_owned").unwrap_or(0.0)).sum();
-        if owned as usize == feeds {
-            return start.elapsed();
-        }
-        assert!(start.elapsed() < limit, "the nodes own {owned} of {feeds} feeds after {limit:?}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    eventually_sync(limit, &format!("the nodes owning {feeds} feeds"), || {
+        let owned: f64 = nodes.iter().map(|n| n.metric_sync("tether_feeds_owned", &[]).unwrap_or(0.0)).sum();
+        check(owned as usize == feeds, || format!("{owned} owned"))
+    });
+    start.elapsed()
 }
 
 /// One round on one store: start the store's server, the broker and three nodes, wait for
@@ -179,9 +167,9 @@ fn round(
     rt: &tokio::runtime::Runtime,
 ) -> Vec<Value> {
     let Some(backend) = Backend::start(store, rt) else { return Vec::new() };
-    let redis = RedisServer::start();
-    let cfg = node_config(&redis.sock.display().to_string(), &backend.store_toml(), up, feeds);
-    let mut nodes: Vec<Serve> = (0..NODES).map(|i| Serve::start(&format!("feed_leases_{i}"), 1, 0, &cfg)).collect();
+    let redis = RedisProc::start();
+    let cfg = node_config(&redis.url(), &backend.store_toml(), up, feeds);
+    let mut nodes: Vec<Server> = (0..NODES).map(|i| serve(&format!("feed_leases_{i}"), 1, &cfg)).collect();
     let took = wait_owned(&nodes, feeds, OWN_LIMIT);
     println!("{store} round {n}: {feeds} feeds owned {took:.1?} after start; settling one renew interval");
     std::thread::sleep(Duration::from_millis(RENEW_MS));
@@ -233,7 +221,7 @@ fn round(
         }
     }
     for node in &mut nodes {
-        node.stop();
+        node.stop(STOP_GRACE);
     }
     // Redis, then the lease store, stop as they go out of scope (reverse order of declaration).
     rows

@@ -32,7 +32,7 @@ use serde_json::{json, Value};
 struct Side {
     label: String,
     interval_ms: u64,
-    server: Serve,
+    server: Server,
     load: Option<Child>,
 }
 
@@ -49,7 +49,7 @@ impl Side {
         Sample {
             cpu_s: cpu_seconds(self.server.pid).unwrap_or(f64::NAN),
             load_cpu_s: self.load.as_ref().and_then(|c| cpu_seconds(c.id() as i32)).unwrap_or(f64::NAN),
-            pings: self.server.metric("tether_pings_sent_total").unwrap_or(f64::NAN),
+            pings: self.server.metric_sync("tether_pings_sent_total", &[]).unwrap_or(f64::NAN),
         }
     }
 }
@@ -75,7 +75,7 @@ fn main() {
             Side {
                 label: format!("{ms} ms"),
                 interval_ms: ms,
-                server: Serve::start(&format!("heartbeat_{name}"), cores, 0, &cfg),
+                server: serve(&format!("heartbeat_{name}"), cores, &cfg),
                 load: None,
             }
         })
@@ -85,7 +85,7 @@ fn main() {
     for side in &mut sides {
         let args: Vec<String> = vec![
             "idle".into(),
-            side.server.url(),
+            side.server.ws_url(),
             "--conns".into(),
             conns.to_string(),
             "--channels".into(),
@@ -99,7 +99,7 @@ fn main() {
         commands.push(format!("tether load {}", args.join(" ")));
         side.load = Some(spawn_load(&args));
         // One side at a time: both bursts of handshakes at once would only slow each other.
-        let got = side.server.wait_connections(conns as u64, Duration::from_secs(120));
+        let got = wait_connections(&side.server, conns as u64, Duration::from_secs(120));
         eprintln!("heartbeat: {} server holds {got} connections", side.label);
     }
     std::thread::sleep(Duration::from_secs_f64(settle));
@@ -129,7 +129,7 @@ fn main() {
             totals[i][2] += after[i].load_cpu_s - before[i].load_cpu_s;
             cpu_pct[i].push(cpu * 100.0);
             pps[i].push(rate);
-            held[i] = sides[i].server.connections().unwrap_or(0) as f64;
+            held[i] = connections(&sides[i].server).unwrap_or(0) as f64;
             fig.push((cpu, rate, load_cpu));
         }
         let us = (fig[0].0 - fig[1].0) / (fig[0].1 - fig[1].1) * 1e6;
@@ -157,7 +157,7 @@ fn main() {
         if let Some(child) = side.load.take() {
             load_reports.push(stop_load(child));
         }
-        side.server.stop();
+        side.server.stop(STOP_GRACE);
     }
     let load_errors: f64 = load_reports.iter().map(|r| num(r, "errors")).sum();
 

@@ -29,7 +29,7 @@ use serde_json::{json, Value};
 
 struct Side {
     label: String,
-    server: Serve,
+    server: Server,
     load: Option<Child>,
 }
 
@@ -40,7 +40,7 @@ fn measure(sides: &[Side], rounds: usize, window: f64) -> Vec<(Vec<f64>, Vec<f64
         let t0 = Instant::now();
         let sample = |s: &Side| {
             let cpu = cpu_seconds_fine(s.server.pid).unwrap_or(f64::NAN);
-            (cpu, s.server.metric("tether_pings_sent_total").unwrap_or(f64::NAN))
+            (cpu, s.server.metric_sync("tether_pings_sent_total", &[]).unwrap_or(f64::NAN))
         };
         let before: Vec<_> = sides.iter().map(sample).collect();
         std::thread::sleep(Duration::from_secs_f64(window));
@@ -86,11 +86,11 @@ fn main() {
         .map(|r| {
             let cfg = format!("{cfg}[io]\nreadiness = \"{r}\"\n");
             let label = format!("this build, io.readiness = {r}");
-            Side { label, server: Serve::start(&format!("idle_cpu_{r}"), cores, 0, &cfg), load: None }
+            Side { label, server: serve(&format!("idle_cpu_{r}"), cores, &cfg), load: None }
         })
         .collect();
     if let Some(b) = &baseline {
-        let server = Serve::start_bin(b, "idle_cpu_baseline", cores, 0, cfg);
+        let server = serve_bin(b, "idle_cpu_baseline", cores, cfg);
         sides.push(Side { label: format!("baseline {}", b.display()), server, load: None });
     }
     std::thread::sleep(Duration::from_secs(2));
@@ -100,7 +100,7 @@ fn main() {
     let sources = ["127.0.0.2-127.0.0.127", "127.0.0.128-127.0.0.254"];
     let mut commands = Vec::new();
     for (side, src) in sides.iter_mut().zip(sources) {
-        let args: Vec<String> = ["idle", &side.server.url(), "--conns", &conns.to_string(), "--channels", "100"]
+        let args: Vec<String> = ["idle", &side.server.ws_url(), "--conns", &conns.to_string(), "--channels", "100"]
             .into_iter()
             .map(String::from)
             .chain(["--hold", "900s", "--sources", src].map(String::from))
@@ -108,11 +108,11 @@ fn main() {
         eprintln!("$ tether load {}", args.join(" "));
         commands.push(format!("tether load {}", args.join(" ")));
         side.load = Some(spawn_load(&args));
-        let got = side.server.wait_connections(conns as u64, Duration::from_secs(180));
+        let got = wait_connections(&side.server, conns as u64, Duration::from_secs(180));
         eprintln!("idle_cpu: {} holds {got} connections", side.label);
     }
     std::thread::sleep(Duration::from_secs_f64(settle));
-    let held: Vec<u64> = sides.iter().map(|s| s.server.connections().unwrap_or(0)).collect();
+    let held: Vec<u64> = sides.iter().map(|s| connections(&s.server).unwrap_or(0)).collect();
     let busy = measure(&sides, rounds, window);
 
     let mut load_reports = Vec::new();
@@ -120,7 +120,7 @@ fn main() {
         if let Some(child) = side.load.take() {
             load_reports.push(stop_load(child));
         }
-        side.server.stop();
+        side.server.stop(STOP_GRACE);
     }
 
     let fmt = |v: &[f64]| v.iter().map(|x| format!("{x:.3}")).collect::<Vec<_>>().join(" ");

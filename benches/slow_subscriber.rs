@@ -51,14 +51,14 @@ fn main() {
 
     pin_binary("slow_subscriber");
     let base = "[limits]\nclose_timeout_ms = 30000\nqueue_max_bytes = 1048576\nmax_publish_bytes = 65536\n";
-    let mut servers = vec![Serve::start("slow_subscriber", cores, 0, base)];
+    let mut servers = vec![serve("slow_subscriber", cores, base)];
     let mut cases = vec![
         Case { name: "baseline", server: 0, non_readers: 0 },
         Case { name: "non-reader (disconnect)", server: 0, non_readers },
     ];
     if drop_oldest {
         let cfg = format!("{base}\n[[channels]]\npattern = \"*\"\noverflow = \"drop-oldest\"\n");
-        servers.push(Serve::start("slow_subscriber_drop_oldest", cores, 0, &cfg));
+        servers.push(serve("slow_subscriber_drop_oldest", cores, &cfg));
         cases.push(Case { name: "non-reader (drop-oldest)", server: 1, non_readers });
     }
 
@@ -72,16 +72,16 @@ fn main() {
         for &c in &order {
             let case = &cases[c];
             let server = &servers[case.server];
-            let mut args = fanout_args(server.url(), subs, rate, size, duration);
+            let mut args = fanout_args(server.ws_url(), subs, rate, size, duration);
             if case.non_readers > 0 {
                 args.extend(["--non-readers".into(), case.non_readers.to_string()]);
             }
             if round == 0 {
                 commands.push(format!("tether load {}", args.join(" ")));
             }
-            let overflow_before = server.metric("tether_overflow_total").unwrap_or(0.0);
+            let overflow_before = server.metric_sync("tether_overflow_total", &[]).unwrap_or(0.0);
             let r = load(&args);
-            let overflows = server.metric("tether_overflow_total").unwrap_or(0.0) - overflow_before;
+            let overflows = server.metric_sync("tether_overflow_total", &[]).unwrap_or(0.0) - overflow_before;
             let cell = |k: &str| common::cell(&r, k);
             rows.push(vec![
                 round.to_string(),
@@ -100,11 +100,11 @@ fn main() {
             runs.push(json!({"round": round, "case": case.name, "non_readers": case.non_readers,
                 "server_overflows": overflows, "report": r}));
             // The next run starts on a server with no connection of this one left.
-            server.wait_connections(0, Duration::from_secs(40));
+            wait_connections(server, 0, Duration::from_secs(40));
         }
     }
     for s in &mut servers {
-        s.stop();
+        s.stop(STOP_GRACE);
     }
 
     let pick = |case: &str, key: &str| -> Vec<f64> {

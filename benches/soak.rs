@@ -141,15 +141,6 @@ async fn run_client(mut s: TcpStream, mut buf: Vec<u8>, mut rx: mpsc::UnboundedR
     }
 }
 
-/// Waits until `counter` reaches `want`; panics naming `what` after [`PHASE`].
-async fn wait_for(counter: &AtomicU64, want: u64, what: &str) {
-    let end = Instant::now() + PHASE;
-    while counter.load(Relaxed) < want {
-        assert!(Instant::now() < end, "{what}: {} of {want} within {PHASE:?}", counter.load(Relaxed));
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Connects `n` clients, 256 at a time.
 async fn connect_all(addr: SocketAddr, n: usize, seen: &Arc<Seen>) -> Vec<Client> {
     futures::stream::iter(0..n).map(|_| Client::connect(addr, seen.clone())).buffered(256).collect().await
@@ -217,11 +208,6 @@ fn status(port: u16) -> Value {
     text.split_once("\r\n\r\n").and_then(|(_, body)| serde_json::from_str(body).ok()).unwrap_or(Value::Null)
 }
 
-/// Open descriptors of `pid` (/proc/PID/fd).
-fn fd_count(pid: i32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
-}
-
 /// One cycle's figures.
 struct Sample {
     cycle: usize,
@@ -241,13 +227,13 @@ async fn cycle(addr: SocketAddr, conns: usize, rooms: usize, msgs: usize, churn_
         c.send(&json!({"op": "sub", "ch": room(i)}));
         c.send(&json!({"op": "sub", "ch": format!("u{i}")}));
     }
-    wait_for(&seen.subscribed, 2 * conns as u64, "subscribed").await;
+    eventually_reaches(&seen.subscribed, 2 * conns as u64, PHASE, "subscribed").await;
 
     // Fan-out: every room MSGS times, every own channel once.
     let mut chans: Vec<String> = (0..msgs).flat_map(|_| (0..rooms).map(|r| format!("room{r}"))).collect();
     chans.extend((0..conns).map(|i| format!("u{i}")));
     publish_all(addr, chans).await;
-    wait_for(&seen.msgs, (conns * (msgs + 1)) as u64, "fan-out deliveries").await;
+    eventually_reaches(&seen.msgs, (conns * (msgs + 1)) as u64, PHASE, "fan-out deliveries").await;
 
     // Churn: move every client to the next room and a new own channel; some reconnect.
     for (i, c) in clients.iter().enumerate() {
@@ -256,7 +242,7 @@ async fn cycle(addr: SocketAddr, conns: usize, rooms: usize, msgs: usize, churn_
         c.send(&json!({"op": "sub", "ch": room(i + 1)}));
         c.send(&json!({"op": "sub", "ch": format!("v{i}")}));
     }
-    wait_for(&seen.subscribed, 4 * conns as u64, "subscribed after the churn").await;
+    eventually_reaches(&seen.subscribed, 4 * conns as u64, PHASE, "subscribed after the churn").await;
     let again = conns * churn_pct / 100;
     let step = (conns / again.max(1)).max(1);
     let moved: Vec<usize> = (0..conns).step_by(step).take(again).collect();
@@ -268,10 +254,11 @@ async fn cycle(addr: SocketAddr, conns: usize, rooms: usize, msgs: usize, churn_
         c.send(&json!({"op": "sub", "ch": room(i + 1)}));
         clients[i] = c;
     }
-    wait_for(&seen.subscribed, (4 * conns + moved.len()) as u64, "subscribed after reconnecting").await;
+    eventually_reaches(&seen.subscribed, (4 * conns + moved.len()) as u64, PHASE, "subscribed after reconnecting")
+        .await;
     let before = seen.msgs.load(Relaxed);
     publish_all(addr, (0..rooms).map(|r| format!("room{r}")).collect()).await;
-    wait_for(&seen.msgs, before + conns as u64, "fan-out after the churn").await;
+    eventually_reaches(&seen.msgs, before + conns as u64, PHASE, "fan-out after the churn").await;
 
     // Disconnect all.
     drop(clients);
@@ -297,8 +284,8 @@ fn main() {
         "[heartbeat]\nping_interval_ms = 2000\npong_timeout_ms = 1500\n\n[dedup]\nwindow_ms = {dedup_ms}\n\n\
          [drain]\nwindow_ms = 1000\n"
     );
-    let server = Serve::start("soak", cores, 0, &cfg);
-    let addr: SocketAddr = format!("127.0.0.1:{}", server.port).parse().expect("address");
+    let server = serve("soak", cores, &cfg);
+    let addr = server.addr;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let baseline = rss_bytes(server.pid) as f64 / 1e6;
     println!(
@@ -311,19 +298,19 @@ fn main() {
     for c in 1..=cycles {
         let start = Instant::now();
         rt.block_on(cycle(addr, conns, rooms, msgs, churn_pct));
-        let left = server.wait_connections(0, PHASE);
+        let left = wait_connections(&server, 0, PHASE);
         assert_eq!(left, 0, "cycle {c}: connections left in the gauge after every client left");
         // Idle channels go at the first sweep (every 5 s) past the dedup window.
-        let end = Instant::now() + Duration::from_millis(dedup_ms) + Duration::from_secs(15);
-        while num(&status(server.port), "channels") > 0.0 && Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        let sweep = Duration::from_millis(dedup_ms) + Duration::from_secs(15);
+        let channels = || num(&status(server.addr.port()), "channels");
+        // Still some after that: the next sample shows them.
+        let _ = within_sync(sweep, || check(channels() == 0.0, || ()));
         std::thread::sleep(settle);
-        let st = status(server.port);
+        let st = status(server.addr.port());
         let s = Sample {
             cycle: c,
             rss_mb: rss_bytes(server.pid) as f64 / 1e6,
-            fds: fd_count(server.pid),
+            fds: server.fd_count(),
             connections: num(&st, "connections"),
             channels: num(&st, "channels"),
             seconds: start.elapsed().as_secs_f64(),

@@ -26,10 +26,10 @@ fn main() {
     let mut rows = Vec::new();
     let mut runs = Vec::new();
     for trigger in triggers.split(',').map(str::trim).filter(|t| !t.is_empty()) {
-        let mut server = Serve::start("storm", cores, 0, &config);
+        let mut server = serve("storm", cores, &config);
         let mut args: Vec<String> = vec![
             "storm".into(),
-            server.url(),
+            server.ws_url(),
             "--conns".into(),
             conns.to_string(),
             "--trigger".into(),
@@ -38,7 +38,12 @@ fn main() {
             "127.0.0.2-127.0.0.254".into(),
         ];
         if trigger == "drain" {
-            args.extend(["--server-pid".into(), server.pid.to_string(), "--restart-cmd".into(), server.restart_cmd()]);
+            args.extend([
+                "--server-pid".into(),
+                server.pid.to_string(),
+                "--restart-cmd".into(),
+                restart_cmd(&server, "storm", cores),
+            ]);
         }
         let r = load(&args);
         // The drained server exits by itself; the replacement is ours to stop.
@@ -48,7 +53,7 @@ fn main() {
                 libc::kill(pid as i32, libc::SIGTERM);
             }
         }
-        server.stop();
+        server.stop(STOP_GRACE);
         let cell = |k: &str| common::cell(&r, k);
         rows.push(vec![
             trigger.to_string(),

@@ -20,8 +20,9 @@
 //! - [`auth`]: JWT connection auth (docs/security.md): token verification, the per-core
 //!   table of interned grants, and `tether token`.
 //! - [`limits`]: `tether check-limits`: reads the OS limits and predicts connection capacity.
-//! - [`client`]: the tokio client and the `sub`/`pub` command-line tools, re-exported from
-//!   the `tether-client` crate (crates/tether-client), which stands on `tether-proto` alone.
+//! - [`client`]: the tokio client, the `sub`/`pub` command-line tools and `tether feeds` (the
+//!   feeds admin API's command line), re-exported from the `tether-client` crate
+//!   (crates/tether-client), which stands on `tether-proto` alone.
 //! - [`redis`]: the Redis link shared by the broker and the lease store (one Redis or a
 //!   Cluster), Redis's clock as this node sees it, and the reply grace of scripted writes.
 //! - [`feeds`]: upstream feeds owned by leases (docs/feeds.md): the feed record, the lease

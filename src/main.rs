@@ -1,4 +1,4 @@
-//! The `tether` command: `serve`, `sub`, `pub`, `load`, `check-limits`, `token`.
+//! The `tether` command: `serve`, `sub`, `pub`, `load`, `check-limits`, `token`, `feeds`.
 
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
@@ -83,7 +83,7 @@ enum Cmd {
     Token(tether::auth::mint::TokenArgs),
     /// Upstream feeds through a node's admin API: list, get, put, start, stop, delete
     /// (docs/feeds.md).
-    Feeds(tether::feeds::cli::FeedsArgs),
+    Feeds(tether::client::FeedsArgs),
 }
 
 /// The token of `sub` and `pub` for a server with `[auth]` (docs/security.md).

@@ -112,21 +112,10 @@ async fn drained_clients_reconnect_spread_out() {
 }
 
 async fn wait_for(log: &Mutex<Log>, limit: Duration, done: impl Fn(&Log) -> bool) {
-    let end = Instant::now() + limit;
-    loop {
-        {
-            let l = log.lock().unwrap();
-            if done(&l) {
-                return;
-            }
-            assert!(
-                Instant::now() < end,
-                "after {limit:?}: {} subscribed, {} resets, {} disconnects",
-                l.subscribed,
-                l.resets,
-                l.disconnects
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(limit, "the clients' log", || {
+        let l = log.lock().unwrap();
+        let seen = || format!("{} subscribed, {} resets, {} disconnects", l.subscribed, l.resets, l.disconnects);
+        std::future::ready(check(done(&l), seen))
+    })
+    .await
 }

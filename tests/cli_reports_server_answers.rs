@@ -73,13 +73,9 @@ impl Cli {
     /// Waits (bounded) for the exit; its code and how long it took.
     fn wait_exit(&mut self, limit: Duration) -> (Option<i32>, Duration) {
         let start = Instant::now();
-        loop {
-            if let Some(st) = self.child.try_wait().expect("wait") {
-                return (st.code(), start.elapsed());
-            }
-            assert!(start.elapsed() < limit, "tether did not exit within {limit:?}");
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        let st =
+            eventually_sync(limit, "tether exiting", || self.child.try_wait().expect("wait").ok_or("still running"));
+        (st.code(), start.elapsed())
     }
 }
 

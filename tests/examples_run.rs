@@ -13,13 +13,10 @@ mod publish;
 #[path = "../examples/subscribe.rs"]
 mod subscribe;
 
-use common::tung::{next_json, Ws};
+use common::tung::next_json;
 use common::*;
-use futures::SinkExt;
 use serde_json::json;
 use tokio::time::timeout;
-use tokio_tungstenite::connect_async;
-use tokio_tungstenite::tungstenite::Message;
 
 const CH: &str = "examples.news";
 
@@ -28,9 +25,8 @@ async fn publish_then_subscribe_from_history() {
     let srv = Server::start("", &[]);
     let url = srv.ws_url();
 
-    let (mut live, _): (Ws, _) =
-        timeout(STEP, connect_async(url.as_str())).await.expect("connect in time").expect("connect");
-    live.send(Message::text(json!({"op": "sub", "ch": CH}).to_string())).await.expect("send sub");
+    let mut live = tung::connect(&url).await;
+    tung::send(&mut live, json!({"op": "sub", "ch": CH})).await;
     let v = next_json(&mut live).await;
     assert_eq!(v["op"], "subscribed", "{v}");
 

@@ -19,7 +19,6 @@ use common::tung::{next_json, Ws};
 use common::*;
 use futures::SinkExt;
 use serde_json::{json, Value};
-use tokio_tungstenite::connect_async;
 use tokio_tungstenite::tungstenite::Message;
 
 const SUBSCRIBERS: usize = 1200;
@@ -56,10 +55,9 @@ type Sub = (Ws, BTreeMap<String, u64>, Vec<Value>);
 
 /// A connection subscribed to `chans`.
 async fn subscriber(url: String, chans: Vec<&'static str>) -> Sub {
-    let (mut ws, _) =
-        tokio::time::timeout(STEP, connect_async(url)).await.expect("connect timed out").expect("connect");
+    let mut ws = tung::connect(&url).await;
     for ch in &chans {
-        ws.send(Message::text(json!({"op": "sub", "ch": ch}).to_string())).await.unwrap();
+        tung::send(&mut ws, json!({"op": "sub", "ch": ch})).await;
     }
     let mut heads = BTreeMap::new();
     // Messages of a channel subscribed first may arrive before a later `subscribed`.
@@ -133,7 +131,7 @@ async fn interleaved_bursts_reach_every_subscriber_once_in_order() {
     });
 
     // The WS publisher pipelines every publish, then reads the acks.
-    let (mut publisher, _) = connect_async(url.clone()).await.expect("publisher connect");
+    let mut publisher = tung::connect(&url).await;
     let mut late = Vec::new();
     for k in 0..WS_PUBLISHES {
         let frame = json!({"op": "pub", "ch": channel_of(k), "id": format!("w{k}"), "data": {"k": k}});

@@ -19,7 +19,7 @@ mod lease_contract;
 use std::time::{Duration, Instant};
 
 use common::redis::RedisProc;
-use common::{http_request, Server, STEP};
+use common::{check, eventually, http_request, Server, STEP};
 use lease_contract::def;
 use serde_json::{json, Value};
 use tether::config::{Broker as BrokerConfig, BrokerKind};
@@ -134,11 +134,11 @@ async fn admin_put_while_redis_sleeps_is_504() {
     let node = Server::start(&config, &[]);
     // The feeds thread is idle once its first reconcile subscribed to release notifications
     // (else the admin request would wait behind that reconcile, which waits for Redis).
-    let end = Instant::now() + STEP;
-    while redis.cli(&["PUBSUB", "NUMSUB", "tether:feeds:released"]).lines().nth(1) != Some("1") {
-        assert!(Instant::now() < end, "the node did not subscribe to releases within {STEP:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(STEP, "the node subscribed to releases", || {
+        let numsub = redis.cli(&["PUBSUB", "NUMSUB", "tether:feeds:released"]);
+        std::future::ready(check(numsub.lines().nth(1) == Some("1"), || numsub.clone()))
+    })
+    .await;
     assert_eq!(http_request(node.addr, "GET", "/feeds", &[], b"").await.0, 200);
     let body =
         json!({"url": "ws://127.0.0.1:9/x", "channel": "feed.api", "desired_state": "STOPPED", "seq_pointer": "/seq"})

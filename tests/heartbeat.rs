@@ -10,11 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_tungstenite::connect_async;
 use tokio_tungstenite::tungstenite::Message;
 
 const IDLE_CUT: Duration = Duration::from_millis(2500);
@@ -71,8 +70,8 @@ async fn subscribe_and_idle(
     t0: Instant,
     until: Instant,
 ) -> (tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>, Vec<Duration>) {
-    let (mut ws, _) = connect_async(url).await.expect("connect through the proxy");
-    ws.send(Message::text(json!({"op": "sub", "ch": ch}).to_string())).await.unwrap();
+    let mut ws = tung::connect(&url).await;
+    tung::send(&mut ws, json!({"op": "sub", "ch": ch})).await;
     let mut pings = Vec::new();
     let deadline = tokio::time::Instant::from_std(until);
     loop {
@@ -120,7 +119,7 @@ async fn pings_keep_a_connection_through_an_idle_cutting_proxy() {
 async fn the_proxy_cuts_a_quiet_connection() {
     let srv = Server::start("[heartbeat]\nping_interval_ms = 60000\n", &["--cores", "1"]);
     let (proxy, cuts) = idle_cutting_proxy(srv.addr).await;
-    let (mut ws, _) = connect_async(format!("ws://{proxy}/ws")).await.expect("connect");
+    let mut ws = tung::connect(&format!("ws://{proxy}/ws")).await;
     let t0 = Instant::now();
     while let Some(Ok(_)) = tokio::time::timeout(Duration::from_secs(6), ws.next()).await.expect("the proxy never cut")
     {
@@ -134,8 +133,8 @@ async fn silent_peer_is_reaped_and_leaves_no_trace() {
     let srv = Server::start("[heartbeat]\nping_interval_ms = 1000\npong_timeout_ms = 2000\n", &["--cores", "2"]);
 
     // A healthy subscriber (tungstenite answers pings) kept reading in the background.
-    let (mut healthy, _) = connect_async(srv.ws_url()).await.expect("connect");
-    healthy.send(Message::text(json!({"op": "sub", "ch": "healthy.ch"}).to_string())).await.unwrap();
+    let mut healthy = tung::connect(&srv.ws_url()).await;
+    tung::send(&mut healthy, json!({"op": "sub", "ch": "healthy.ch"})).await;
     let (msg_tx, mut msg_rx) = tokio::sync::mpsc::unbounded_channel::<Value>();
     let healthy_task = tokio::spawn(async move {
         while let Some(Ok(m)) = healthy.next().await {

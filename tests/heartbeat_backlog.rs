@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{connect_async, MaybeTlsStream, WebSocketStream};
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
@@ -59,12 +59,12 @@ async fn a_pong_that_arrived_while_the_server_was_behind_is_read_before_its_dead
     let ended = Arc::new(AtomicUsize::new(0));
     let mut sinks: Vec<SplitSink<Ws, Message>> = Vec::with_capacity(NOISE);
     for _ in 0..NOISE {
-        let (ws, _) = connect_async(server.ws_url()).await.expect("connect a noise peer");
+        let ws = tung::connect(&server.ws_url()).await;
         let (sink, stream) = ws.split();
         tokio::spawn(read_on(stream, ended.clone()));
         sinks.push(sink);
     }
-    let (mut a, _) = connect_async(server.ws_url()).await.expect("connect A");
+    let mut a = tung::connect(&server.ws_url()).await;
 
     // A's first ping comes within 1.5 × the interval of its upgrade; the pong tungstenite
     // queues for it goes out only when A is flushed or read again.
@@ -92,7 +92,7 @@ async fn a_pong_that_arrived_while_the_server_was_behind_is_read_before_its_dead
     unsafe { libc::kill(server.pid, libc::SIGCONT) };
 
     // A is served after the thaw: it subscribes and gets its answer.
-    a.send(Message::text(json!({"op": "sub", "ch": "after.thaw"}).to_string())).await.expect("A: sub");
+    tung::send(&mut a, json!({"op": "sub", "ch": "after.thaw"})).await;
     let end = Instant::now() + Duration::from_secs(10);
     loop {
         let left = end.saturating_duration_since(Instant::now());
@@ -110,11 +110,8 @@ async fn a_pong_that_arrived_while_the_server_was_behind_is_read_before_its_dead
     assert_eq!(ended.load(Ordering::SeqCst), 0, "noise peers were cut");
 
     // Only the silent peer is reaped for a pong timeout (once its deadline passes).
-    let end = Instant::now() + Duration::from_millis(3 * (PING_MS + PONG_MS));
-    while reaped(&server, "pong_timeout").await < 1.0 {
-        assert!(Instant::now() < end, "the silent peer was never reaped");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let limit = Duration::from_millis(3 * (PING_MS + PONG_MS));
+    server.wait_metric("tether_reaped_total", &["reason=\"pong_timeout\""], limit, |n| n >= 1.0).await;
     assert_eq!(reaped(&server, "pong_timeout").await, 1.0, "a peer whose pong waited in its socket was reaped");
     assert_eq!(ended.load(Ordering::SeqCst), 0, "noise peers were cut");
     drop(silent);

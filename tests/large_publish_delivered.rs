@@ -9,9 +9,8 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 use serde_json::{json, Value};
-use tokio_tungstenite::connect_async;
 use tokio_tungstenite::tungstenite::Message;
 
 const CH: &str = "large";
@@ -57,8 +56,8 @@ async fn max_size_publish_reaches_two_reading_subscribers_without_a_close() {
     // The default config; only the core count is pinned (two cores, so delivery crosses cores).
     let srv = Server::start("", &["--cores", "2"]);
 
-    let (mut tt, _) = connect_async(srv.ws_url()).await.expect("tokio-tungstenite connect");
-    tt.send(Message::text(json!({"op": "sub", "ch": CH}).to_string())).await.unwrap();
+    let mut tt = tung::connect(&srv.ws_url()).await;
+    tung::send(&mut tt, json!({"op": "sub", "ch": CH})).await;
     let sub = loop {
         let m = tokio::time::timeout(STEP, tt.next()).await.expect("subscribed in time").unwrap().unwrap();
         if let Message::Text(t) = m {

@@ -1,7 +1,10 @@
 //! The library's layers (CONTRIBUTING.md, "Layout"): every `crate::` path between top-level
 //! modules of `src/` and of `crates/tether-proto/src/` points down the list in [`LAYERS`], so
 //! the modules form no import circle and the order a newcomer reads them in is the order they
-//! are built on; and `tether-proto`, the sans-IO core, depends on no IO crate.
+//! are built on; `tether-proto`, the sans-IO core, depends on no IO crate; `tether-client`
+//! and `tether-load` need no crate of the server's engine; and the server crate's own
+//! `[dependencies]` list no crate of a tool (ureq is `tether feeds`'s, hdrhistogram
+//! `tether load`'s).
 //!
 //! The check reads the sources: each file belongs to the top-level module whose directory or
 //! file holds it; a `crate::a::…` path or a `crate::{a::…, b}` group in code (comments and
@@ -292,12 +295,19 @@ fn dependencies(manifest: &Path) -> Vec<String> {
     deps.keys().cloned().collect()
 }
 
+/// The crates of `among` that the `[dependencies]` of `manifest` (a path from the workspace
+/// root) list. Panics when they do not list `known`, a crate that manifest must have, so that
+/// a scan that reads nothing cannot pass.
+fn listed_among(manifest: &str, known: &str, among: &[&str]) -> Vec<String> {
+    let direct = dependencies(&Path::new(env!("CARGO_MANIFEST_DIR")).join(manifest));
+    assert!(direct.iter().any(|d| d == known), "the scan of {manifest} is broken (no {known}): {direct:?}");
+    direct.into_iter().filter(|d| among.contains(&d.as_str())).collect()
+}
+
 #[test]
 fn tether_proto_depends_on_no_io_crate() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let direct = dependencies(&root.join("crates/tether-proto/Cargo.toml"));
-    assert!(direct.iter().any(|d| d == "httparse"), "the scan is broken: {direct:?}");
-    let io: Vec<&String> = direct.iter().filter(|d| IO_CRATES.contains(&d.as_str())).collect();
+    let io = listed_among("crates/tether-proto/Cargo.toml", "httparse", IO_CRATES);
     assert!(io.is_empty(), "tether-proto must stay sans-IO, but depends on {io:?}");
 
     // Transitively, from Cargo.lock (every dependency any feature could enable, so a superset
@@ -329,39 +339,54 @@ fn tether_proto_depends_on_no_io_crate() {
     assert!(runtime.is_empty(), "tether-proto reaches IO crates transitively: {runtime:?}");
 }
 
-/// Crates of the server's engine and tools: the client crate must not need any of them.
-const SERVER_CRATES: &[&str] = &["tether", "monoio", "socket2", "io-uring", "slab", "redis", "hdrhistogram", "ureq"];
+/// Crates of the server's engine and of the load tool: the client crate must not need any of
+/// them. (ureq is not one: `tether feeds`, the admin API's command line, is a client tool.)
+const SERVER_CRATES: &[&str] = &["tether", "monoio", "socket2", "io-uring", "slab", "redis", "hdrhistogram"];
+
+/// Crates that belong to one tool, never to the server library: ureq to `tether feeds`
+/// (tether-client), hdrhistogram to `tether load` (tether-load).
+const TOOL_CRATES: &[&str] = &["ureq", "hdrhistogram"];
 
 #[test]
 fn tether_client_stands_on_proto_alone() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let direct = dependencies(&root.join("crates/tether-client/Cargo.toml"));
-    assert!(direct.iter().any(|d| d == "tether-proto"), "the client speaks the protocol crate's wire: {direct:?}");
-    let server: Vec<&String> = direct.iter().filter(|d| SERVER_CRATES.contains(&d.as_str())).collect();
+    // The client speaks the protocol crate's wire.
+    let server = listed_among("crates/tether-client/Cargo.toml", "tether-proto", SERVER_CRATES);
     assert!(server.is_empty(), "tether-client must build without the server's crates, but depends on {server:?}");
+    // The admin tool's HTTP client is the client crate's own.
+    let ureq = listed_among("crates/tether-client/Cargo.toml", "tether-proto", &["ureq"]);
+    assert_eq!(ureq, ["ureq"], "`tether feeds` (ureq) lives in tether-client");
+}
+
+#[test]
+fn the_server_crate_lists_no_tool_crate() {
+    let tools = listed_among("Cargo.toml", "monoio", TOOL_CRATES);
+    assert!(
+        tools.is_empty(),
+        "tether's [dependencies] list tool crates {tools:?}: they belong to tether-client / tether-load"
+    );
 }
 
 #[test]
 fn tether_fuzz_stands_on_proto_alone() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let direct = dependencies(&root.join("crates/tether-fuzz/Cargo.toml"));
-    assert!(direct.iter().any(|d| d == "tether-proto"), "the targets drive the protocol crate: {direct:?}");
-    let server: Vec<&String> = direct.iter().filter(|d| SERVER_CRATES.contains(&d.as_str())).collect();
+    // The targets drive the protocol crate, sans-IO code with no IO crate and no engine.
+    let server = listed_among("crates/tether-fuzz/Cargo.toml", "tether-proto", SERVER_CRATES);
     assert!(server.is_empty(), "tether-fuzz must build without the server's crates, but depends on {server:?}");
-    let io: Vec<&String> = direct.iter().filter(|d| IO_CRATES.contains(&d.as_str())).collect();
-    assert!(io.is_empty(), "the fuzz targets drive sans-IO code with no IO crate, but depend on {io:?}");
+    let io = listed_among("crates/tether-fuzz/Cargo.toml", "tether-proto", IO_CRATES);
+    assert!(io.is_empty(), "tether-fuzz drives sans-IO code and needs no IO crate, but depends on {io:?}");
 }
 
 #[test]
 fn tether_load_stands_apart_from_the_server_library() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let direct = dependencies(&root.join("crates/tether-load/Cargo.toml"));
-    assert!(direct.iter().any(|d| d == "hdrhistogram"), "the scan is broken: {direct:?}");
-    let engine: Vec<&String> =
-        direct.iter().filter(|d| ["tether", "monoio", "io-uring", "slab", "redis"].contains(&d.as_str())).collect();
+    let engine = listed_among(
+        "crates/tether-load/Cargo.toml",
+        "hdrhistogram",
+        &["tether", "monoio", "io-uring", "slab", "redis"],
+    );
     assert!(engine.is_empty(), "tether-load must build without the engine, but depends on {engine:?}");
     // Only the binary (src/main.rs, `tether load`) may name the load tool; the library's
-    // modules never do, and hdrhistogram is not the server's dependency at all.
+    // modules never do (hdrhistogram, its crate, is not the server's dependency at all:
+    // `the_server_crate_lists_no_tool_crate`).
     let mut files = Vec::new();
     rust_files(&root.join("src"), &mut files);
     let named: Vec<String> = files
@@ -371,6 +396,4 @@ fn tether_load_stands_apart_from_the_server_library() {
         .map(|f| f.display().to_string())
         .collect();
     assert!(files.len() > 50 && named.is_empty(), "library files naming tether_load: {named:?}");
-    let server = dependencies(&root.join("Cargo.toml"));
-    assert!(!server.iter().any(|d| d == "hdrhistogram"), "hdrhistogram belongs to tether-load: {server:?}");
 }

@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{http_request, seq_of_reply, Server};
+use common::{check, eventually_sync, http_request, seq_of_reply, within, Server};
 use serde_json::Value;
 
 const CONNS: u64 = 200;
@@ -38,16 +38,8 @@ async fn publish_to_all(server: &Server, body: &str, limit: Duration) -> (u64, b
     let before = delivered(server).await;
     let (status, _, reply) = http_request(server.addr, "POST", "/publish/load.idle.0", &[], body.as_bytes()).await;
     assert_eq!(status, 200, "publish answered {status}: {}", String::from_utf8_lossy(&reply));
-    let end = Instant::now() + limit;
-    loop {
-        if delivered(server).await - before >= CONNS as f64 {
-            return (seq_of_reply(&reply), true);
-        }
-        if Instant::now() >= end {
-            return (seq_of_reply(&reply), false);
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let all = within(limit, || async { check(delivered(server).await - before >= CONNS as f64, || ()) }).await;
+    (seq_of_reply(&reply), all.is_ok())
 }
 
 #[tokio::test]
@@ -91,14 +83,9 @@ async fn idle_latency_from_data_times_every_broadcast_on_every_subscriber() {
     }
     let out = load.0.stdout.take().expect("piped stdout");
     let reader = std::thread::spawn(move || BufReader::new(out).lines().map_while(Result::ok).last());
-    let end = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(st) = load.0.try_wait().expect("wait") {
-            break st;
-        }
-        assert!(Instant::now() < end, "tether load did not exit within 30 s of SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = eventually_sync(Duration::from_secs(30), "tether load exiting after SIGTERM", || {
+        load.0.try_wait().expect("wait").ok_or("still running")
+    });
     let last = reader.join().expect("reader").unwrap_or_default();
     let report: Value = serde_json::from_str(&last).unwrap_or_else(|e| panic!("report {last:?}: {e}"));
     assert!(status.success(), "exit {status:?}: {report}");

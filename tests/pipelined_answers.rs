@@ -173,7 +173,7 @@ async fn random_pipelines_match_the_model_on_redis() {
 #[tokio::test]
 async fn tungstenite_pipeline_gets_one_answer_per_request() {
     let srv = Server::start("", &["--cores", "1"]);
-    let (mut ws, _) = tokio_tungstenite::connect_async(srv.ws_url()).await.expect("connect");
+    let mut ws = tung::connect(&srv.ws_url()).await;
     let ws: &mut Ws = &mut ws;
     let reqs = [
         json!({"op": "sub", "ch": "t"}),

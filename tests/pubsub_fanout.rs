@@ -10,20 +10,16 @@ use std::time::Duration;
 
 use common::tung::{next_json, Ws};
 use common::*;
-use futures::SinkExt;
 use serde_json::{json, Value};
 use tether::client::{Client, ClientConfig, Event};
-use tokio_tungstenite::connect_async;
-use tokio_tungstenite::tungstenite::Message;
 
 const SUBSCRIBERS: usize = 240;
 const OWN_CLIENTS: usize = 8;
 const CH: &str = "fanout.news";
 
 async fn subscriber(url: String) -> Ws {
-    let (mut ws, _) =
-        tokio::time::timeout(STEP, connect_async(url)).await.expect("connect timed out").expect("connect");
-    ws.send(Message::text(json!({"op": "sub", "ch": CH}).to_string())).await.unwrap();
+    let mut ws = tung::connect(&url).await;
+    tung::send(&mut ws, json!({"op": "sub", "ch": CH})).await;
     let v = next_json(&mut ws).await;
     assert_eq!(v["op"], "subscribed", "{v}");
     assert_eq!(v["ch"], CH, "{v}");
@@ -33,7 +29,7 @@ async fn subscriber(url: String) -> Ws {
 
 /// WS `pub` and its `ack`.
 async fn ws_pub(ws: &mut Ws, id: &str, data: Value) -> u64 {
-    ws.send(Message::text(json!({"op": "pub", "ch": CH, "id": id, "data": data}).to_string())).await.unwrap();
+    tung::send(ws, json!({"op": "pub", "ch": CH, "id": id, "data": data})).await;
     let v = next_json(ws).await;
     assert_eq!(v["op"], "ack", "{v}");
     assert_eq!(v["id"], id, "ack repeats the id: {v}");
@@ -146,7 +142,7 @@ async fn every_subscriber_gets_every_seq_once_in_order() {
     assert_eq!(seq_of_reply(&body), idem_seq, "duplicate Idempotency-Key gets the original seq");
 
     // WS pub/ack, then a duplicate id: the original ack, no second delivery.
-    let (mut publisher, _) = connect_async(url.clone()).await.expect("publisher connect");
+    let mut publisher = tung::connect(&url).await;
     let mut acks = BTreeMap::new();
     for k in 1..=20u64 {
         let data = json!({"via": "ws", "k": k});

@@ -140,15 +140,6 @@ async fn paced_publisher(
     sent
 }
 
-/// Waits until `progress` reaches `n`.
-async fn wait_progress(progress: &AtomicU64, n: u64, limit: Duration) {
-    let end = Instant::now() + limit;
-    while progress.load(Ordering::Relaxed) < n {
-        assert!(Instant::now() < end, "publisher at {} after {limit:?}, want {n}", progress.load(Ordering::Relaxed));
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriber_cut_on_a_resumes_on_b() {
     let _serial = serial().await;
@@ -172,7 +163,7 @@ async fn subscriber_cut_on_a_resumes_on_b() {
     sub.set_rst_on_close();
     drop(sub);
     // Messages keep coming while it is away.
-    wait_progress(&progress, last + 400, STEP).await;
+    eventually_reaches(&progress, last + 400, STEP, "the publisher").await;
 
     let mut again = Conn::tung(b.addr).await;
     let v = again.sub(ch, Some((last, &epoch))).await;
@@ -214,7 +205,7 @@ async fn pubsub_link_killed_mid_stream_is_repaired() {
     let publisher = tokio::spawn(paced_publisher(b.addr, ch.into(), N, Duration::from_millis(1), progress.clone()));
     let mut kills = Vec::new();
     for at in [1_000, 2_000, 3_000] {
-        wait_progress(&progress, at, STEP).await;
+        eventually_reaches(&progress, at, STEP, "the publisher").await;
         let before = Instant::now();
         let killed = tokio::task::block_in_place(|| redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]));
         let after = Instant::now();
@@ -321,11 +312,11 @@ impl Retrying {
     }
 
     async fn wait_acked(&self, pred: impl Fn(&[Acked]) -> bool, limit: Duration) {
-        let end = Instant::now() + limit;
-        while !pred(&self.acked.lock().unwrap()) {
-            assert!(Instant::now() < end, "publisher: {} acks after {limit:?}", self.acked.lock().unwrap().len());
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        eventually(limit, "the publisher's acks", || {
+            let acked = self.acked.lock().unwrap();
+            std::future::ready(check(pred(&acked), || format!("{} acks", acked.len())))
+        })
+        .await
     }
 }
 
@@ -370,11 +361,10 @@ async fn through_redis_restart(ch: &str, appendonly: bool) -> Restarted {
             String::from_utf8_lossy(&body)
         );
     }
-    let end = Instant::now() + STEP;
-    while publisher.refused.lock().unwrap().is_empty() {
-        assert!(Instant::now() < end, "no publish was refused while redis was down");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually(STEP, "a publish refused while redis was down", || {
+        std::future::ready(check(!publisher.refused.lock().unwrap().is_empty(), || "none"))
+    })
+    .await;
     let mut ws = Conn::raw(b.addr).await;
     let err = ws.publish(ch, "during-outage", json!({ "n": 0 })).await;
     assert_eq!((err["op"].as_str(), err["code"].as_str()), (Some("error"), Some("unavailable")), "{err}");

@@ -88,11 +88,12 @@ async fn promotion_that_lost_acked_writes_is_a_reset_not_a_silent_gap() {
     for i in 1..=10 {
         publish(&b, &tally, &format!("s{i}"), 0).await;
     }
-    let end = Instant::now() + STEP;
-    while repl_offset(replica.port, "slave_repl_offset:") < repl_offset(victim.port, "master_repl_offset:") {
-        assert!(Instant::now() < end, "replica {} did not catch up", replica.port);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(STEP, &format!("replica {} catching up", replica.port), || async {
+        let (at, want) =
+            (repl_offset(replica.port, "slave_repl_offset:"), repl_offset(victim.port, "master_repl_offset:"));
+        check(at >= want, || format!("offset {at} of {want}"))
+    })
+    .await;
 
     // SAFETY: kill(2) on a redis-server this test started.
     unsafe { libc::kill(cluster.pid(replica.port), libc::SIGSTOP) };
@@ -100,24 +101,21 @@ async fn promotion_that_lost_acked_writes_is_a_reset_not_a_silent_gap() {
     for i in 0..WHILE_STOPPED {
         last = publish(&b, &tally, &format!("b{i}"), PAD).await;
     }
-    let end = Instant::now() + Duration::from_secs(20);
-    while subs.iter().any(|s| s.reached(CH) < last) {
-        assert!(Instant::now() < end, "subscribers did not reach {last} before the failover");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(Duration::from_secs(20), &format!("subscribers reaching {last} before the failover"), || async {
+        let reached: Vec<u64> = subs.iter().map(|s| s.reached(CH)).collect();
+        check(reached.iter().all(|&r| r >= last), || format!("{reached:?}"))
+    })
+    .await;
     cluster.kill(victim.port);
     // SAFETY: as above.
     unsafe { libc::kill(cluster.pid(replica.port), libc::SIGCONT) };
     let t = Instant::now();
     let survivor = cluster.nodes.iter().find(|n| n.port != victim.port && n.port != replica.port).expect("a node").port;
-    while !redis_cluster::cluster_nodes(survivor)
-        .unwrap_or_default()
-        .iter()
-        .any(|n| n.id == replica.id && n.is_master())
-    {
-        assert!(t.elapsed() < Duration::from_secs(30), "replica {} not promoted within 30 s", replica.port);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(Duration::from_secs(30), &format!("replica {} promoted", replica.port), || async {
+        let nodes = redis_cluster::cluster_nodes(survivor).unwrap_or_default();
+        check(nodes.iter().any(|n| n.id == replica.id && n.is_master()), || "not yet")
+    })
+    .await;
     let key = format!("tether:{{{CH}}}:m");
     let head: Option<u64> =
         redis_cluster::query(replica.port, ::redis::cmd("HGET").arg(&key).arg("seq")).expect("HGET");
@@ -132,10 +130,10 @@ async fn promotion_that_lost_acked_writes_is_a_reset_not_a_silent_gap() {
     }
     // Each subscriber must see a reset and then the new numbering up to `newest`; the checks
     // below say what is missing when one does not within the limit.
-    let end = Instant::now() + Duration::from_secs(15);
-    while Instant::now() < end && subs.iter().any(|s| s.reached_after_reset(CH).is_none_or(|r| r < newest)) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let _ = within(Duration::from_secs(15), || async {
+        check(subs.iter().all(|s| s.reached_after_reset(CH).is_some_and(|r| r >= newest)), || ())
+    })
+    .await;
     stop.send(true).expect("stop readers");
     readers.join(STEP).await;
 

@@ -16,6 +16,7 @@
 mod common;
 mod nodes;
 
+use std::future::ready;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -230,19 +231,6 @@ fn first_at(msgs: &[Got], from: u64) -> Instant {
     msgs.iter().find(|m| m.0 >= from).map(|m| m.2).expect("a message past the kill")
 }
 
-/// Polls `check` every 20 ms until it gives `Ok`; panics after `limit` with `what` and the last
-/// `Err`.
-async fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Result<T, String>) -> T {
-    let end = Instant::now() + limit;
-    loop {
-        match check() {
-            Ok(v) => return v,
-            Err(e) if Instant::now() >= end => panic!("{what}: not within {limit:?}: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
-    }
-}
-
 /// Per channel, the first seq that A cannot have delivered: the publish after the first ack
 /// that came after `dead` (each channel's publisher is sequential, so that publish was sent
 /// after A was gone). `None` while a channel has no such ack yet.
@@ -301,13 +289,9 @@ async fn kill9_of_a_node_every_subscriber_resumes_on_the_other_exactly_once() {
     let tungs: Vec<_> = (CLIENTS..total)
         .map(|i| tokio::spawn(tung_subscriber(a.addr, b.addr, i % CHANNELS, i, board.clone(), stop_rx.clone())))
         .collect();
-    wait_for("every subscriber subscribed", Duration::from_secs(30), || {
+    eventually(Duration::from_secs(30), "every subscriber subscribed", || {
         let n = board.subscribed.load(Relaxed);
-        if n == total {
-            Ok(())
-        } else {
-            Err(format!("{n} of {total}"))
-        }
+        ready(check(n == total, || format!("{n} of {total}")))
     })
     .await;
     let subscribed = t0.elapsed();
@@ -319,13 +303,9 @@ async fn kill9_of_a_node_every_subscriber_resumes_on_the_other_exactly_once() {
     let (stop_pubs, pub_rx) = watch::channel(false);
     let publishers = publishers_thread(b.addr, tally.clone(), pub_rx);
     let publishing = Instant::now();
-    wait_for("every subscriber receiving on A", Duration::from_secs(15), || {
+    eventually(Duration::from_secs(15), "every subscriber receiving on A", || {
         let behind = board.reached.iter().filter(|r| r.load(Relaxed) < RATE).count();
-        if behind == 0 {
-            Ok(())
-        } else {
-            Err(format!("{behind} of {total} processed fewer than {RATE} messages"))
-        }
+        ready(check(behind == 0, || format!("{behind} of {total} processed fewer than {RATE} messages")))
     })
     .await;
 
@@ -334,13 +314,13 @@ async fn kill9_of_a_node_every_subscriber_resumes_on_the_other_exactly_once() {
     a.signal(libc::SIGKILL);
     a.wait_exit(STEP).expect("A exits on SIGKILL");
     let dead = Instant::now();
-    let from = wait_for("every subscriber back, past the kill", RECOVERY_LIMIT + Duration::from_secs(5), || {
+    let from = eventually(RECOVERY_LIMIT + Duration::from_secs(5), "every subscriber back, past the kill", || {
         let from = first_after(&tally, dead);
         let behind: Vec<String> = (0..total)
             .filter(|&i| from[i % CHANNELS].is_none_or(|f| board.reached[i].load(Relaxed) < f))
             .map(|i| format!("#{i} at {}", board.reached[i].load(Relaxed)))
             .collect();
-        if behind.is_empty() {
+        ready(if behind.is_empty() {
             Ok(from.into_iter().map(|f| f.expect("a seq past the kill")).collect::<Vec<u64>>())
         } else {
             Err(format!(
@@ -348,7 +328,7 @@ async fn kill9_of_a_node_every_subscriber_resumes_on_the_other_exactly_once() {
                 behind.len(),
                 &behind[..behind.len().min(10)]
             ))
-        }
+        })
     })
     .await;
     let all_back = killed.elapsed();
@@ -381,13 +361,9 @@ async fn kill9_of_a_node_every_subscriber_resumes_on_the_other_exactly_once() {
             mine.iter().map(|a| publish_index(Some(&a.tag), &prefix)).collect()
         })
         .collect();
-    wait_for("every subscriber at its channel's last acked seq", Duration::from_secs(15), || {
+    eventually(Duration::from_secs(15), "every subscriber at its channel's last acked seq", || {
         let behind = (0..total).filter(|&i| board.reached[i].load(Relaxed) < acked[i % CHANNELS].len() as u64).count();
-        if behind == 0 {
-            Ok(())
-        } else {
-            Err(format!("{behind} behind"))
-        }
+        ready(check(behind == 0, || format!("{behind} behind")))
     })
     .await;
     stop_subs.send(true).expect("stop subscribers");

@@ -22,9 +22,7 @@ use std::time::{Duration, Instant};
 
 use common::redis::{redis_config, RedisProc};
 use common::*;
-use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use tokio_tungstenite::tungstenite::Message;
 
 const TIMEOUT_MS: u64 = 500;
 /// The latest any publish may be answered: `request_timeout_ms` + 1 s.
@@ -97,31 +95,16 @@ fn stored(redis: &RedisProc, ch: &str, tag: &str) -> usize {
     out.lines().filter(|l| l.contains(&needle)).count()
 }
 
-type Tung = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-async fn tung(addr: SocketAddr) -> Tung {
-    let (ws, _) = tokio::time::timeout(STEP, tokio_tungstenite::connect_async(format!("ws://{addr}/ws")))
-        .await
-        .expect("connect timed out")
-        .expect("connect");
-    ws
-}
-
 /// A WS `pub` of `{"t":id}` with `id`; the answer naming `id` and how long it took.
-async fn ws_pub(ws: &mut Tung, ch: &str, id: &str) -> (Value, Duration) {
+async fn ws_pub(ws: &mut tung::Ws, ch: &str, id: &str) -> (Value, Duration) {
     let t0 = Instant::now();
-    ws.send(Message::text(json!({"op": "pub", "ch": ch, "id": id, "data": {"t": id}}).to_string())).await.unwrap();
-    let end = tokio::time::Instant::now() + STEP;
+    tung::send(ws, json!({"op": "pub", "ch": ch, "id": id, "data": {"t": id}})).await;
+    let end = t0 + STEP;
     loop {
-        match tokio::time::timeout_at(end, ws.next()).await.unwrap_or_else(|_| panic!("pub {id}: no answer")) {
-            Some(Ok(Message::Text(t))) => {
-                let v: Value = serde_json::from_str(&t).expect("JSON");
-                if v["id"] == id {
-                    return (v, t0.elapsed());
-                }
-            }
-            Some(Ok(_)) => {}
-            other => panic!("pub {id}: connection ended: {other:?}"),
+        match tung::read_within(ws, end.saturating_duration_since(Instant::now())).await {
+            tung::Read::Json(v) if v["id"] == id => return (v, t0.elapsed()),
+            tung::Read::Json(_) => {}
+            tung::Read::Close(code, reason) => panic!("pub {id}: closed with {code} {reason}"),
         }
     }
 }
@@ -139,7 +122,7 @@ async fn redis_asleep_longer_than_the_timeout() {
     let _serial = serial().await;
     let ch = "sleepy";
     let (redis, srv) = start(false, ch).await;
-    let mut ws = tung(srv.addr).await;
+    let mut ws = tung::connect(&srv.ws_url()).await;
 
     let sleeper = redis.debug_sleep(3.0);
     let slept = Instant::now();
@@ -233,7 +216,7 @@ async fn redis_killed_mid_request_is_unknown() {
     let _serial = serial().await;
     let ch = "killed";
     let (mut redis, srv) = start(true, ch).await;
-    let mut ws = tung(srv.addr).await;
+    let mut ws = tung::connect(&srv.ws_url()).await;
 
     // Asleep, so that the publishes are certainly out when Redis dies.
     let sleeper = redis.debug_sleep(3.0);
@@ -274,7 +257,7 @@ async fn redis_down_is_unavailable_and_not_stored() {
     let t0 = Instant::now();
     srv.wait_metric("tether_broker_up", &[], STEP, |v| v == 0.0).await;
     eprintln!("redis killed: tether_broker_up 0 after {:?}", t0.elapsed());
-    let mut ws = tung(srv.addr).await;
+    let mut ws = tung::connect(&srv.ws_url()).await;
     for tag in ["refused-1", "refused-2"] {
         let a = publish(srv.addr, ch, tag, tag.ends_with('1')).await;
         eprintln!("redis down: {} after {:?}: {}", a.status, a.took, a.body);

@@ -32,20 +32,17 @@ async fn subscriber_cut_twice_records_every_seq_once() {
 
     let mut resumes = Vec::new();
     for (k, at) in [6_000u64, 13_000].into_iter().enumerate() {
-        wait_progress(&progress, at, Duration::from_secs(30)).await;
+        eventually_reaches(&progress, at, Duration::from_secs(30), "the publisher").await;
         // Cut only while messages are flowing to a subscriber that is connected.
         relay.wait_accepts(k + 1, Duration::from_secs(10)).await;
         let before = last_seq(&file);
         let cut = relay.cut();
         relay.wait_accepts(k + 2, Duration::from_secs(10)).await;
-        let end = Instant::now() + Duration::from_secs(10);
-        let resumed = loop {
-            if let Some(d) = relay.resume_after(cut) {
-                break d;
-            }
-            assert!(Instant::now() < end, "no msg crossed the relay within 10 s of cut {}", k + 1);
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        };
+        let resumed =
+            eventually(Duration::from_secs(10), &format!("a msg crossing the relay after cut {}", k + 1), || async {
+                relay.resume_after(cut).ok_or("none yet")
+            })
+            .await;
         eprintln!("cut {} at published seq {at} (file at {before}): first msg again after {resumed:?}", k + 1);
         resumes.push(resumed);
         sub.assert_running(&file);
@@ -102,7 +99,7 @@ async fn client_resumes_after_each_cut_without_gap_or_duplicate() {
         tokio::spawn(async move {
             let mut cuts = Vec::new();
             for k in 0..CUTS {
-                wait_progress(&progress, 400 + 700 * k as u64, Duration::from_secs(30)).await;
+                eventually_reaches(&progress, 400 + 700 * k as u64, Duration::from_secs(30), "the publisher").await;
                 relay.wait_accepts(k + 1, Duration::from_secs(10)).await;
                 cuts.push(relay.cut());
             }

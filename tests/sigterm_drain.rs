@@ -7,9 +7,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 use serde_json::json;
-use tokio_tungstenite::connect_async;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -34,8 +33,8 @@ async fn signal_closes_with(sig: i32, want: u16) {
     let srv = Server::start("[drain]\nwindow_ms = 300\n", &["--cores", "2"]);
     let mut clients = Vec::new();
     for _ in 0..20 {
-        let (mut ws, _) = connect_async(srv.ws_url()).await.expect("connect");
-        ws.send(Message::text(json!({"op": "sub", "ch": "drain.small"}).to_string())).await.unwrap();
+        let mut ws = tung::connect(&srv.ws_url()).await;
+        tung::send(&mut ws, json!({"op": "sub", "ch": "drain.small"})).await;
         clients.push(ws);
     }
     let mut raw = RawWs::connect(srv.addr, "/ws").await;

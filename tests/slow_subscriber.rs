@@ -9,9 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 use serde_json::{json, Value};
-use tokio_tungstenite::connect_async;
 use tokio_tungstenite::tungstenite::Message;
 
 const CH: &str = "slow.ch";
@@ -75,8 +74,8 @@ async fn publish_64mib_past_a_non_reader(policy: &str) -> Run {
     let mut non_reader = RawWs::upgrade(connect_small_rcvbuf(srv.addr, 4096).await, srv.addr, "/ws").await;
     non_reader.subscribe(CH).await;
 
-    let (mut reader, _) = connect_async(srv.ws_url()).await.expect("reader connect");
-    reader.send(Message::text(json!({"op": "sub", "ch": CH}).to_string())).await.unwrap();
+    let mut reader = tung::connect(&srv.ws_url()).await;
+    tung::send(&mut reader, json!({"op": "sub", "ch": CH})).await;
     // The first publish goes out only once the reader is subscribed (its connection being
     // counted is not enough: the `sub` may still be on its way to the channel's home core).
     loop {

@@ -9,17 +9,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::auth::*;
-use common::tung::{next_json, read_within, send, Read, Ws};
+use common::tung::{self, next_json, read_within, send, Read, Ws};
 use common::*;
 use serde_json::{json, Value};
-
-async fn open(addr: std::net::SocketAddr, token: &str) -> Ws {
-    let (ws, _) = tokio::time::timeout(STEP, tokio_tungstenite::connect_async(ws_url_with(addr, token)))
-        .await
-        .expect("connect in time")
-        .expect("101");
-    ws
-}
 
 async fn subscribe(ws: &mut Ws, ch: &str) {
     send(ws, json!({"op":"sub","ch":ch})).await;
@@ -33,7 +25,7 @@ async fn expiry_warns_then_closes_4001_after_the_grace() {
     let srv = Server::start(&hs256_config(1000), &["--cores", "1"]);
     let connected = Instant::now();
     let exp = now_s() + 2;
-    let mut ws = open(srv.addr, &hs256(&claims("alice", exp, &["news.*"], &[]))).await;
+    let mut ws = tung::connect(&ws_url_with(srv.addr, &hs256(&claims("alice", exp, &["news.*"], &[])))).await;
     subscribe(&mut ws, "news.a").await;
 
     let warned = match read_within(&mut ws, Duration::from_secs(5)).await {
@@ -60,7 +52,7 @@ async fn refresh_keeps_the_connection_and_deliveries_have_no_gap() {
     let _serial = serial().await;
     let srv = Server::start(&hs256_config(1000), &["--cores", "2"]);
     let ch = "feed.refresh";
-    let mut ws = open(srv.addr, &hs256(&claims("alice", now_s() + 2, &["feed.*"], &[]))).await;
+    let mut ws = tung::connect(&ws_url_with(srv.addr, &hs256(&claims("alice", now_s() + 2, &["feed.*"], &[])))).await;
     subscribe(&mut ws, ch).await;
 
     // A steady publisher across the expiry and the refresh: one message every 20 ms for 4 s.
@@ -111,7 +103,8 @@ async fn narrowing_refresh_ends_each_channel_it_no_longer_allows() {
     let _serial = serial().await;
     let srv = Server::start(&hs256_config(30_000), &["--cores", "2"]);
     let exp = now_s() + 600;
-    let mut ws = open(srv.addr, &hs256(&claims("alice", exp, &["news.*", "sports.*"], &[]))).await;
+    let mut ws =
+        tung::connect(&ws_url_with(srv.addr, &hs256(&claims("alice", exp, &["news.*", "sports.*"], &[])))).await;
     for ch in ["news.a", "sports.b", "sports.c"] {
         subscribe(&mut ws, ch).await;
     }
@@ -155,7 +148,7 @@ async fn a_refused_refresh_closes_4003() {
         (hs256(&claims("mallory", exp, &["news.*"], &[])), "different sub"),
         (hs256(&claims("alice", now_s() - 5, &["news.*"], &[])), "token expired"),
     ] {
-        let mut ws = open(srv.addr, &good).await;
+        let mut ws = tung::connect(&ws_url_with(srv.addr, &good)).await;
         send(&mut ws, json!({"op":"refresh","token": refresh})).await;
         match read_within(&mut ws, STEP).await {
             Read::Close(code, reason) => {

@@ -1,25 +1,48 @@
-//! Shared plumbing of the bench targets: start the release `tether serve` (the binary cargo
-//! builds for benches, `CARGO_BIN_EXE_tether`, same profile and features as the bench), drive
-//! it with `tether load`, sample /proc, print tables, write `target/bench/NAME.json`; a
-//! redis-server of the bench's own for the Redis broker ([`redis_server`]).
+//! What the bench targets share beyond the tests' harness: start the release `tether serve`
+//! as a bench wants it ([`serve`]), drive it with `tether load`, sample /proc, print tables,
+//! write `target/bench/NAME.json`; what the broker benches read off their Redis
+//! ([`redis_figures`]).
+//!
+//! The server process, the redis-server and the bounded waits are the tests' own
+//! (tests/common/server.rs, redis.rs and wait.rs, compiled in here by `#[path]`): one harness,
+//! so a fix to how a server is started, waited for or stopped reaches tests and benches alike.
+//! `BIN` is the binary cargo builds for benches (`CARGO_BIN_EXE_tether`, same profile and
+//! features as the bench).
 
 #![allow(dead_code)]
 
-pub mod redis_server;
+#[path = "../../tests/common/redis.rs"]
+pub mod redis;
+pub mod redis_figures;
+#[path = "../../tests/common/server.rs"]
+pub mod server;
+#[path = "../../tests/common/wait.rs"]
+pub mod wait;
 
-use std::io::{BufRead, BufReader, Read, Write};
+// Not every bench uses every one.
+#[allow(unused_imports)]
+pub use redis::RedisProc;
+#[allow(unused_imports)]
+pub use redis_figures::RedisFigures;
+#[allow(unused_imports)]
+pub use server::{Metrics, Server, BIN};
+#[allow(unused_imports)]
+pub use wait::{check, eventually, eventually_reaches, eventually_sync, within_sync};
+
+use std::io::Read;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
-/// The `tether` binary built by `cargo bench` (release profile, the bench's features).
-pub const BIN: &str = env!("CARGO_BIN_EXE_tether");
+/// How long a bench's server may take to stop on SIGTERM (drain, release its leases) before
+/// SIGKILL: on drop, and for an explicit [`Server::stop`].
+pub const STOP_GRACE: Duration = Duration::from_secs(15);
 
 /// The private copy of [`BIN`] made by [`pin_binary`], if any.
 static PINNED: OnceLock<PathBuf> = OnceLock::new();
@@ -33,11 +56,9 @@ pub fn bin() -> PathBuf {
 /// directory may be shared, and a build that replaces `release/tether` in the middle of a run
 /// would otherwise change what the later rounds measure.
 pub fn pin_binary(name: &str) {
-    let dir = target_dir().join("bench");
-    std::fs::create_dir_all(&dir).expect("create target/bench");
-    let copy = dir.join(format!("{name}.tether"));
+    let copy = bench_file(&format!("{name}.tether"));
     // A stale copy may still be running from an interrupted run: replace it by rename.
-    let tmp = dir.join(format!("{name}.tether.tmp"));
+    let tmp = bench_file(&format!("{name}.tether.tmp"));
     std::fs::copy(BIN, &tmp).unwrap_or_else(|e| panic!("cannot copy {BIN}: {e}"));
     std::fs::rename(&tmp, &copy).unwrap_or_else(|e| panic!("cannot place {}: {e}", copy.display()));
     // Only the first pin counts; a bench pins once, at its start.
@@ -48,6 +69,14 @@ pub fn pin_binary(name: &str) {
 pub fn target_dir() -> PathBuf {
     let bin = PathBuf::from(BIN);
     bin.parent().and_then(|p| p.parent()).map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target"))
+}
+
+/// `target/bench/FILE` (the directory made when missing): where a bench's configs, pinned
+/// binary and JSON go.
+pub fn bench_file(file: &str) -> PathBuf {
+    let dir = target_dir().join("bench");
+    std::fs::create_dir_all(&dir).expect("create target/bench");
+    dir.join(file)
 }
 
 /// Environment variable `name` parsed, or `default`.
@@ -73,117 +102,45 @@ pub fn allocator() -> &'static str {
     }
 }
 
-/// A running `tether serve`; SIGTERM then SIGKILL on drop.
-pub struct Serve {
-    pub child: Option<Child>,
-    pub pid: i32,
-    pub port: u16,
-    pub config: PathBuf,
-    pub cores: usize,
+/// Starts `tether serve --cores CORES` on 127.0.0.1:0 (the tests' [`Server`]) with
+/// `config_toml` written to `target/bench/NAME.toml` (kept: it says what ran), `TETHER_LOG=warn`
+/// and stderr on the terminal; dropped, it is stopped with SIGTERM (up to [`STOP_GRACE`]).
+pub fn serve(name: &str, cores: usize, config_toml: &str) -> Server {
+    serve_bin(&bin(), name, cores, config_toml)
 }
 
-impl Serve {
-    /// Starts `tether serve --listen 127.0.0.1:PORT --cores CORES --config F` (port 0 = free
-    /// one) with `config_toml` written to `target/bench/NAME.toml`.
-    pub fn start(name: &str, cores: usize, port: u16, config_toml: &str) -> Serve {
-        Serve::start_bin(&bin(), name, cores, port, config_toml)
-    }
-
-    /// [`Serve::start`] with another `tether` binary (e.g. a build of `main` to compare with).
-    pub fn start_bin(bin: &Path, name: &str, cores: usize, port: u16, config_toml: &str) -> Serve {
-        let dir = target_dir().join("bench");
-        std::fs::create_dir_all(&dir).expect("create target/bench");
-        let config = dir.join(format!("{name}.toml"));
-        std::fs::write(&config, config_toml).expect("write bench config");
-        let mut child = Command::new(bin)
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--cores", &cores.to_string()])
-            .arg("--config")
-            .arg(&config)
-            .env("TETHER_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("piped stdout")).read_line(&mut line).expect("read listen line");
-        let port = line
-            .trim()
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("unexpected first line from tether serve: {line:?}"));
-        let pid = child.id() as i32;
-        Serve { child: Some(child), pid, port, config, cores }
-    }
-
-    /// `ws://127.0.0.1:PORT/ws`.
-    pub fn url(&self) -> String {
-        format!("ws://127.0.0.1:{}/ws", self.port)
-    }
-
-    /// The shell command that starts a replacement on the same port (for `storm --restart-cmd`).
-    pub fn restart_cmd(&self) -> String {
-        format!(
-            "TETHER_LOG=warn exec {} serve --listen 127.0.0.1:{} --cores {} --config {}",
-            bin().display(),
-            self.port,
-            self.cores,
-            self.config.display()
-        )
-    }
-
-    /// Sum of the `tether_connections` gauge samples from `GET /metrics`.
-    pub fn connections(&self) -> Option<u64> {
-        self.metric("tether_connections").map(|v| v as u64)
-    }
-
-    /// Sum of the samples of metric `name` (all label sets) from `GET /metrics`; `None` when
-    /// the server did not answer. A metric with no sample sums to 0.
-    pub fn metric(&self, name: &str) -> Option<f64> {
-        let body = self.metrics_text()?;
-        let sum = body
-            .lines()
-            .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{')))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>();
-        Some(sum)
-    }
-
-    /// The whole `GET /metrics` response (status line and headers included); `None` when the
-    /// server did not answer within 5 s.
-    pub fn metrics_text(&self) -> Option<String> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n").ok()?;
-        let mut body = String::new();
-        s.read_to_string(&mut body).ok()?;
-        Some(body)
-    }
-
-    /// Waits until the gauge reads `n` (or `limit` passes); returns the last reading.
-    pub fn wait_connections(&self, n: u64, limit: Duration) -> u64 {
-        let start = Instant::now();
-        loop {
-            let got = self.connections().unwrap_or(0);
-            if got == n || start.elapsed() > limit {
-                return got;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// SIGTERM, then wait up to 15 s, then SIGKILL.
-    pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            terminate(&mut child, Duration::from_secs(15));
-        }
-    }
+/// [`serve`] with another `tether` binary (e.g. a build of `main` to compare with).
+pub fn serve_bin(bin: &Path, name: &str, cores: usize, config_toml: &str) -> Server {
+    let config = bench_file(&format!("{name}.toml"));
+    std::fs::write(&config, config_toml).expect("write bench config");
+    let (listen, cores) = ("127.0.0.1:0".parse().expect("address"), cores.to_string());
+    Server::spawn(bin, &config, listen, &["--cores", &cores], &[("TETHER_LOG", "warn")], None).stop_on_drop(STOP_GRACE)
 }
 
-impl Drop for Serve {
-    fn drop(&mut self) {
-        self.stop();
-    }
+/// The shell command that starts a replacement for `server` (started by [`serve`] as `name`
+/// with `cores`) on the same port, for `storm --restart-cmd`.
+pub fn restart_cmd(server: &Server, name: &str, cores: usize) -> String {
+    format!(
+        "TETHER_LOG=warn exec {} serve --listen {} --cores {cores} --config {}",
+        bin().display(),
+        server.addr,
+        bench_file(&format!("{name}.toml")).display()
+    )
+}
+
+/// Sum of the `tether_connections` gauge samples of `server`; `None` when it did not answer.
+pub fn connections(server: &Server) -> Option<u64> {
+    server.metric_sync("tether_connections", &[]).map(|v| v as u64)
+}
+
+/// Waits until `server`'s connection gauge reads `n`, for at most `limit`; returns the last
+/// reading (the bench goes on with what it got and says so).
+pub fn wait_connections(server: &Server, n: u64, limit: Duration) -> u64 {
+    within_sync(limit, || {
+        let got = connections(server).unwrap_or(0);
+        check(got == n, || got).map(|()| got)
+    })
+    .unwrap_or_else(|got| got)
 }
 
 /// SIGTERM `child`, wait up to `grace`, then SIGKILL.
@@ -192,14 +149,9 @@ pub fn terminate(child: &mut Child, grace: Duration) {
     unsafe {
         libc::kill(child.id() as i32, libc::SIGTERM);
     }
-    let start = Instant::now();
-    while start.elapsed() < grace {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    if within_sync(grace, || check(matches!(child.try_wait(), Ok(Some(_))), || ())).is_err() {
+        let _ = child.kill();
     }
-    let _ = child.kill();
     let _ = child.wait();
 }
 
@@ -524,9 +476,7 @@ pub fn table(title: &str, headers: &[&str], rows: &[Vec<String>]) {
 
 /// Writes `value` to `target/bench/NAME.json` and says where.
 pub fn write_json(name: &str, value: &Value) {
-    let dir = target_dir().join("bench");
-    std::fs::create_dir_all(&dir).expect("create target/bench");
-    let path = dir.join(format!("{name}.json"));
+    let path = bench_file(&format!("{name}.json"));
     std::fs::write(&path, serde_json::to_string_pretty(value).expect("JSON")).expect("write bench JSON");
     println!("\nwrote {}", path.display());
 }

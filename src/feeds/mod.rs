@@ -36,13 +36,12 @@
 //! - [`owner`]: one owned feed's upstream connection and its fenced publishes;
 //! - [`host`]: [`host::FeedHost`], what the feeds thread needs from the server that hosts it
 //!   (config, counters, a publish port), so the feeds never name the engine;
-//! - [`admin`]: the `/feeds` admin requests, served by the feeds thread;
-//! - [`cli`]: `tether feeds`, the admin API from the command line;
+//! - [`admin`]: the `/feeds` admin requests, served by the feeds thread (their command line,
+//!   `tether feeds`, is a client tool: `tether_client::FeedsArgs`);
 //! - [`metrics`]: `tether_feed*` counters, the lease store's request counters, and per-feed
 //!   progress.
 
 pub mod admin;
-pub mod cli;
 pub mod host;
 pub mod metrics;
 pub mod owner;

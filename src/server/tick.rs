@@ -21,8 +21,8 @@ use std::task::{Poll, Waker};
 
 use super::conn::{ConnId, IoFlags};
 use super::core::CoreState;
-use crate::tick::TICK_MS;
 use crate::session::State;
+use crate::tick::TICK_MS;
 use crate::tick::{ticks, Tick};
 
 /// How often idle channels are swept, in milliseconds.

@@ -20,11 +20,9 @@
 
 #![allow(dead_code)]
 
-use std::time::{Duration, Instant};
-
 use serde_json::json;
 
-use crate::common::{Server, STEP};
+use crate::common::{check, eventually, Server, STEP};
 use crate::nodes::{wait_ready_status, Conn};
 
 /// Bound on opening subscribers until both cores have [`PER_CORE`] of them.
@@ -98,17 +96,14 @@ async fn per_core(srv: &Server) -> [f64; 2] {
 /// `tether_connections` grew, polled until the total is `before` + 1 (bounded by [`STEP`]).
 async fn connect_and_locate(srv: &Server, before: [f64; 2]) -> (Conn, usize, [f64; 2]) {
     let c = Conn::tung(srv.addr).await;
-    let end = Instant::now() + STEP;
-    loop {
+    let now = eventually(STEP, "tether_connections counting the new connection", || async {
         let now = per_core(srv).await;
-        if now[0] + now[1] == before[0] + before[1] + 1.0 {
-            let core = if now[0] > before[0] { 0 } else { 1 };
-            assert_eq!(now[core], before[core] + 1.0, "one core took the connection: {before:?} -> {now:?}");
-            return (c, core, now);
-        }
-        assert!(Instant::now() < end, "tether_connections did not count the new connection within {STEP:?}: {now:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        check(now[0] + now[1] == before[0] + before[1] + 1.0, || format!("{now:?}")).map(|()| now)
+    })
+    .await;
+    let core = if now[0] > before[0] { 0 } else { 1 };
+    assert_eq!(now[core], before[core] + 1.0, "one core took the connection: {before:?} -> {now:?}");
+    (c, core, now)
 }
 
 /// A fresh channel's consecutive publishes (over one connection and over several) are acked

@@ -1,6 +1,9 @@
-//! Shared helpers for the integration tests: a real `tether serve` process on 127.0.0.1:0,
-//! Prometheus scraping, raw-socket RFC 6455 clients, and small HTTP/1.1 clients; [`redis`]
-//! runs a real `redis-server` for the Redis broker tests, [`moto`] a DynamoDB-compatible server.
+//! Shared helpers for the integration tests: a real `tether serve` process on 127.0.0.1:0
+//! ([`server`]) and its async side here (Prometheus scraping, publishing), raw-socket RFC 6455
+//! clients, and small HTTP/1.1 clients; [`redis`] runs a real `redis-server` for the Redis
+//! broker tests, [`moto`] a DynamoDB-compatible server.
+//!
+//! The benches share [`server`], [`redis`] and [`wait`] (benches/common includes those files).
 //!
 //! Every wait here is bounded; a helper that runs out of time panics with what it saw.
 
@@ -13,19 +16,19 @@ pub mod moto;
 pub mod raw_http;
 pub mod redis;
 pub mod redis_cluster;
+pub mod server;
 pub mod traffic;
 pub mod tung;
 pub mod upstream;
 pub mod wait;
 
 #[allow(unused_imports)]
-pub use wait::{check, eventually, eventually_sync, wait_child, within, within_sync};
+pub use server::{Metrics, Server};
+#[allow(unused_imports)]
+pub use wait::{check, eventually, eventually_reaches, eventually_sync, wait_child, within, within_sync};
 
-use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -57,80 +60,8 @@ pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
     SERIAL.lock().await
 }
 
-/// A `tether serve` child process. Dropping it SIGKILLs the process if it still runs and
-/// removes its config file; if the test is panicking, the tail of the server log is printed.
-pub struct Server {
-    child: Child,
-    pub addr: SocketAddr,
-    pub pid: i32,
-    config_path: PathBuf,
-    log_path: PathBuf,
-    exited: Option<ExitStatus>,
-}
-
-static NEXT: AtomicU32 = AtomicU32::new(0);
-
+/// The async side of [`Server`]: what needs the tests' HTTP client.
 impl Server {
-    /// Starts `tether serve --listen 127.0.0.1:0 --config <tmp file with config_toml> <extra>`
-    /// and waits (bounded) for the `tether listening on ADDR` line.
-    pub fn start(config_toml: &str, extra: &[&str]) -> Server {
-        Server::start_at(config_toml, "127.0.0.1:0".parse().expect("address"), extra)
-    }
-
-    /// `ws://ADDR/ws`.
-    pub fn ws_url(&self) -> String {
-        format!("ws://{}/ws", self.addr)
-    }
-
-    /// The server's whole stderr log, as bytes (whatever they are).
-    pub fn log_bytes(&self) -> Vec<u8> {
-        std::fs::read(&self.log_path).unwrap_or_default()
-    }
-
-    /// The last `n` lines of the server's stderr log.
-    pub fn log_tail(&self, n: usize) -> String {
-        let text = std::fs::read_to_string(&self.log_path).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(n)..].join("\n")
-    }
-
-    /// Sends `sig` (e.g. `libc::SIGTERM`) to the server.
-    pub fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) on our own child's pid; no memory is involved.
-        unsafe {
-            libc::kill(self.pid, sig);
-        }
-    }
-
-    /// Waits up to `limit` for the process to exit and returns its status (None: still running).
-    pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
-        if let Some(st) = self.exited {
-            return Some(st);
-        }
-        let st = within_sync(limit, || match self.child.try_wait() {
-            Ok(Some(st)) => Ok(st),
-            _ => Err(()),
-        })
-        .ok()?;
-        self.exited = Some(st);
-        Some(st)
-    }
-
-    /// Server resident set size in KiB (`VmRSS` from /proc/PID/status).
-    pub fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0)
-    }
-
-    /// Number of open file descriptors of the server (/proc/PID/fd).
-    pub fn fd_count(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/fd", self.pid)).map(|d| d.count()).unwrap_or(0)
-    }
-
     /// `GET /metrics` over a fresh connection.
     pub async fn metrics(&self) -> Metrics {
         let (status, _, body) = http_request(self.addr, "GET", "/metrics", &[], b"").await;
@@ -174,53 +105,10 @@ impl Server {
     }
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        if self.exited.is_none() && !matches!(self.child.try_wait(), Ok(Some(_))) {
-            // SAFETY: see `signal`.
-            unsafe {
-                libc::kill(self.pid, libc::SIGKILL);
-            }
-            let _ = self.child.wait();
-        }
-        if std::thread::panicking() {
-            eprintln!("---- tether log tail ----\n{}", self.log_tail(60));
-        }
-        let _ = std::fs::remove_file(&self.config_path);
-        let _ = std::fs::remove_file(&self.log_path);
-    }
-}
-
-/// One scrape of `/metrics`.
-pub struct Metrics(pub String);
-
-impl Metrics {
-    /// Sum of the samples of `name` whose labels contain every `label="value"` in `labels`.
-    pub fn sum(&self, name: &str, labels: &[&str]) -> f64 {
-        self.samples(name).filter(|(l, _)| labels.iter().all(|want| l.contains(want))).map(|(_, v)| v).sum()
-    }
-
-    /// Every `(labels, value)` sample of `name`.
-    pub fn samples<'a>(&'a self, name: &'a str) -> impl Iterator<Item = (&'a str, f64)> + 'a {
-        self.0.lines().filter(|l| !l.starts_with('#')).filter_map(move |l| {
-            let rest = l.strip_prefix(name)?;
-            let (labels, value) = if let Some(r) = rest.strip_prefix('{') {
-                let close = r.find('}')?;
-                (&r[..close], r[close + 1..].trim())
-            } else if rest.starts_with(' ') {
-                ("", rest.trim())
-            } else {
-                return None;
-            };
-            Some((labels, value.parse().ok()?))
-        })
-    }
-}
-
 /// Runs the `tether` binary with `args` (logging off), bounded by [`STEP`]; kills it and
 /// panics with what it wrote if it runs longer.
 pub fn run_tether(args: &[&str]) -> std::process::Output {
-    let child = Command::new(env!("CARGO_BIN_EXE_tether"))
+    let child = Command::new(server::BIN)
         .args(args)
         .env("TETHER_LOG", "off")
         .stdin(Stdio::null())
@@ -533,53 +421,4 @@ pub fn msg_seq(payload: &[u8]) -> u64 {
     let at = find(payload, b"\"seq\":")
         .unwrap_or_else(|| panic!("no seq in {:?}", String::from_utf8_lossy(&payload[..payload.len().min(200)])));
     payload[at + 6..].iter().take_while(|b| b.is_ascii_digit()).fold(0u64, |n, d| n * 10 + (d - b'0') as u64)
-}
-
-impl Server {
-    /// Like [`Server::start`] but listening on `listen` (e.g. `127.0.0.1:PORT` to restart a
-    /// server on the port a previous one used; the server binds with `SO_REUSEADDR`).
-    pub fn start_at(config_toml: &str, listen: SocketAddr, extra: &[&str]) -> Server {
-        Server::start_with_env(config_toml, listen, extra, &[])
-    }
-
-    /// Like [`Server::start_at`] with extra environment variables for the server process
-    /// (e.g. `TETHER_LOG=debug`).
-    pub fn start_with_env(config_toml: &str, listen: SocketAddr, extra: &[&str], env: &[(&str, &str)]) -> Server {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let base = std::env::temp_dir().join(format!("tether-it-{}-{n}", std::process::id()));
-        let config_path = base.with_extension("toml");
-        let log_path = base.with_extension("log");
-        std::fs::write(&config_path, config_toml).expect("write config");
-        let log = std::fs::File::create(&log_path).expect("create log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
-            .args(["serve", "--listen", &listen.to_string(), "--config"])
-            .arg(&config_path)
-            .args(extra)
-            .env("TETHER_LOG", std::env::var("TETHER_LOG").unwrap_or_else(|_| "info".into()))
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .expect("spawn tether");
-        let pid = child.id() as i32;
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            let mut line = String::new();
-            let _ = r.read_line(&mut line);
-            let _ = tx.send(line);
-            // Keep draining so the child never blocks on a full pipe.
-            let mut sink = Vec::new();
-            let _ = r.read_to_end(&mut sink);
-        });
-        let mut srv = Server { child, addr: listen, pid, config_path, log_path, exited: None };
-        let line = rx.recv_timeout(Duration::from_secs(15)).unwrap_or_default();
-        match line.trim().strip_prefix("tether listening on ").and_then(|a| a.parse().ok()) {
-            Some(addr) => srv.addr = addr,
-            None => panic!("no listening line on {listen} within 15 s (got {line:?})\n{}", srv.log_tail(40)),
-        }
-        srv
-    }
 }

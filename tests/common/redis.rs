@@ -1,7 +1,10 @@
-//! A real `redis-server` for the Redis broker tests: no TCP port, a Unix socket in a private
-//! temp dir, no RDB snapshots, optionally an append-only file fsynced on every write. The test
-//! can SIGKILL it and start it again on the same socket and dir (so an AOF survives), and run
-//! `redis-cli` against it.
+//! A real `redis-server` for the Redis broker tests and benches: no TCP port, a Unix socket in
+//! a private temp dir, no RDB snapshots, optionally an append-only file fsynced on every write.
+//! The test can SIGKILL it and start it again on the same socket and dir (so an AOF survives),
+//! and run `redis-cli` against it. `REDIS_SERVER` names another binary than the
+//! `redis-server` on the PATH.
+//!
+//! benches/common includes this file with `#[path]`: it names nothing else of tests/common.
 //!
 //! Every wait here is bounded; a helper that runs out of time panics with what it saw.
 
@@ -51,6 +54,17 @@ impl RedisProc {
         format!("unix://{}", self.sock.display())
     }
 
+    /// Its Unix socket.
+    pub fn sock(&self) -> &Path {
+        &self.sock
+    }
+
+    /// Its process id (for /proc sampling); panics when it is not running (after
+    /// [`RedisProc::kill9`]).
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("redis-server is not running").id() as i32
+    }
+
     fn spawn(&mut self) {
         assert!(self.child.is_none(), "redis-server is already running");
         let log = std::fs::OpenOptions::new()
@@ -58,7 +72,8 @@ impl RedisProc {
             .append(true)
             .open(self.dir.join("redis.log"))
             .expect("create the redis log");
-        let mut cmd = Command::new("redis-server");
+        let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let mut cmd = Command::new(&bin);
         cmd.args(["--port", "0", "--unixsocket"])
             .arg(&self.sock)
             .args(["--unixsocketperm", "700", "--save", "", "--dir"])
@@ -74,7 +89,7 @@ impl RedisProc {
             .stdout(Stdio::from(log.try_clone().expect("clone the log handle")))
             .stderr(Stdio::from(log))
             .spawn()
-            .expect("spawn redis-server (is it installed? apt-get install redis-server)");
+            .unwrap_or_else(|e| panic!("spawn {bin}: {e} (is it installed? apt-get install redis-server)"));
         self.child = Some(child);
         self.wait_ready();
     }

@@ -1,6 +1,9 @@
 //! Bounded waiting: [`eventually`] (async probe) and [`eventually_sync`] (blocking probe), and
 //! their non-panicking forms [`within`] and [`within_sync`] for callers that must clean up
-//! (kill a child, say) before failing.
+//! (kill a child, say) before failing; [`eventually_reaches`] for a progress counter. A
+//! blocking probe inside async code is `|| std::future::ready(probe())`.
+//!
+//! benches/common includes this file with `#[path]`: it names nothing else of tests/common.
 //!
 //! A probe returns `Ok(value)` when the condition holds, or `Err(observation)` saying what it
 //! saw. The probe is retried with a short backoff (5 ms doubling up to 20 ms) and one last time
@@ -9,6 +12,7 @@
 
 use std::fmt::Display;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
@@ -69,6 +73,16 @@ pub fn within_sync<T, E>(limit: Duration, mut probe: impl FnMut() -> Result<T, E
         std::thread::sleep(backoff.min(left));
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
+}
+
+/// Waits until `counter` (a publisher's progress, a tally) reaches `at`; panics after `limit`
+/// naming `what` and where the counter stood.
+pub async fn eventually_reaches(counter: &AtomicU64, at: u64, limit: Duration, what: &str) {
+    eventually(limit, &format!("{what} reaching {at}"), || async {
+        let now = counter.load(Ordering::Relaxed);
+        check(now >= at, || now)
+    })
+    .await
 }
 
 /// `Ok(())` when `cond` holds, else `Err(seen())`: a probe for a plain condition.

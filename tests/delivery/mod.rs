@@ -18,7 +18,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::common::{find, HttpConn};
+use crate::common::{check, eventually, eventually_sync, find, HttpConn};
 
 /// Timestamps of one relayed connection.
 #[derive(Debug, Clone, Copy)]
@@ -99,11 +99,10 @@ impl Relay {
 
     /// Waits until at least `n` connections were accepted.
     pub async fn wait_accepts(&self, n: usize, limit: Duration) {
-        let end = Instant::now() + limit;
-        while self.accepts() < n {
-            assert!(Instant::now() < end, "relay: {} accepts after {limit:?}, want {n}", self.accepts());
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        eventually(limit, &format!("the relay accepting {n} connections"), || async {
+            check(self.accepts() >= n, || self.accepts())
+        })
+        .await
     }
 
     /// Time from `cut` until the first `msg` crossed the relay on a connection accepted after
@@ -198,14 +197,11 @@ impl SubProc {
         unsafe {
             libc::kill(self.pid(), sig);
         }
-        let end = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                return st;
-            }
-            assert!(Instant::now() < end, "tether sub {} did not exit within 10 s of signal {sig}", self.pid());
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let what = format!("tether sub {} exiting after signal {sig}", self.pid());
+        eventually_sync(Duration::from_secs(10), &what, || match self.child.try_wait() {
+            Ok(Some(st)) => Ok(st),
+            _ => Err("still running"),
+        })
     }
 
     /// Panics if the process has already exited (it must run until stopped).
@@ -259,15 +255,11 @@ pub fn last_seq(file: &Path) -> u64 {
 
 /// Waits until the file's last line has seq `want`.
 pub async fn wait_last_seq(file: &Path, want: u64, limit: Duration) {
-    let end = Instant::now() + limit;
-    loop {
+    eventually(limit, &format!("the output file ending at seq {want}"), || async {
         let last = last_seq(file);
-        if last == want {
-            return;
-        }
-        assert!(Instant::now() < end, "output file ends at seq {last} after {limit:?}, want {want}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        check(last == want, || last)
+    })
+    .await
 }
 
 /// Asserts that `seqs` is exactly 1..=n in order (each once), naming the first fault.
@@ -308,15 +300,6 @@ pub async fn publish_paced(addr: SocketAddr, ch: &str, n: u64, rate: f64, progre
         assert_eq!(status, 200, "publish {i}: {}", String::from_utf8_lossy(&body));
         assert_eq!(crate::common::seq_of_reply(&body), i, "publish {i} got another seq");
         progress.store(i, Ordering::Relaxed);
-    }
-}
-
-/// Waits until `progress` reaches `at`.
-pub async fn wait_progress(progress: &AtomicU64, at: u64, limit: Duration) {
-    let end = Instant::now() + limit;
-    while progress.load(Ordering::Relaxed) < at {
-        assert!(Instant::now() < end, "publisher at {} after {limit:?}, want {at}", progress.load(Ordering::Relaxed));
-        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
 

@@ -16,16 +16,14 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::common::{http_request, RawWs, OP_CLOSE, OP_PING, OP_PONG, OP_TEXT, STEP};
-
-type Tung = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+use crate::common::{check, eventually, http_request, tung, RawWs, OP_CLOSE, OP_PING, OP_PONG, OP_TEXT, STEP};
 
 /// A WebSocket client connection.
 pub enum Conn {
     /// tests/common's raw client (the test can reset its TCP connection).
     Raw(RawWs),
     /// tokio-tungstenite.
-    Tung(Box<Tung>),
+    Tung(Box<tung::Ws>),
 }
 
 impl Conn {
@@ -36,11 +34,7 @@ impl Conn {
 
     /// Connects to `ws://addr/ws` with tokio-tungstenite.
     pub async fn tung(addr: SocketAddr) -> Conn {
-        let (ws, _) = tokio::time::timeout(STEP, tokio_tungstenite::connect_async(format!("ws://{addr}/ws")))
-            .await
-            .expect("tungstenite connect timed out")
-            .expect("tungstenite connect");
-        Conn::Tung(Box::new(ws))
+        Conn::Tung(Box::new(tung::connect(&format!("ws://{addr}/ws")).await))
     }
 
     /// Sends `v` as a text frame.
@@ -259,16 +253,10 @@ pub fn assert_contiguous(who: &str, msgs: &[(u64, u64)], first: u64, last: u64, 
 /// Polls `GET /readyz` until it answers `status`; returns how long that took.
 pub async fn wait_ready_status(addr: SocketAddr, status: u16, limit: Duration) -> Duration {
     let t0 = Instant::now();
-    loop {
+    eventually(limit, &format!("/readyz of {addr} answering {status}"), || async {
         let (got, _, body) = http_request(addr, "GET", "/readyz", &[], b"").await;
-        if got == status {
-            return t0.elapsed();
-        }
-        assert!(
-            t0.elapsed() < limit,
-            "/readyz of {addr} still {got} {} after {limit:?}, want {status}",
-            String::from_utf8_lossy(&body)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        check(got == status, || format!("{got} {}", String::from_utf8_lossy(&body)))
+    })
+    .await;
+    t0.elapsed()
 }

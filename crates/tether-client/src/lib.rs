@@ -1,5 +1,6 @@
-//! The tether client for ordinary tokio applications, and the `tether sub` / `tether pub`
-//! command-line tools (docs/protocol.md, docs/clients.md).
+//! The tether client for ordinary tokio applications, the `tether sub` / `tether pub`
+//! command-line tools (docs/protocol.md, docs/clients.md), and `tether feeds`, the admin
+//! API's command line (docs/feeds.md).
 //!
 //! A [`Client`] owns one background task that holds the WebSocket connection to
 //! `ws://HOST:PORT/ws`, reconnects with full-jitter backoff on the close codes of docs/protocol.md,
@@ -40,11 +41,14 @@
 //! - `shared`: resume positions, counters and commands shared by both sides.
 //! - `task`: the background connection task: connect, resubscribe, outbox, dedup, reconnect.
 //! - `cli`: [`run_sub`] and [`run_pub`].
+//! - `feeds_cli`: [`FeedsArgs`], `tether feeds` (blocking HTTP/1.1 to a node's `/feeds` admin
+//!   API through ureq; no tokio).
 
 pub use tether_proto::protocol::backoff;
 mod cli;
 pub mod close;
 mod ended;
+mod feeds_cli;
 pub mod offsets;
 mod session;
 mod shared;
@@ -67,6 +71,7 @@ use serde_json::value::RawValue;
 pub use backoff::{Backoff, BackoffConfig};
 pub use cli::{notice, run_pub, run_sub, PubArgs, SubArgs};
 pub use close::{classify_close, retry_hint, CloseAction};
+pub use feeds_cli::FeedsArgs;
 pub use offsets::{OffsetStore, Position};
 pub use session::{AckHandle, Client, Publisher};
 pub use token::TokenSource;

@@ -1,126 +1,61 @@
-//! A redis-server of the bench's own, for the Redis broker's benches: started on a unix socket
-//! in a private directory under the system temp dir (short enough for `sun_path`), spoken to
-//! over plain RESP, stopped by PID; and [`redis_alone`], the ceiling Redis itself sets for
-//! tether's publish script.
+//! What the Redis broker's benches read off their redis-server (the tests' [`RedisProc`]):
+//! `INFO` figures, a reset between measured runs; and [`redis_alone`], the ceiling Redis itself
+//! sets for tether's publish script.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::{env_or, terminate};
+use super::redis::RedisProc;
 
-/// A redis-server of our own: no TCP port, a unix socket in a private directory, no
-/// persistence. SIGTERM (then SIGKILL) by PID on drop.
-pub struct RedisServer {
-    child: Option<Child>,
-    /// Its process id.
-    pub pid: i32,
-    dir: PathBuf,
-    /// Its unix socket.
-    pub sock: PathBuf,
-}
-
-impl RedisServer {
-    /// Starts `redis-server --port 0 --unixsocket DIR/r.sock --save '' --appendonly no`
-    /// (`REDIS_SERVER` overrides the binary) and waits up to 10 s for its `PONG`; panics with
-    /// its log when it does not answer.
-    pub fn start() -> RedisServer {
-        let dir = std::env::temp_dir().join(format!("tether-bench-broker-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("create the redis directory");
-        let sock = dir.join("r.sock");
-        let _ = std::fs::remove_file(&sock);
-        let log = std::fs::File::create(dir.join("redis.log")).expect("create redis.log");
-        let bin: String = env_or("REDIS_SERVER", "/usr/bin/redis-server".to_string());
-        let child = Command::new(&bin)
-            .args(["--port", "0", "--unixsocket"])
-            .arg(&sock)
-            .args(["--save", "", "--appendonly", "no", "--dir"])
-            .arg(&dir)
-            .stdout(Stdio::from(log.try_clone().expect("dup redis.log")))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
-        let pid = child.id() as i32;
-        let redis = RedisServer { child: Some(child), pid, dir, sock };
-        let start = Instant::now();
-        while redis.call(&["PING"]).as_deref() != Some("PONG") {
-            if start.elapsed() > Duration::from_secs(10) {
-                let log = std::fs::read_to_string(redis.dir.join("redis.log")).unwrap_or_default();
-                panic!("redis-server did not answer PING on {} within 10 s; its log:\n{log}", redis.sock.display());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        redis
-    }
-
-    /// One command over the socket (RESP); the reply of a simple, integer or bulk string,
-    /// `None` on an error reply or when Redis did not answer within 5 s.
-    pub fn call(&self, args: &[&str]) -> Option<String> {
-        let mut s = UnixStream::connect(&self.sock).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        let mut req = format!("*{}\r\n", args.len());
-        for a in args {
-            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-        }
-        s.write_all(req.as_bytes()).ok()?;
-        let mut r = BufReader::new(s);
-        let mut line = String::new();
-        r.read_line(&mut line).ok()?;
-        match line.as_bytes().first()? {
-            b'+' | b':' => Some(line[1..].trim_end().to_string()),
-            b'$' => {
-                let n: usize = line[1..].trim().parse().ok()?;
-                let mut buf = vec![0; n + 2];
-                r.read_exact(&mut buf).ok()?;
-                Some(String::from_utf8_lossy(&buf[..n]).into_owned())
-            }
-            _ => None,
-        }
-    }
+/// A bench's view of its [`RedisProc`], through `redis-cli` (what the tests use too).
+pub trait RedisFigures {
+    /// `INFO section` as Redis prints it (`server`, `memory`, `commandstats`, …).
+    fn info(&self, section: &str) -> String;
 
     /// Empties Redis and zeroes its command statistics, so that each measured run starts from
     /// the same keyspace: dedup keys live for `dedup.window_ms` (5 minutes by default), and a
     /// keyspace grown by earlier runs makes every later one pay for lookups in a bigger table
     /// and for its incremental rehashing.
-    pub fn reset(&self) {
-        let _ = self.call(&["FLUSHALL", "SYNC"]);
-        let _ = self.call(&["CONFIG", "RESETSTAT"]);
+    fn reset(&self);
+
+    /// `used_memory` from `INFO memory`, in bytes (NaN when absent).
+    fn used_memory(&self) -> f64;
+
+    /// `INFO commandstats` as `{command: {"calls", "usec"}}` (commands run by scripts count too).
+    fn commandstats(&self) -> Value;
+}
+
+impl RedisFigures for RedisProc {
+    fn info(&self, section: &str) -> String {
+        self.cli(&["INFO", section])
     }
 
-    /// `used_memory` from `INFO memory`, in bytes (NaN when Redis did not answer).
-    pub fn used_memory(&self) -> f64 {
-        let info = self.call(&["INFO", "memory"]).unwrap_or_default();
+    fn reset(&self) {
+        self.cli(&["FLUSHALL", "SYNC"]);
+        self.cli(&["CONFIG", "RESETSTAT"]);
+    }
+
+    fn used_memory(&self) -> f64 {
+        let info = self.info("memory");
         info.lines().find_map(|l| l.strip_prefix("used_memory:")?.trim().parse().ok()).unwrap_or(f64::NAN)
     }
 
-    /// `INFO commandstats` as `{command: {"calls", "usec"}}` (commands run by scripts count too).
-    pub fn commandstats(&self) -> Value {
-        let info = self.call(&["INFO", "commandstats"]).unwrap_or_default();
+    fn commandstats(&self) -> Value {
+        let info = self.info("commandstats");
         let mut out = serde_json::Map::new();
         for line in info.lines() {
             let Some((name, stats)) = line.strip_prefix("cmdstat_").and_then(|l| l.split_once(':')) else { continue };
             let field = |k: &str| {
                 stats
                     .split(',')
-                    .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('=')?.parse::<f64>().ok())
+                    .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('=')?.trim().parse::<f64>().ok())
                     .unwrap_or(0.0)
             };
             out.insert(name.to_string(), json!({"calls": field("calls"), "usec": field("usec")}));
         }
         Value::Object(out)
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            terminate(&mut child, Duration::from_secs(5));
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -136,9 +71,9 @@ pub const ALONE_BATCH: usize = 512;
 /// builds: [`ALONE_BATCH`] publishes per call, over `channels` channels, an id on every
 /// publish) in pipelines of [`ALONE_DEPTH`] calls for `secs`: the ceiling Redis itself sets
 /// on this box, and its CPU per publish.
-pub fn redis_alone(redis: &RedisServer, secs: f64, channels: usize, size: usize) -> Value {
+pub fn redis_alone(redis: &RedisProc, secs: f64, channels: usize, size: usize) -> Value {
     use tether::server::broker::redis::keys::{Keys, PublishCall, PublishParams, PUBLISH_LUA};
-    let client = ::redis::Client::open(format!("unix://{}", redis.sock.display()).as_str()).expect("redis URL");
+    let client = ::redis::Client::open(redis.url().as_str()).expect("redis URL");
     let loaded = client
         .get_connection()
         .and_then(|mut c| ::redis::cmd("SCRIPT").arg("LOAD").arg(PUBLISH_LUA).query::<String>(&mut c));
@@ -150,8 +85,8 @@ pub fn redis_alone(redis: &RedisServer, secs: f64, channels: usize, size: usize)
     let (history, window_ms) = (cfg.channel_rule("load.alone").history, cfg.dedup.window_ms);
     let run = format!("{:08x}", rand::random::<u32>());
     redis.reset();
-    let stat = PathBuf::from(format!("/proc/{}/stat", redis.pid));
-    let sched = PathBuf::from(format!("/proc/{}/schedstat", redis.pid));
+    let stat = PathBuf::from(format!("/proc/{}/stat", redis.pid()));
+    let sched = PathBuf::from(format!("/proc/{}/schedstat", redis.pid()));
     let (cpu0, wait0) =
         (super::proc_seconds(&stat).unwrap_or(f64::NAN), super::proc_seconds(&sched).unwrap_or(f64::NAN));
     let start = Instant::now();

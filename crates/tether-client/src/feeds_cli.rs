@@ -3,6 +3,9 @@
 //! token as `Authorization: Bearer`; the node validates (a bad field is its 400, printed as
 //! is), so the CLI and the API can never disagree on what a feed may be.
 //!
+//! It lives with the other client tools, not in the server: a blocking HTTP client (ureq)
+//! that only talks to a node, so the server library does not carry ureq (tests/layers.rs).
+//!
 //! Exit codes: 0 done; 1 the node refused (4xx/5xx, its error printed) or could not be
 //! reached; 2 bad usage or an unreadable token or body file.
 
