@@ -20,6 +20,7 @@ mod broker;
 pub mod feed_def;
 mod feeds;
 mod io;
+mod presence;
 mod security;
 mod toml_error;
 mod validate;
@@ -28,6 +29,7 @@ pub use broker::{Broker, BrokerKind};
 pub use feed_def::{DesiredState, FeedDef};
 pub use feeds::{FeedStoreKind, Feeds};
 pub use io::{Io, Readiness, SendBatch};
+pub use presence::{Presence, MAX_PRESENCE_MEMBERS};
 pub use security::{Admin, Auth, PerConnection};
 pub use tether_proto::duration::parse_duration;
 pub use validate::{QUEUE_CONTROL_RESERVE, SHIPPED_UNIT_STOP_TIMEOUT_MS};
@@ -101,6 +103,8 @@ pub struct Config {
     pub feeds: Feeds,
     /// How cores write to sockets (`[io]`): the send path of a fan-out pass.
     pub io: Io,
+    /// How presence works where a `[[channels]]` rule turns it on (`[presence]`).
+    pub presence: Presence,
 }
 
 /// Handshake, header, message and outbound-queue limits (`[limits]`).
@@ -227,6 +231,23 @@ pub struct ChannelRule {
     /// warned about at start.
     #[serde(default = "default_history")]
     pub history: usize,
+    /// Track who is in matching channels (docs/protocol.md, "Presence"): clients may ask
+    /// `presence` and `presence_stats` (with the channel's `sub` right). Default false: off
+    /// costs nothing (no per-connection or per-channel state). The memory broker only, so far.
+    #[serde(default)]
+    pub presence: bool,
+    /// Let subscribers ask for joins and leaves (`sub` with `"join_leave": true`): coalesced
+    /// `presence_diff` frames, one per `presence.window_ms`. Needs `presence = true`. Default
+    /// false.
+    #[serde(default)]
+    pub join_leave: bool,
+    /// Most members a matching channel tracks. A connection that subscribes past it is
+    /// subscribed as usual but not tracked (not listed, not counted, no join sent for it), and
+    /// counted in `tether_presence_untracked_total`. Default 100,000, between 1 and
+    /// 10,000,000. Bounds the home's memory per channel (about 100 B per member plus its
+    /// `user` and `info`).
+    #[serde(default = "default_presence_max_members")]
+    pub presence_max_members: usize,
 }
 
 /// Publish deduplication (`[dedup]`): a `pub` whose `id` (or an HTTP publish whose
@@ -294,10 +315,21 @@ fn default_history() -> usize {
     1000
 }
 
+fn default_presence_max_members() -> usize {
+    100_000
+}
+
 impl Default for ChannelRule {
     /// Pattern `*`, overflow `disconnect`, history 1000.
     fn default() -> Self {
-        ChannelRule { pattern: "*".to_owned(), overflow: default_overflow(), history: default_history() }
+        ChannelRule {
+            pattern: "*".to_owned(),
+            overflow: default_overflow(),
+            history: default_history(),
+            presence: false,
+            join_leave: false,
+            presence_max_members: default_presence_max_members(),
+        }
     }
 }
 
@@ -354,6 +386,7 @@ impl Default for Config {
             admin: Admin::default(),
             feeds: Feeds::default(),
             io: Io::default(),
+            presence: Presence::default(),
         }
     }
 }

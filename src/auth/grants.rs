@@ -80,6 +80,7 @@ mod tests {
             user: user.into(),
             subscribe: sub.iter().map(|s| (*s).into()).collect(),
             publish: vec!["chat.1".into()].into(),
+            info: None,
         }
     }
 

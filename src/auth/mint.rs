@@ -44,6 +44,10 @@ pub struct TokenArgs {
     /// `aud` claim (must be the server's `auth.jwt_audience` when that is set).
     #[arg(long)]
     pub aud: Option<String>,
+    /// `info` claim: JSON shown to the other members of presence channels (e.g.
+    /// `'{"name":"Ada"}'`; at most the server's `presence.info_max_bytes`).
+    #[arg(long)]
+    pub info: Option<String>,
 }
 
 /// The claims `tether token` writes (docs/security.md, token shape).
@@ -66,6 +70,9 @@ pub struct TokenClaims {
     pub aud: Option<String>,
     /// Channel globs.
     pub channels: ChannelGlobs,
+    /// What the other members of presence channels see besides `sub`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub info: Option<serde_json::Value>,
 }
 
 /// `channels: {"sub": [globs], "pub": [globs]}`.
@@ -89,6 +96,7 @@ impl TokenClaims {
             iss: None,
             aud: None,
             channels: ChannelGlobs::default(),
+            info: None,
         }
     }
 }
@@ -196,6 +204,10 @@ impl TokenArgs {
         claims.iss = iss;
         claims.aud = aud;
         claims.channels = ChannelGlobs { sub: self.sub_channels.clone(), publish: self.pub_channels.clone() };
+        claims.info = match &self.info {
+            None => None,
+            Some(text) => Some(serde_json::from_str(text).map_err(|e| format!("--info is not JSON: {e}"))?),
+        };
         signer.sign(&claims)
     }
 

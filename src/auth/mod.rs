@@ -35,6 +35,8 @@ pub const MAX_GLOBS: usize = 256;
 pub const MAX_GLOB_BYTES: usize = 256;
 /// Longest `sub` claim in bytes.
 pub const MAX_SUB_BYTES: usize = 256;
+/// Largest `info` claim by default (`presence.info_max_bytes`), in bytes of compact JSON.
+pub const DEFAULT_INFO_MAX_BYTES: usize = 1024;
 
 /// Why a token was refused. Each is answered with HTTP 401 at the upgrade (the body is
 /// [`AuthError::reason`]) or, for a `refresh`, with close 4003.
@@ -58,7 +60,8 @@ pub enum AuthError {
     /// `aud` is missing or does not contain `auth.jwt_audience`.
     Audience,
     /// A claim is missing or has the wrong shape: `sub` (a non-empty string of at most
-    /// [`MAX_SUB_BYTES`]), `exp`/`nbf` (NumericDate, RFC 7519 §2), `channels`.
+    /// [`MAX_SUB_BYTES`]), `exp`/`nbf` (NumericDate, RFC 7519 §2), `channels`, or `info` larger
+    /// than `presence.info_max_bytes`.
     Claims,
     /// The upgrade carries more than one token: `token` repeated in the query, or a token in
     /// both the query and `Authorization` (answered 400, not 401).
@@ -103,6 +106,9 @@ pub struct Grant {
     pub subscribe: Box<[Box<str>]>,
     /// `channels.pub`: channels the connection may publish to.
     pub publish: Box<[Box<str>]>,
+    /// The `info` claim, compact JSON (at most `presence.info_max_bytes`): what the other
+    /// members of a presence channel see of this connection besides its user.
+    pub info: Option<Box<str>>,
 }
 
 impl Grant {
@@ -141,6 +147,9 @@ struct Claims {
     /// it; tether wants one string (RFC 7519 §4.1.1 makes `iss` a StringOrURI).
     #[serde(default)]
     iss: Option<serde_json::Value>,
+    /// Shown to the other members of presence channels (docs/protocol.md, "Presence").
+    #[serde(default)]
+    info: Option<Box<serde_json::value::RawValue>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -181,6 +190,8 @@ pub struct Verifier {
     key: DecodingKey,
     validation: Validation,
     leeway_ms: u64,
+    /// Largest `info` claim accepted, in bytes of compact JSON (`presence.info_max_bytes`).
+    info_max_bytes: usize,
 }
 
 impl fmt::Debug for Verifier {
@@ -234,7 +245,14 @@ impl Verifier {
             required.push("aud");
         }
         validation.set_required_spec_claims(&required);
-        Verifier { alg, key, validation, leeway_ms: auth.jwt_leeway_ms }
+        Verifier { alg, key, validation, leeway_ms: auth.jwt_leeway_ms, info_max_bytes: DEFAULT_INFO_MAX_BYTES }
+    }
+
+    /// This verifier, refusing tokens whose `info` claim is larger than `bytes` of compact
+    /// JSON (`presence.info_max_bytes`; [`DEFAULT_INFO_MAX_BYTES`] otherwise).
+    pub fn with_info_limit(mut self, bytes: usize) -> Verifier {
+        self.info_max_bytes = bytes;
+        self
     }
 
     /// The one algorithm accepted.
@@ -279,8 +297,18 @@ impl Verifier {
         if c.sub.is_empty() || c.sub.len() > MAX_SUB_BYTES {
             return Err(AuthError::Claims);
         }
+        let info = match c.info.filter(|i| i.get() != "null") {
+            None => None,
+            Some(raw) => {
+                let compact = crate::protocol::compact_json(raw.get());
+                if compact.len() > self.info_max_bytes {
+                    return Err(AuthError::Claims);
+                }
+                Some(compact.into_owned().into_boxed_str())
+            }
+        };
         let grant =
-            Grant { user: c.sub.into(), subscribe: globs(c.channels.sub)?, publish: globs(c.channels.publish)? };
+            Grant { user: c.sub.into(), subscribe: globs(c.channels.sub)?, publish: globs(c.channels.publish)?, info };
         Ok(Verified { grant, exp_ms: c.exp })
     }
 }

@@ -157,6 +157,12 @@ pub struct PerConnection {
     /// own error; beyond it `error` `limit`; more than 10 × the rate refused in one second
     /// closes with 1008. Default 20, 0 = unlimited.
     pub bad_request_rate: u32,
+    /// `presence` and `presence_stats` requests per second (burst = rate). Beyond it: `error`
+    /// `limit` with `ch` and `retry_after_ms`; more than 10 × the rate refused in one second
+    /// closes with 1008. Default 10, 0 = unlimited. Trade-off: a `presence` page costs the
+    /// channel's home up to `presence.page_size` members encoded; a client asks after a
+    /// `presence_reset` and when it joins.
+    pub presence_rate: u32,
 }
 
 impl Default for PerConnection {
@@ -169,6 +175,7 @@ impl Default for PerConnection {
             subscribe_rate: 500,
             refresh_rate: 2,
             bad_request_rate: 20,
+            presence_rate: 10,
         }
     }
 }
@@ -177,7 +184,7 @@ impl PerConnection {
     /// The keys as the "config in effect" log line shows them: ` limits.per_connection.KEY=V`
     /// for each, in declaration order.
     pub fn summary(&self) -> String {
-        let keys: [(&str, u64); 7] = [
+        let keys: [(&str, u64); 8] = [
             ("max_subscriptions", self.max_subscriptions as u64),
             ("publish_rate", self.publish_rate.into()),
             ("publish_bytes_rate", self.publish_bytes_rate),
@@ -185,6 +192,7 @@ impl PerConnection {
             ("subscribe_rate", self.subscribe_rate.into()),
             ("refresh_rate", self.refresh_rate.into()),
             ("bad_request_rate", self.bad_request_rate.into()),
+            ("presence_rate", self.presence_rate.into()),
         ];
         keys.iter().map(|(k, v)| format!(" limits.per_connection.{k}={v}")).collect()
     }

@@ -26,7 +26,15 @@ fn empty_document_gives_design_defaults() {
     assert_eq!(c.heartbeat.pong_timeout_ms, 10_000);
     assert_eq!(c.drain.window_ms, 10_000);
     assert_eq!(c.drain.close_code, 1012);
-    assert_eq!(c.channels, vec![ChannelRule { pattern: "*".into(), overflow: Overflow::Disconnect, history: 1000 }]);
+    assert_eq!(
+        c.channels,
+        vec![ChannelRule {
+            pattern: "*".into(),
+            overflow: Overflow::Disconnect,
+            history: 1000,
+            ..ChannelRule::default()
+        }]
+    );
     assert_eq!(c.dedup.window_ms, 300_000);
     assert_eq!(c.dedup.max_entries, 1_000_000);
     assert_eq!(c.broker.kind, BrokerKind::Memory);
@@ -88,9 +96,45 @@ url = "rediss://cache:6380/0"
     assert_eq!(c.effective_cores(), 2);
     assert_eq!(c.limits.queue_max_bytes, 262144);
     assert_eq!(c.limits.max_message_bytes, 65536, "unset keys in a table keep their default");
-    assert_eq!(c.channels[1], ChannelRule { pattern: "log.?".into(), overflow: Overflow::DropOldest, history: 1000 });
+    assert_eq!(
+        c.channels[1],
+        ChannelRule {
+            pattern: "log.?".into(),
+            overflow: Overflow::DropOldest,
+            history: 1000,
+            ..ChannelRule::default()
+        }
+    );
     assert_eq!(c.broker.url, "rediss://cache:6380/0");
     assert_eq!(c.drain.close_code, 1001);
+}
+
+#[test]
+fn presence_keys_are_checked_by_name() {
+    let e = err("[[channels]]\npattern = \"room.*\"\njoin_leave = true");
+    assert_eq!(e.key, "channels[0].join_leave");
+    assert!(e.message.contains("presence = true"), "{e}");
+    let e = err("[broker]\nkind = \"redis\"\n[[channels]]\npattern = \"room.*\"\npresence = true");
+    assert_eq!(e.key, "channels[0].presence");
+    assert!(e.message.contains("memory broker"), "{e}");
+    for (toml, key) in [
+        ("[presence]\nwindow_ms = 5", "presence.window_ms"),
+        ("[presence]\nwindow_ms = 60001", "presence.window_ms"),
+        ("[presence]\nmax_diff = 0", "presence.max_diff"),
+        ("[presence]\ninfo_max_bytes = 1", "presence.info_max_bytes"),
+        ("[presence]\npage_size = 0", "presence.page_size"),
+        (
+            "[[channels]]\npattern = \"r\"\npresence = true\npresence_max_members = 0",
+            "channels[0].presence_max_members",
+        ),
+        ("[presence]\nwindow = 5", "presence.window"),
+    ] {
+        assert_eq!(err(toml).key, key, "{toml}");
+    }
+    let c = Config::from_toml_str("[[channels]]\npattern = \"room.*\"\npresence = true\njoin_leave = true").unwrap();
+    let rule = c.channel_rule("room.1");
+    assert!(rule.presence && rule.join_leave && rule.presence_max_members == 100_000);
+    assert!(!c.channel_rule("other").presence, "presence is off by default");
 }
 
 #[test]

@@ -101,6 +101,7 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     }
 
     super::security::validate(c)?;
+    super::presence::validate(c)?;
     super::feeds::validate(c)?;
     validate_origins(c)
 }

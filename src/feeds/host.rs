@@ -3,6 +3,8 @@
 //! port into the broker path for fenced publishes. The server implements [`FeedHost`]; the
 //! feeds never name the engine, so the arrow points one way (CONTRIBUTING.md, "Layout").
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
@@ -36,6 +38,10 @@ pub struct FeedPublish {
 pub trait FeedHost: Send + Sync + 'static {
     /// The process's configuration (`[feeds]`, `[broker]`, `limits.max_publish_bytes`).
     fn config(&self) -> &Config;
+
+    /// This process's node id (`<hostname>-<8 hex digits>`, new at every start,
+    /// [`super::runtime::new_node_id`]): the `lease_owner` of the leases it takes.
+    fn node_id(&self) -> Arc<str>;
 
     /// The feeds' process-wide counters and per-feed progress (`tether_feed*`), which the
     /// host renders on `/metrics`.

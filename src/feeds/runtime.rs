@@ -76,7 +76,7 @@ impl FeedRuntime {
     /// spawned.
     /// `rx` is the receiving end of `shared.commands()` (the admin API's way in).
     pub fn start(shared: Arc<dyn FeedHost>, rx: mpsc::UnboundedReceiver<Command>) -> std::io::Result<FeedRuntime> {
-        let node_id: Arc<str> = new_node_id().into();
+        let node_id = shared.node_id();
         tracing::info!(node_id = %node_id, store = shared.config().feeds.store.as_str(), "feeds: node id (lease_owner of this process)");
         let commands = shared.commands().clone();
         let node = node_id.clone();

@@ -113,6 +113,22 @@ pub enum CoreMsg {
         /// deliveries continue after `until`.
         until: u64,
     },
+    /// The answer to a [`Request::Presence`]: a `presence` or
+    /// `presence_stats` frame for `conn` (or its `error`).
+    PresenceAnswer {
+        /// The asking connection, on the receiving core.
+        conn: ConnId,
+        /// The encoded answer.
+        frame: Bytes,
+    },
+    /// One presence window of `ch` closed: its `presence_diff` (or `presence_reset`) frame,
+    /// for every local subscriber that asked for join/leave.
+    PresenceDiff {
+        /// Channel name.
+        ch: Arc<str>,
+        /// The encoded frame, shared by every such subscriber.
+        frame: Bytes,
+    },
     /// `GET /connections`: list this core's `top` connections by queued bytes.
     Inspect {
         /// The HTTP connection that asked.

@@ -148,6 +148,7 @@ pub fn session_config(cfg: &Config) -> SessionConfig {
         subscribe_rate: p.subscribe_rate as u64,
         refresh_rate: p.refresh_rate as u64,
         bad_request_rate: p.bad_request_rate as u64,
+        presence_rate: p.presence_rate as u64,
         ..Rates::default()
     };
     SessionConfig {

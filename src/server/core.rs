@@ -538,7 +538,7 @@ impl CoreState {
             self.release_grant(g);
         }
         for e in c.subs {
-            self.drop_sub(e);
+            self.drop_sub(id, e);
         }
         self.waiting.forget(id);
         // Last: the log lines above name the peer, asked of the socket.
@@ -614,6 +614,8 @@ impl CoreState {
                 self.router.to_core(reply.core as usize, CoreMsg::Inspected { reply, rows, load });
             }
             CoreMsg::Inspected { reply, rows, load } => self.inspected(reply.id, rows, load),
+            CoreMsg::PresenceAnswer { conn, frame } => self.reply(conn, frame),
+            CoreMsg::PresenceDiff { ch, frame } => self.presence_diff(&ch, frame),
             CoreMsg::Deliver { .. } => unreachable!("the processor walks deliveries itself"),
         }
     }

@@ -5,7 +5,7 @@
 //! through a list never skips or repeats anyone; the list is compacted later, between
 //! deliveries, when tombstones outnumber the living.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use slab::Slab;
@@ -25,6 +25,12 @@ pub struct LocalChannel {
     pub pending: u32,
     /// Overflow policy from the first matching `[[channels]]` rule.
     pub overflow: Overflow,
+    /// Whether that rule turns presence on.
+    pub presence: bool,
+    /// The connections of this core that asked for the channel's joins and leaves (`sub` with
+    /// `join_leave`), from the request on (an entry whose subscription is not active yet gets
+    /// nothing); `None` (8 bytes per channel) until one asks.
+    pub join_leave: Option<Box<HashSet<ConnId>>>,
 }
 
 impl LocalChannel {
@@ -48,21 +54,44 @@ impl LocalChannels {
         self.by_name.get(name).copied()
     }
 
-    /// Index of `name`, creating the entry with `overflow` when absent.
-    pub fn find_or_create(&mut self, name: &str, overflow: impl FnOnce() -> Overflow) -> u32 {
+    /// Index of `name`, creating the entry with the overflow policy and presence switch of its
+    /// rule (`rule()`) when absent.
+    pub fn find_or_create(&mut self, name: &str, rule: impl FnOnce() -> (Overflow, bool)) -> u32 {
         if let Some(i) = self.find(name) {
             return i;
         }
         let name: Arc<str> = name.into();
+        let (overflow, presence) = rule();
         let i = self.chans.insert(LocalChannel {
             name: name.clone(),
             subs: Vec::new(),
             dead: 0,
             pending: 0,
-            overflow: overflow(),
+            overflow,
+            presence,
+            join_leave: None,
         }) as u32;
         self.by_name.insert(name, i);
         i
+    }
+
+    /// Records that connection `id` asked for the joins and leaves of `chan`.
+    pub fn want_join_leave(&mut self, chan: u32, id: ConnId) {
+        if let Some(c) = self.chans.get_mut(chan as usize) {
+            c.join_leave.get_or_insert_with(Default::default).insert(id);
+        }
+    }
+
+    /// Forgets that connection `id` asked for the joins and leaves of `chan` (its
+    /// subscription ended or was refused).
+    pub fn forget_join_leave(&mut self, chan: u32, id: ConnId) {
+        let Some(c) = self.chans.get_mut(chan as usize) else { return };
+        if let Some(set) = &mut c.join_leave {
+            set.remove(&id);
+            if set.is_empty() {
+                c.join_leave = None;
+            }
+        }
     }
 
     /// Appends `id` to channel `chan`; returns its position.
@@ -138,7 +167,7 @@ mod tests {
     #[test]
     fn tombstones_keep_positions_and_tidy_compacts() {
         let mut t = LocalChannels::default();
-        let c = t.find_or_create("a", || Overflow::Disconnect);
+        let c = t.find_or_create("a", || (Overflow::Disconnect, false));
         let ids: Vec<ConnId> = (0..40).map(|k| ConnId { key: k, gen: 1 }).collect();
         for id in &ids {
             t.add(c, *id);
@@ -161,7 +190,7 @@ mod tests {
     #[test]
     fn pending_keeps_channel_alive() {
         let mut t = LocalChannels::default();
-        let c = t.find_or_create("a", || Overflow::Conflate);
+        let c = t.find_or_create("a", || (Overflow::Conflate, false));
         t.chans[c as usize].pending = 1;
         t.tidy(c, |_, _, _| {});
         assert_eq!(t.find("a"), Some(c));

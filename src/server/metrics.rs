@@ -42,6 +42,13 @@ pub struct CoreMetrics {
     /// Distinct token grants interned on this core (gauge; docs/security.md): connections
     /// with the same claims share one.
     pub auth_grants: AtomicI64,
+    /// Presence members tracked by the channels homed on this core (gauge).
+    pub presence_members: AtomicI64,
+    /// Subscribers of presence channels not tracked because the channel had
+    /// `presence_max_members` members already (counter).
+    pub presence_untracked: AtomicU64,
+    /// Presence windows announced by the channels homed here: `[diffs, resets]` (counter).
+    pub presence_frames: [AtomicU64; 2],
 }
 
 impl CoreMetrics {
@@ -187,6 +194,20 @@ pub fn render(cores: &[CoreMetrics], draining: bool) -> String {
     );
     counter(
         &mut out,
+        "tether_presence_members",
+        "gauge",
+        "Presence members tracked by the channels homed on each core.",
+        per_core(&|m| m.presence_members.load(Relaxed).max(0) as u64),
+    );
+    counter(
+        &mut out,
+        "tether_presence_untracked_total",
+        "counter",
+        "Subscribers of presence channels not tracked: the channel had presence_max_members members.",
+        per_core(&|m| m.presence_untracked.load(Relaxed)),
+    );
+    counter(
+        &mut out,
         "tether_bus_spilled",
         "gauge",
         "Cross-core messages waiting for queue space.",
@@ -238,6 +259,13 @@ pub fn render(cores: &[CoreMetrics], draining: bool) -> String {
         "counter",
         "Requests and control frames refused by an abuse limit, by limit.",
         labelled(&LIMIT_NAMES, "limit", &|m, i| m.session.limit_refusals[i].load(Relaxed)),
+    );
+    counter(
+        &mut out,
+        "tether_presence_windows_total",
+        "counter",
+        "Presence windows announced to join_leave subscribers, by kind (diff or reset).",
+        labelled(&["diff", "reset"], "kind", &|m, i| m.presence_frames[i].load(Relaxed)),
     );
     histogram(
         &mut out,

@@ -24,6 +24,8 @@
 //!   ([`http::route`]), the admin guard ([`http::auth`]), `/feeds` ([`http::feeds`]), the
 //!   status page ([`http::status`]) and `GET /connections` ([`http::inspect`]).
 //! - [`subscribe`]: `sub`/`unsub` and the broker's confirmation, at the subscriber's core.
+//! - [`presence`]: presence at the subscriber's core: the member a connection is, `presence`
+//!   and `presence_stats` requests, and the delivery of join/leave windows.
 //! - [`authorize`]: JWT auth at the core: the token of an upgrade, channel rights on
 //!   `sub`/`pub`, `refresh`, and the core's table of interned grants.
 //! - [`feed_port`]: the feeds thread's entry into the broker path (bounded, answered per
@@ -61,6 +63,7 @@ pub mod http;
 pub mod io;
 pub mod local;
 pub mod metrics;
+pub mod presence;
 pub mod processor;
 pub mod reactor;
 pub mod reclaim;
@@ -126,6 +129,10 @@ pub struct Shared {
     pub feed_commands: tokio::sync::mpsc::UnboundedSender<crate::feeds::runtime::Command>,
     /// The feed runtime's process-wide counters and per-feed progress (`tether_feed*`).
     pub feeds: crate::feeds::metrics::FeedMetrics,
+    /// This process's node id (`<hostname>-<8 hex digits>`, new at every start): the
+    /// `lease_owner` of its feeds' leases and the first part of its connections' presence
+    /// client ids.
+    pub node_id: Arc<str>,
 }
 
 impl Shared {
@@ -148,6 +155,10 @@ impl Shared {
 impl crate::feeds::FeedHost for Shared {
     fn config(&self) -> &Config {
         &self.config
+    }
+
+    fn node_id(&self) -> Arc<str> {
+        self.node_id.clone()
     }
 
     fn metrics(&self) -> &crate::feeds::metrics::FeedMetrics {
@@ -194,7 +205,8 @@ impl Server {
             Some(v) => Some(v),
             None => Verifier::from_config(config.auth.as_ref())
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
-        };
+        }
+        .map(|v| v.with_info_limit(config.presence.info_max_bytes));
         let cores = config.effective_cores().max(1);
         let bus = Bus::new(cores);
         let (feed_commands, feed_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -212,6 +224,7 @@ impl Server {
             feed_ports: feed_port::FeedPorts::new(bus.doorbells.clone()),
             feed_commands,
             feeds: crate::feeds::metrics::FeedMetrics::default(),
+            node_id: crate::feeds::runtime::new_node_id().into(),
             config,
         });
         let (addr, listeners) = bind_listeners(shared.config.listen, cores)?;

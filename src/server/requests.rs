@@ -21,6 +21,7 @@ use std::collections::{HashMap, VecDeque};
 use bytes::Bytes;
 
 use super::authorize::Right;
+use super::broker::PresenceQuery;
 use super::conn::{ConnId, PENDING};
 use super::core::CoreState;
 use crate::protocol::close::{CloseCode, CloseReason};
@@ -192,9 +193,19 @@ impl CoreState {
             Inbound::Answered { frame, .. } => return self.reply(id, frame),
         };
         match op {
-            ClientOp::Sub { ch, from, epoch } => {
+            ClientOp::Sub { ch, from, epoch, join_leave } => {
                 if self.authorize(id, Right::Subscribe, &ch, None) {
-                    self.client_sub(id, &ch, from, epoch);
+                    self.client_sub(id, &ch, from, epoch, join_leave);
+                }
+            }
+            ClientOp::Presence { ch, cursor } => {
+                if self.authorize(id, Right::Subscribe, &ch, None) {
+                    self.client_presence(id, &ch, PresenceQuery::Members { cursor: cursor.map(Into::into) });
+                }
+            }
+            ClientOp::PresenceStats { ch } => {
+                if self.authorize(id, Right::Subscribe, &ch, None) {
+                    self.client_presence(id, &ch, PresenceQuery::Stats);
                 }
             }
             ClientOp::Unsub { ch } => self.client_unsub(id, &ch),

@@ -17,7 +17,11 @@ impl CoreState {
     /// A client `sub`: records a pending subscription and asks the broker. Beyond
     /// `limits.per_connection.max_subscriptions` (counting pending ones, not those cancelled
     /// while pending) it is answered with `error` `limit` naming the channel instead.
-    pub fn client_sub(&mut self, id: ConnId, ch: &str, from: Option<u64>, epoch: Option<String>) {
+    ///
+    /// On a presence channel the connection joins its presence once the home registers the
+    /// subscription; with `join_leave` (which the channel's rule must allow) it also receives
+    /// the channel's `presence_diff` / `presence_reset` frames.
+    pub fn client_sub(&mut self, id: ConnId, ch: &str, from: Option<u64>, epoch: Option<String>, join_leave: bool) {
         let max = self.shared.config.limits.per_connection.max_subscriptions;
         let Some(s) = self.conns.get(id) else { return };
         if s.subs.len() >= max && s.subs.iter().filter(|e| e.pos != CANCELLED).count() >= max {
@@ -29,19 +33,30 @@ impl CoreState {
                 return self.reply(id, codec::text_frame(&e));
             }
         }
-        let cfg = &self.shared.config;
-        let chan = self.local.find_or_create(ch, || cfg.channel_rule(ch).overflow);
+        let shared = self.shared.clone();
+        let rule = shared.config.channel_rule(ch);
+        if join_leave && !rule.join_leave {
+            let reason = format!("join_leave is off for {ch} (its [[channels]] rule has no join_leave = true)");
+            let e = protocol::with_channel(protocol::error_json(codes::PRESENCE_OFF, &reason, None), ch);
+            return self.reply(id, codec::text_frame(&e));
+        }
+        let chan = self.local.find_or_create(ch, || (rule.overflow, rule.presence));
         let Some(s) = self.conn(id) else { return };
         if s.subs.iter().any(|e| e.chan == chan && e.pos != CANCELLED) {
             let e = protocol::error_json(codes::ALREADY_SUBSCRIBED, &format!("already subscribed to {ch}"), None);
             return self.reply(id, codec::text_frame(&protocol::with_channel(e, ch)));
         }
         s.subs.push(SubEntry { chan, pos: PENDING });
+        if join_leave {
+            self.local.want_join_leave(chan, id);
+        }
+        let member = rule.presence.then(|| Box::new(self.member_of(id)));
         let lc = &mut self.local.chans[chan as usize];
         lc.pending += 1;
         let ch = lc.name.clone();
         let conn = ConnRef { core: self.me as u16, id };
-        self.broker.request(&mut self.router, Request::Subscribe { ch, conn, from, epoch: epoch.map(Into::into) });
+        let epoch = epoch.map(Into::into);
+        self.broker.request(&mut self.router, Request::Subscribe { ch, conn, from, epoch, member });
     }
 
     /// A client `unsub`: answered `unsubscribed`, or `error` `not_subscribed`, naming `ch`.
@@ -77,15 +92,16 @@ impl CoreState {
             Some(Some(c.subs.remove(i)))
         });
         match entry {
-            Some(Some(e)) => self.drop_sub(e),
+            Some(Some(e)) => self.drop_sub(id, e),
             Some(None) => {}
             None => return false,
         }
         true
     }
 
-    /// Ends one subscription entry (already removed from its connection).
-    pub(crate) fn drop_sub(&mut self, e: SubEntry) {
+    /// Ends one subscription entry of connection `id` (already removed from it).
+    pub(crate) fn drop_sub(&mut self, id: ConnId, e: SubEntry) {
+        self.local.forget_join_leave(e.chan, id);
         let Some(lc) = self.local.chans.get_mut(e.chan as usize) else { return };
         if !e.is_active() {
             // The Subscribed answer will find no entry and release the home's interest.
@@ -93,13 +109,16 @@ impl CoreState {
         } else {
             let ch = lc.name.clone();
             self.local.remove(e.chan, e.pos);
-            self.unsubscribe_at_home(ch);
+            self.unsubscribe_at_home(ch, id);
         }
         self.tidy(e.chan);
     }
 
-    fn unsubscribe_at_home(&mut self, ch: Arc<str>) {
-        self.broker.request(&mut self.router, Request::Unsubscribe { ch, core: self.me as u16 });
+    /// Releases one subscription of connection `id` at the home of `ch` (and, on a presence
+    /// channel, its membership there).
+    fn unsubscribe_at_home(&mut self, ch: Arc<str>, id: ConnId) {
+        let member = self.shared.config.channel_rule(&ch).presence.then_some(id);
+        self.broker.request(&mut self.router, Request::Unsubscribe { ch, core: self.me as u16, member });
     }
 
     /// Compacts or drops a local channel unless a delivery is walking it.
@@ -133,7 +152,7 @@ impl CoreState {
         let (Some(chan), Some(i)) = (chan, entry) else {
             // The connection left meanwhile: release the home's interest.
             if registered {
-                self.unsubscribe_at_home(ch.clone());
+                self.unsubscribe_at_home(ch.clone(), id);
             }
             return;
         };
@@ -143,8 +162,9 @@ impl CoreState {
             if let Some(c) = self.conn(id) {
                 c.subs.remove(i);
             }
+            self.local.forget_join_leave(chan, id);
             if registered {
-                self.unsubscribe_at_home(ch.clone());
+                self.unsubscribe_at_home(ch.clone(), id);
             }
             self.tidy(chan);
             if !cancelled {

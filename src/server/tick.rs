@@ -98,8 +98,8 @@ pub fn nudge() {
 /// The tick the clock must next wake at, `None` when nothing is due until something is filed
 /// or nudged: the wheel's next deadline; the next tick while the drain runs (its progress and
 /// deadline) or publishers are held (the overload may clear on another core, which does not
-/// say so); the next idle-channel sweep while the broker holds channels; the next pending
-/// log-suppression summary.
+/// say so); the next idle-channel sweep while the broker holds channels; the broker's next
+/// timed work (a presence window closing); the next pending log-suppression summary.
 pub fn next_wake(st: &CoreState) -> Option<Tick> {
     let now = st.clock.wheel.now();
     let mut at = st.clock.wheel.next_due();
@@ -108,6 +108,10 @@ pub fn next_wake(st: &CoreState) -> Option<Tick> {
     }
     if st.broker.wants_sweep() {
         at = earliest(at, Some(st.clock.last_sweep.wrapping_add(SWEEP_TICKS)));
+    }
+    if let Some(ms) = st.broker.next_due_ms() {
+        // The broker's timed work (presence windows), at the first tick at or after it.
+        at = earliest(at, Some(ms.div_ceil(TICK_MS) as Tick));
     }
     if let Some(ms) = super::events::next_summary_in_ms() {
         at = earliest(at, Some(now.wrapping_add(ticks(ms).max(1))));
@@ -183,6 +187,10 @@ pub fn catch_up(st: &mut CoreState) {
     }
     fired.clear();
     st.clock.fired = fired;
+    let now_ms = st.clock.now_ms();
+    if st.broker.next_due_ms().is_some_and(|due| due <= now_ms) {
+        st.broker.on_due(&mut st.router, now_ms);
+    }
     if now.wrapping_sub(st.clock.last_sweep) >= SWEEP_TICKS {
         st.clock.last_sweep = now;
         let now_ms = st.clock.now_ms();

@@ -53,7 +53,11 @@ pub fn protocol(data: &[u8]) -> Signature {
         }
     }
     let shape = match &op {
-        Ok(ClientOp::Sub { from, epoch, .. }) => format!("sub {} {}", from.is_some(), epoch.is_some()),
+        Ok(ClientOp::Sub { from, epoch, join_leave, .. }) => {
+            format!("sub {} {} {join_leave}", from.is_some(), epoch.is_some())
+        }
+        Ok(ClientOp::Presence { cursor, .. }) => format!("presence {}", cursor.is_some()),
+        Ok(ClientOp::PresenceStats { .. }) => "presence_stats".to_owned(),
         Ok(ClientOp::Unsub { .. }) => "unsub".to_owned(),
         Ok(ClientOp::Pub { .. }) => "pub".to_owned(),
         Ok(ClientOp::Refresh { .. }) => "refresh".to_owned(),
@@ -69,7 +73,11 @@ pub fn protocol(data: &[u8]) -> Signature {
 fn check_op(data: &[u8], op: &ClientOp, is_json: bool, parsed: Option<&Value>) {
     assert!(is_json, "protocol: accepted text that is not JSON: {}", hex_prefix(data, 256));
     let ch = match op {
-        ClientOp::Sub { ch, .. } | ClientOp::Unsub { ch } | ClientOp::Pub { ch, .. } => ch,
+        ClientOp::Sub { ch, .. }
+        | ClientOp::Unsub { ch }
+        | ClientOp::Pub { ch, .. }
+        | ClientOp::Presence { ch, .. }
+        | ClientOp::PresenceStats { ch } => ch,
         ClientOp::Refresh { token } => {
             assert!(!token.is_empty(), "protocol: accepted an empty refresh token");
             if let Some(parsed) = parsed {
@@ -89,6 +97,9 @@ fn check_op(data: &[u8], op: &ClientOp, is_json: bool, parsed: Option<&Value>) {
             assert_eq!(parsed["id"].as_str(), Some(id.as_str()), "protocol: id differs from the text's");
             assert!(same_json(payload.get(), &parsed["data"]), "protocol: data changed meaning: {:?}", payload.get());
         }
+    }
+    if let ClientOp::Presence { cursor: Some(c), .. } = op {
+        assert!(c.len() <= protocol::MAX_ID_BYTES, "protocol: accepted a cursor of {} bytes", c.len());
     }
     if let Some(parsed) = parsed {
         assert_eq!(parsed["ch"].as_str(), Some(ch.as_str()), "protocol: channel differs from the text's");

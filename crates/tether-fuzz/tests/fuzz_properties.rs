@@ -354,7 +354,7 @@ proptest! {
             let text = if pretty { serde_json::to_vec_pretty(msg) } else { serde_json::to_vec(msg) }.unwrap();
             tether_fuzz::protocol(&text);
             match parse_client_op(&text) {
-                Ok(ClientOp::Sub { ch: c, from: f, epoch: e }) => {
+                Ok(ClientOp::Sub { ch: c, from: f, epoch: e, join_leave: false }) => {
                     prop_assert!(valid);
                     prop_assert_eq!((c.as_str(), f, e.as_deref()), (ch.as_str(), from, epoch.as_deref()));
                 }

@@ -9,6 +9,7 @@
 
 pub mod backoff;
 pub mod close;
+pub mod presence;
 
 use std::borrow::Cow;
 
@@ -32,7 +33,8 @@ pub const MSG_FRAME_OVERHEAD: usize = 193;
 pub mod codes {
     /// The message is not valid JSON (or not UTF-8).
     pub const BAD_JSON: &str = "bad_json";
-    /// `op` is missing, not a string, or not one of `sub`, `unsub`, `pub`, `refresh`; also a
+    /// `op` is missing, not a string, or not one of `sub`, `unsub`, `pub`, `refresh`,
+    /// `presence`, `presence_stats`; also a
     /// `refresh` on a server without JWT auth (`[auth]` off: there is no token to replace).
     pub const BAD_OP: &str = "bad_op";
     /// The message is not a JSON object, or a field is missing or has the wrong type or size.
@@ -73,6 +75,9 @@ pub mod codes {
     /// seq, no dedup record). Never retried: it carries no `retry_after_ms` (docs/feeds.md
     /// "Fencing"). Only feed runners publish with a fence, so no client receives it.
     pub const FENCED: &str = "fenced";
+    /// `presence`, `presence_stats` or `sub` with `join_leave` on a channel whose
+    /// `[[channels]]` rule has no `presence = true` (or no `join_leave = true`).
+    pub const PRESENCE_OFF: &str = "presence_off";
 }
 
 /// One client → server request (docs/protocol.md).
@@ -87,6 +92,9 @@ pub enum ClientOp {
         from: Option<u64>,
         /// The epoch `from` belongs to, echoed unchanged.
         epoch: Option<String>,
+        /// `join_leave: true`: also receive the channel's coalesced `presence_diff` (and
+        /// `presence_reset`) frames (docs/protocol.md, "Presence").
+        join_leave: bool,
     },
     /// Unsubscribe from `ch`.
     Unsub {
@@ -101,6 +109,19 @@ pub enum ClientOp {
         id: String,
         /// The message, compact JSON.
         data: Box<RawValue>,
+    },
+    /// Who is in `ch` (docs/protocol.md, "Presence"): one page of members, from after `cursor`
+    /// (the `next` of the previous page) when given.
+    Presence {
+        /// Channel name (validated).
+        ch: String,
+        /// Where the previous page ended (opaque, at most [`MAX_ID_BYTES`] bytes).
+        cursor: Option<String>,
+    },
+    /// How many connections and distinct users are in `ch`.
+    PresenceStats {
+        /// Channel name (validated).
+        ch: String,
     },
     /// Replace the connection's token (docs/security.md, expiry and refresh).
     Refresh {
@@ -207,6 +228,10 @@ struct Fields<'a> {
     data: Option<&'a RawValue>,
     #[serde(default, borrow, deserialize_with = "present")]
     token: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    join_leave: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    cursor: Option<&'a RawValue>,
 }
 
 /// Keeps an explicit `null` as `Some("null")`: `data: null` is a publishable value.
@@ -222,8 +247,10 @@ fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::
 /// - `bad_op`: `op` missing, not a string, or unknown;
 /// - `refresh`: `bad_request` when `token` is missing, not a string or empty (no `ch`);
 /// - `bad_request`: `ch` missing or not a string; `bad_channel`: `ch` not a valid name;
-/// - `sub`: `bad_request` when `from` is not a non-negative integer or `epoch` not a string
-///   (`null` counts as absent for both);
+/// - `sub`: `bad_request` when `from` is not a non-negative integer, `epoch` not a string or
+///   `join_leave` not a boolean (`null` counts as absent for all three);
+/// - `presence`: `bad_request` when `cursor` is not a string of at most [`MAX_ID_BYTES`]
+///   (`null` counts as absent);
 /// - `pub`: `bad_request` when `id` is missing, not a string, empty or longer than
 ///   [`MAX_ID_BYTES`], or `data` is missing (`null` is valid data).
 ///
@@ -261,12 +288,10 @@ pub fn parse_client_op(text: &[u8]) -> Result<ClientOp, RequestError> {
 fn parse_fields(f: &Fields<'_>, id: Option<Cow<'_, str>>) -> Result<ClientOp, RequestError> {
     let op_raw = f.op.ok_or_else(|| RequestError::new(codes::BAD_OP, "missing op"))?;
     let op = json_str(op_raw).ok_or_else(|| RequestError::new(codes::BAD_OP, "op must be a string"))?;
-    if !matches!(op.as_ref(), "sub" | "unsub" | "pub" | "refresh") {
-        let reason = if op.len() <= 32 {
-            format!("unknown op \"{op}\"; expected sub, unsub, pub or refresh")
-        } else {
-            "unknown op; expected sub, unsub, pub or refresh".to_owned()
-        };
+    if !matches!(op.as_ref(), "sub" | "unsub" | "pub" | "refresh" | "presence" | "presence_stats") {
+        const KNOWN: &str = "expected sub, unsub, pub, refresh, presence or presence_stats";
+        let reason =
+            if op.len() <= 32 { format!("unknown op \"{op}\"; {KNOWN}") } else { format!("unknown op; {KNOWN}") };
         return Err(RequestError::new(codes::BAD_OP, reason));
     }
     if op == "refresh" {
@@ -297,9 +322,23 @@ fn parse_fields(f: &Fields<'_>, id: Option<Cow<'_, str>>) -> Result<ClientOp, Re
                         .into_owned(),
                 ),
             };
-            Ok(ClientOp::Sub { ch, from, epoch })
+            let join_leave = match not_null(f.join_leave).map(|raw| raw.get()) {
+                None | Some("false") => false,
+                Some("true") => true,
+                Some(_) => return Err(RequestError::new(codes::BAD_REQUEST, "join_leave must be a boolean")),
+            };
+            Ok(ClientOp::Sub { ch, from, epoch, join_leave })
         }
         "unsub" => Ok(ClientOp::Unsub { ch }),
+        "presence" => {
+            let bad = || RequestError::new(codes::BAD_REQUEST, "cursor must be a string of at most 128 bytes");
+            let cursor = match not_null(f.cursor) {
+                None => None,
+                Some(raw) => Some(json_str(raw).filter(|c| c.len() <= MAX_ID_BYTES).ok_or_else(bad)?.into_owned()),
+            };
+            Ok(ClientOp::Presence { ch, cursor })
+        }
+        "presence_stats" => Ok(ClientOp::PresenceStats { ch }),
         _ => {
             let id = match (f.id, id) {
                 (None, _) => return Err(RequestError::new(codes::BAD_REQUEST, "missing id")),
@@ -547,7 +586,7 @@ pub fn push_u64(out: &mut Vec<u8>, mut n: u64) {
 
 /// Valid names need no escaping, so they are copied raw; anything else is escaped so a caller
 /// that skipped validation still emits valid JSON.
-fn push_channel(out: &mut Vec<u8>, ch: &str) {
+pub(crate) fn push_channel(out: &mut Vec<u8>, ch: &str) {
     if valid_channel(ch) {
         out.push(b'"');
         out.extend_from_slice(ch.as_bytes());

@@ -8,15 +8,20 @@ use std::sync::Arc;
 
 use super::epoch::{Numbering, TOMBSTONES_PER_CORE};
 use super::home::{home_of, Dedup, FenceCheck, Homes, MAX_FEEDS_PER_CHANNEL};
-use super::{Broker, Outbox, PublishResult, Request, Resume};
-use crate::protocol::RequestError;
-use crate::server::bus::CoreMsg;
+use super::presence::{member_key, parse_cursor, Announcement, Joined, Presences};
+use super::{Broker, Outbox, PresenceQuery, PublishResult, Request, Resume};
+use crate::protocol::presence::{presence_json, presence_stats_json};
+use crate::protocol::{self, codes, RequestError};
+use crate::server::bus::{ConnRef, CoreMsg};
 use crate::server::Shared;
 use crate::session::Limit;
+use crate::tick::TICK_MS;
+use crate::ws::codec;
 
-/// One core's part of the memory broker: the channels homed on this core.
+/// One core's part of the memory broker: the channels homed on this core, and their presence.
 pub struct MemoryBroker {
     homes: Homes,
+    presences: Presences,
     shared: Arc<Shared>,
 }
 
@@ -28,7 +33,54 @@ impl MemoryBroker {
         let cfg = &shared.config;
         let dedup = Dedup::new(cfg.dedup.window_ms, (cfg.dedup.max_entries / shared.cores).max(1));
         let numbering = Numbering::new(shared.epoch.clone(), TOMBSTONES_PER_CORE);
-        MemoryBroker { homes: Homes::new(shared.cores, dedup, numbering, shared.channels.clone()), shared }
+        let homes = Homes::new(shared.cores, dedup, numbering, shared.channels.clone());
+        MemoryBroker { homes, presences: Presences::default(), shared }
+    }
+
+    /// A presence change of `ch` at `now_ms` on core `core` (its home): opens its window when it is the first, and has
+    /// the core's clock wake when the window closes.
+    fn presence_change<R>(
+        &mut self,
+        core: usize,
+        ch: &Arc<str>,
+        now_ms: u64,
+        change: impl FnOnce(&mut super::presence::ChannelPresence) -> R,
+    ) -> R {
+        let window_ms = self.shared.config.presence.window_ms;
+        let (r, opened) = self.presences.change(ch, now_ms, window_ms, change);
+        self.shared.metrics[core].presence_members.store(self.presences.members() as i64, Relaxed);
+        if let Some(due_ms) = opened {
+            crate::server::tick::due_at(due_ms.div_ceil(TICK_MS) as crate::tick::Tick);
+        }
+        r
+    }
+
+    /// Answers a presence query of `conn` about `ch`.
+    fn presence_answer(&self, ch: &str, conn: ConnRef, query: PresenceQuery) -> CoreMsg {
+        let p = self.presences.get(ch);
+        let json = match query {
+            PresenceQuery::Stats => {
+                let (clients, users) = p.map_or((0, 0), |p| p.stats());
+                presence_stats_json(ch, clients, users)
+            }
+            PresenceQuery::Members { cursor } => match cursor.as_deref().map(parse_cursor) {
+                Some(None) => protocol::with_channel(
+                    protocol::error_json(codes::BAD_REQUEST, "cursor is not one this server gave", None),
+                    ch,
+                ),
+                after => {
+                    let page_size = self.shared.config.presence.page_size;
+                    match p {
+                        Some(p) => {
+                            let (members, next) = p.page(after.flatten(), page_size);
+                            presence_json(ch, members, next.as_deref())
+                        }
+                        None => presence_json(ch, [], None),
+                    }
+                }
+            },
+        };
+        CoreMsg::PresenceAnswer { conn: conn.id, frame: codec::text_frame(&json) }
     }
 }
 
@@ -39,7 +91,8 @@ impl Broker for MemoryBroker {
     }
 
     fn serve(&mut self, out: &mut dyn Outbox, now_ms: u64, req: Request) {
-        let metrics = &self.shared.metrics[out.me()];
+        let shared = self.shared.clone();
+        let metrics = &shared.metrics[out.me()];
         match req {
             Request::Publish { ch, id, data, reply, fence } => {
                 let cap = self.shared.config.channel_rule(&ch).history;
@@ -97,10 +150,19 @@ impl Broker for MemoryBroker {
                     out.to_core(r.core as usize, CoreMsg::Published { reply: r, ch: name, id, result });
                 }
             }
-            Request::Subscribe { ch, conn, from, epoch } => {
-                let cap = self.shared.config.channel_rule(&ch).history;
+            Request::Subscribe { ch, conn, from, epoch, member } => {
+                let rule = self.shared.config.channel_rule(&ch);
+                let (cap, max_members) = (rule.history, rule.presence_max_members);
                 let msg = match self.homes.subscribe(&ch, conn.core as usize, from, epoch.as_deref(), cap) {
                     Some((name, head, epoch, resume)) => {
+                        if let Some(m) = member {
+                            let key = member_key(conn.core, conn.id);
+                            if self.presence_change(out.me(), &name, now_ms, |p| p.join(key, *m, max_members))
+                                == Joined::Untracked
+                            {
+                                metrics.presence_untracked.fetch_add(1, Relaxed);
+                            }
+                        }
                         CoreMsg::Subscribed { ch: name, conn: conn.id, head, epoch, resume }
                     }
                     None => {
@@ -111,7 +173,16 @@ impl Broker for MemoryBroker {
                 };
                 out.to_core(conn.core as usize, msg);
             }
-            Request::Unsubscribe { ch, core } => self.homes.unsubscribe(&ch, core as usize),
+            Request::Unsubscribe { ch, core, member } => {
+                if let Some(id) = member {
+                    self.presence_change(out.me(), &ch, now_ms, |p| p.leave(member_key(core, id)));
+                }
+                self.homes.unsubscribe(&ch, core as usize);
+            }
+            Request::Presence { ch, conn, query } => {
+                let answer = self.presence_answer(&ch, conn, query);
+                out.to_core(conn.core as usize, answer);
+            }
             Request::Fetch { ch, conn, after, until } => {
                 let (frames, evicted) = match self.homes.replay_batch(&ch, after, until) {
                     Ok(f) => (f, None),
@@ -124,6 +195,22 @@ impl Broker for MemoryBroker {
 
     fn wants_sweep(&self) -> bool {
         self.homes.has_channels()
+    }
+
+    fn next_due_ms(&self) -> Option<u64> {
+        self.presences.next_due_ms()
+    }
+
+    fn on_due(&mut self, out: &mut dyn Outbox, now_ms: u64) {
+        let max_diff = self.shared.config.presence.max_diff;
+        let (homes, metrics) = (&self.homes, &self.shared.metrics[out.me()]);
+        self.presences.close_due(now_ms, max_diff, |ch, a| {
+            metrics.presence_frames[usize::from(matches!(a, Announcement::Reset(_)))].fetch_add(1, Relaxed);
+            let Some(c) = homes.get(ch) else { return };
+            for core in c.interested() {
+                out.to_core(core, CoreMsg::PresenceDiff { ch: ch.clone(), frame: a.frame().clone() });
+            }
+        });
     }
 
     fn shrink_if_spare(&mut self) -> bool {

@@ -13,6 +13,8 @@
 //!   [`Resume`];
 //! - [`memory`]: the embedded broker (one process), routing requests to home cores;
 //! - [`home`]: the memory broker's per-core channel store (seq, epoch, history, dedup);
+//! - [`presence`]: the memory broker's per-core presence store (members, the join/leave
+//!   window, pages);
 //! - [`redis`]: the Redis broker (several nodes): a broker thread per process;
 //! - [`epoch`]: the memory broker's epochs: the process epoch, tombstones of forgotten
 //!   channels, and when an epoch changes;
@@ -22,13 +24,14 @@ pub mod cap;
 pub mod epoch;
 pub mod home;
 pub mod memory;
+pub mod presence;
 pub mod redis;
 pub mod request;
 
 use std::io;
 use std::sync::Arc;
 
-pub use request::{Fence, PublishResult, Request, Resume};
+pub use request::{Fence, PresenceQuery, PublishResult, Request, Resume};
 
 use super::bus::CoreMsg;
 use super::Shared;
@@ -110,6 +113,17 @@ pub trait Broker {
     fn has_backlog(&self) -> bool {
         false
     }
+
+    /// When the broker next has timed work (a presence window closing), in milliseconds on
+    /// the core's clock; `None` when it has none. The core's clock wakes for it and calls
+    /// [`Broker::on_due`].
+    fn next_due_ms(&self) -> Option<u64> {
+        None
+    }
+
+    /// Does the timed work due at `now_ms` (closes presence windows, sending their frames
+    /// through `out`).
+    fn on_due(&mut self, _out: &mut dyn Outbox, _now_ms: u64) {}
 }
 
 /// Builds the broker of `shared.config.broker` for every core, index = core

@@ -8,8 +8,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::protocol::presence::Member;
 use crate::protocol::RequestError;
 use crate::server::bus::ConnRef;
+use crate::server::conn::ConnId;
 
 /// What a publish resolved to at the channel's home.
 #[derive(Debug)]
@@ -69,6 +71,9 @@ pub enum Request {
         from: Option<u64>,
         /// The epoch `from` belongs to, as the client last saw it.
         epoch: Option<Box<str>>,
+        /// On a presence channel (`[[channels]] presence = true`), the member the connection
+        /// becomes once the subscription is registered; `None` elsewhere.
+        member: Option<Box<Member>>,
     },
     /// One subscription of core `core` to `ch` ended. Not answered.
     Unsubscribe {
@@ -76,6 +81,19 @@ pub enum Request {
         ch: Arc<str>,
         /// The core whose subscription ended.
         core: u16,
+        /// On a presence channel, the connection whose subscription ended (it leaves the
+        /// channel's presence); `None` elsewhere.
+        member: Option<ConnId>,
+    },
+    /// Who is in `ch` (client `presence`, `presence_stats`). Answered with
+    /// [`CoreMsg::PresenceAnswer`](crate::server::bus::CoreMsg::PresenceAnswer).
+    Presence {
+        /// Channel name.
+        ch: Arc<str>,
+        /// The asking connection.
+        conn: ConnRef,
+        /// What it asks.
+        query: PresenceQuery,
     },
     /// The next history batch of `ch` for a resuming subscriber: seqs after `after`, up to
     /// `until`. Answered with [`CoreMsg::ReplayBatch`](crate::server::bus::CoreMsg::ReplayBatch).
@@ -98,9 +116,23 @@ impl Request {
             Request::Publish { ch, .. }
             | Request::Subscribe { ch, .. }
             | Request::Unsubscribe { ch, .. }
+            | Request::Presence { ch, .. }
             | Request::Fetch { ch, .. } => ch,
         }
     }
+}
+
+/// What a [`Request::Presence`] asks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PresenceQuery {
+    /// One page of members (`presence.page_size` at most), after `cursor` when given (the
+    /// `next` of the previous page, as the client sent it back).
+    Members {
+        /// Where the previous page ended.
+        cursor: Option<Box<str>>,
+    },
+    /// How many connections and distinct users.
+    Stats,
 }
 
 /// How a `sub` with `from` resolved at the home core.

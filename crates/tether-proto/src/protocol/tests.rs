@@ -15,13 +15,13 @@ fn s(v: Vec<u8>) -> String {
 #[test]
 fn sub_with_and_without_resume() {
     match op(r#"{"op":"sub","ch":"news"}"#).unwrap() {
-        ClientOp::Sub { ch, from, epoch } => {
-            assert_eq!((ch.as_str(), from, epoch), ("news", None, None));
+        ClientOp::Sub { ch, from, epoch, join_leave } => {
+            assert_eq!((ch.as_str(), from, epoch, join_leave), ("news", None, None, false));
         }
         other => panic!("{other:?}"),
     }
     match op(r#" {"ch":"prices.EUR-USD","from":0,"epoch":"e\"1","op":"sub","extra":[1]} "#).unwrap() {
-        ClientOp::Sub { ch, from, epoch } => {
+        ClientOp::Sub { ch, from, epoch, .. } => {
             assert_eq!(ch, "prices.EUR-USD");
             assert_eq!(from, Some(0));
             assert_eq!(epoch.as_deref(), Some("e\"1"));
@@ -36,6 +36,41 @@ fn sub_with_and_without_resume() {
         ClientOp::Sub { from, .. } => assert_eq!(from, Some(u64::MAX)),
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn sub_with_join_leave_and_the_presence_ops() {
+    match op(r#"{"op":"sub","ch":"room","join_leave":true}"#).unwrap() {
+        ClientOp::Sub { join_leave, .. } => assert!(join_leave),
+        other => panic!("{other:?}"),
+    }
+    match op(r#"{"op":"sub","ch":"room","join_leave":null}"#).unwrap() {
+        ClientOp::Sub { join_leave, .. } => assert!(!join_leave),
+        other => panic!("{other:?}"),
+    }
+    let e = op(r#"{"op":"sub","ch":"room","join_leave":"yes"}"#).unwrap_err();
+    assert_eq!(
+        (e.code, e.reason.as_str(), e.ch.as_deref()),
+        (codes::BAD_REQUEST, "join_leave must be a boolean", Some("room"))
+    );
+    match op(r#"{"op":"presence","ch":"room"}"#).unwrap() {
+        ClientOp::Presence { ch, cursor } => assert_eq!((ch.as_str(), cursor), ("room", None)),
+        other => panic!("{other:?}"),
+    }
+    match op(r#"{"op":"presence","ch":"room","cursor":"0-12-3"}"#).unwrap() {
+        ClientOp::Presence { cursor, .. } => assert_eq!(cursor.as_deref(), Some("0-12-3")),
+        other => panic!("{other:?}"),
+    }
+    let long = "x".repeat(129);
+    let e = op(&format!(r#"{{"op":"presence","ch":"room","cursor":"{long}"}}"#)).unwrap_err();
+    assert_eq!(e.code, codes::BAD_REQUEST);
+    let e = op(r#"{"op":"presence","ch":"room","cursor":7}"#).unwrap_err();
+    assert_eq!(e.code, codes::BAD_REQUEST);
+    match op(r#"{"op":"presence_stats","ch":"room"}"#).unwrap() {
+        ClientOp::PresenceStats { ch } => assert_eq!(ch, "room"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(op(r#"{"op":"presence_stats"}"#).unwrap_err().code, codes::BAD_REQUEST, "ch is needed");
 }
 
 #[test]
@@ -110,14 +145,20 @@ fn bad_op() {
         (r#"{"ch":"a"}"#, "missing op"),
         (r#"{"op":1,"ch":"a"}"#, "op must be a string"),
         (r#"{"op":null}"#, "op must be a string"),
-        (r#"{"op":"publish","ch":"a"}"#, "unknown op \"publish\"; expected sub, unsub, pub or refresh"),
-        (r#"{"op":"SUB","ch":"a"}"#, "unknown op \"SUB\"; expected sub, unsub, pub or refresh"),
+        (
+            r#"{"op":"publish","ch":"a"}"#,
+            "unknown op \"publish\"; expected sub, unsub, pub, refresh, presence or presence_stats",
+        ),
+        (
+            r#"{"op":"SUB","ch":"a"}"#,
+            "unknown op \"SUB\"; expected sub, unsub, pub, refresh, presence or presence_stats",
+        ),
     ] {
         let e = err(text);
         assert_eq!((e.code, e.reason.as_str()), (codes::BAD_OP, reason), "{text}");
     }
     let long = format!(r#"{{"op":"{}"}}"#, "x".repeat(33));
-    assert_eq!(err(&long).reason, "unknown op; expected sub, unsub, pub or refresh");
+    assert_eq!(err(&long).reason, "unknown op; expected sub, unsub, pub, refresh, presence or presence_stats");
 }
 
 #[test]

@@ -53,6 +53,9 @@ impl Session {
             ClientOp::Pub { ch, id, data } => (self.publish_verdict(ctx, data.get().len()), Some(ch), Some(id)),
             ClientOp::Sub { ch, .. } | ClientOp::Unsub { ch } => (self.op_verdict(ctx, Op::Subscribe), Some(ch), None),
             ClientOp::Refresh { .. } => (self.op_verdict(ctx, Op::Refresh), None, None),
+            ClientOp::Presence { ch, .. } | ClientOp::PresenceStats { ch } => {
+                (self.op_verdict(ctx, Op::Presence), Some(ch), None)
+            }
         };
         let Verdict::Refuse { limit, retry_after_ms, close } = v else { return Ok(()) };
         let reason = self.limit_reason(ctx, limit);
@@ -163,6 +166,9 @@ impl Session {
             Limit::RefreshRate => format!("refresh_rate ({} per second) exceeded", r.refresh_rate),
             Limit::BadRequestRate => {
                 format!("bad_request_rate ({} malformed requests per second) exceeded", r.bad_request_rate)
+            }
+            Limit::PresenceRate => {
+                format!("presence_rate ({} presence and presence_stats per second) exceeded", r.presence_rate)
             }
             other => format!("{} exceeded", other.key()),
         }

@@ -37,7 +37,13 @@ impl Inbound {
     /// The channel this request is about, if any (`refresh` is about none).
     pub fn channel(&self) -> Option<&str> {
         match self {
-            Inbound::Op(ClientOp::Sub { ch, .. } | ClientOp::Unsub { ch } | ClientOp::Pub { ch, .. }) => Some(ch),
+            Inbound::Op(
+                ClientOp::Sub { ch, .. }
+                | ClientOp::Unsub { ch }
+                | ClientOp::Pub { ch, .. }
+                | ClientOp::Presence { ch, .. }
+                | ClientOp::PresenceStats { ch },
+            ) => Some(ch),
             Inbound::Op(ClientOp::Refresh { .. }) => None,
             Inbound::Answered { ch, .. } => ch.as_deref(),
         }

@@ -52,6 +52,8 @@ pub struct Rates {
     /// Requests answered with an error of the request itself (`bad_json`, `bad_request`,
     /// `bad_op`, `bad_channel`, binary frames) per second (burst = rate).
     pub bad_request_rate: u64,
+    /// `presence` and `presence_stats` requests per second (burst = rate).
+    pub presence_rate: u64,
 }
 
 /// The requests counted by the op buckets of a [`Limiter`] (besides `pub` and control frames).
@@ -63,15 +65,21 @@ pub enum Op {
     Refresh,
     /// A malformed or unknown request (`bad_request_rate`).
     BadRequest,
+    /// A `presence` or `presence_stats` (`presence_rate`).
+    Presence,
 }
 
 impl Op {
+    /// Every op, in the order of their buckets.
+    pub const ALL: [Op; 4] = [Op::Subscribe, Op::Refresh, Op::BadRequest, Op::Presence];
+
     /// The limit this op counts against.
     pub fn limit(self) -> Limit {
         match self {
             Op::Subscribe => Limit::SubscribeRate,
             Op::Refresh => Limit::RefreshRate,
             Op::BadRequest => Limit::BadRequestRate,
+            Op::Presence => Limit::PresenceRate,
         }
     }
 
@@ -81,6 +89,7 @@ impl Op {
             Op::Subscribe => (r.subscribe_rate, r.subscribe_burst),
             Op::Refresh => (r.refresh_rate, r.refresh_rate),
             Op::BadRequest => (r.bad_request_rate, r.bad_request_rate),
+            Op::Presence => (r.presence_rate, r.presence_rate),
         }
     }
 }
@@ -194,8 +203,8 @@ pub struct Limiter {
     refused_bytes: Refusals,
     refused_control: Refusals,
     /// One bucket per [`Op`], in its order.
-    ops: [TokenBucket; 3],
-    refused_ops: [Refusals; 3],
+    ops: [TokenBucket; Op::ALL.len()],
+    refused_ops: [Refusals; Op::ALL.len()],
 }
 
 impl Limiter {
@@ -208,8 +217,8 @@ impl Limiter {
             refused_messages: Refusals::default(),
             refused_bytes: Refusals::default(),
             refused_control: Refusals::default(),
-            ops: [Op::Subscribe, Op::Refresh, Op::BadRequest].map(|op| TokenBucket::full(now, op.rate(r).1)),
-            refused_ops: [Refusals::default(); 3],
+            ops: Op::ALL.map(|op| TokenBucket::full(now, op.rate(r).1)),
+            refused_ops: [Refusals::default(); Op::ALL.len()],
         }
     }
 
@@ -239,7 +248,7 @@ impl Limiter {
         let mut rested = full(&self.messages, r.publish_rate)
             && full(&self.bytes, r.publish_bytes_burst)
             && full(&self.control, r.control_frames_rate);
-        for op in [Op::Subscribe, Op::Refresh, Op::BadRequest] {
+        for op in Op::ALL {
             let (rate, burst) = op.rate(r);
             self.ops[op as usize].refill(now, rate, burst);
             rested &= full(&self.ops[op as usize], burst);

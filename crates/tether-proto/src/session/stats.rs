@@ -85,10 +85,12 @@ pub enum Limit {
     /// More requests held behind unanswered ones than `server::requests::MAX_HELD` (closes
     /// the connection with 1008).
     HeldRequests,
+    /// `limits.per_connection.presence_rate`: a `presence` or `presence_stats` beyond it.
+    PresenceRate,
 }
 
 /// The `limit` labels of `tether_limit_refusals_total`, in [`Limit`] order.
-pub const LIMIT_NAMES: [&str; 9] = [
+pub const LIMIT_NAMES: [&str; 10] = [
     "max_subscriptions",
     "publish_rate",
     "publish_bytes_rate",
@@ -98,6 +100,7 @@ pub const LIMIT_NAMES: [&str; 9] = [
     "refresh_rate",
     "bad_request_rate",
     "held_requests",
+    "presence_rate",
 ];
 
 impl Limit {

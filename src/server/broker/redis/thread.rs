@@ -456,7 +456,9 @@ async fn serve(
 fn handle(ctx: &Rc<Ctx>, req: Request, batch: &mut Vec<Pub>) {
     match req {
         Request::Publish { ch, id, data, reply, fence } => batch.push(Pub { ch, id, data, reply, fence }),
-        Request::Subscribe { ch, conn, from, epoch } => {
+        // Presence is refused at config load with this broker (config::presence): a member
+        // comes with no request, and a presence query is answered as off.
+        Request::Subscribe { ch, conn, from, epoch, member: _ } => {
             let mut chans = ctx.chans.borrow_mut();
             // A channel's task is this node's per-channel state: it counts against
             // `limits.max_channels` while it lives (publishes create none here).
@@ -476,7 +478,16 @@ fn handle(ctx: &Rc<Ctx>, req: Request, batch: &mut Vec<Pub>) {
             h.subs += 1;
             let _ = h.tx.send(ChanEvent::Sub { conn, from, epoch });
         }
-        Request::Unsubscribe { ch, core } => {
+        Request::Presence { ch, conn, .. } => {
+            let e = crate::protocol::error_json(
+                crate::protocol::codes::PRESENCE_OFF,
+                "presence is not built for the Redis broker yet",
+                None,
+            );
+            let frame = crate::ws::codec::text_frame(&crate::protocol::with_channel(e, &ch));
+            ctx.to_core(conn.core as usize, CoreMsg::PresenceAnswer { conn: conn.id, frame });
+        }
+        Request::Unsubscribe { ch, core, member: _ } => {
             let mut chans = ctx.chans.borrow_mut();
             let Some(h) = chans.get_mut(&ch) else { return };
             let _ = h.tx.send(ChanEvent::Unsub(core as usize));

@@ -1,0 +1,61 @@
+//! Presence at a subscriber's core (docs/protocol.md, "Presence"): the member a connection
+//! becomes on presence channels, the client's `presence` and `presence_stats` requests, and
+//! the delivery of each window's `presence_diff` / `presence_reset` frame to the local
+//! subscribers that asked for joins and leaves. The members themselves live at the channel's
+//! home (`broker::presence`).
+
+use super::broker::{PresenceQuery, Request};
+use super::bus::ConnRef;
+use super::conn::ConnId;
+use super::core::CoreState;
+use crate::protocol::presence::Member;
+use crate::protocol::{self, codes};
+use crate::ws::codec;
+use bytes::Bytes;
+
+impl CoreState {
+    /// The member connection `id` of this core is on presence channels: its client id
+    /// (`<node id>-<core>-<slot>-<generation>`, unique across nodes and over the node's life),
+    /// and its token's `sub` and `info` (none without `[auth]`).
+    pub(crate) fn member_of(&mut self, id: ConnId) -> Member {
+        let client = format!("{}-{}-{}-{}", self.shared.node_id, self.me, id.key, id.gen).into();
+        let grant = self.session(id).and_then(|s| s.grant()).and_then(|g| self.grants.get(g));
+        Member {
+            client,
+            user: grant.map(|g| g.user.as_ref().into()),
+            info: grant.and_then(|g| g.info.as_deref().map(Into::into)),
+        }
+    }
+
+    /// A client `presence` or `presence_stats` about `ch` (its `sub` right already checked):
+    /// asked of the channel's home, answered when it answers; `error` `presence_off` when the
+    /// channel's rule has no `presence = true`.
+    pub(crate) fn client_presence(&mut self, id: ConnId, ch: &str, query: PresenceQuery) {
+        if !self.shared.config.channel_rule(ch).presence {
+            let reason = format!("presence is off for {ch} (its [[channels]] rule has no presence = true)");
+            let e = protocol::with_channel(protocol::error_json(codes::PRESENCE_OFF, &reason, None), ch);
+            return self.reply(id, codec::text_frame(&e));
+        }
+        let conn = ConnRef { core: self.me as u16, id };
+        self.broker.request(&mut self.router, Request::Presence { ch: ch.into(), conn, query });
+    }
+
+    /// A window of `ch` closed at its home: its frame goes to every local subscriber that asked
+    /// for joins and leaves and whose subscription is active (queued like an answer: it is no
+    /// message of the channel, so no overflow policy of the channel drops or conflates it).
+    pub(crate) fn presence_diff(&mut self, ch: &str, frame: Bytes) {
+        let Some(chan) = self.local.find(ch) else { return };
+        let Some(ids) =
+            self.local.chans[chan as usize].join_leave.as_ref().map(|s| s.iter().copied().collect::<Vec<_>>())
+        else {
+            return;
+        };
+        let now = self.clock.now();
+        for id in ids {
+            let active = self.conn(id).is_some_and(|c| c.subs.iter().any(|e| e.chan == chan && e.is_active()));
+            if active {
+                self.with_session_at(id, now, |s, ctx| s.reply(ctx, frame.clone()));
+            }
+        }
+    }
+}
