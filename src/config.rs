@@ -233,7 +233,8 @@ pub struct ChannelRule {
     pub history: usize,
     /// Track who is in matching channels (docs/protocol.md, "Presence"): clients may ask
     /// `presence` and `presence_stats` (with the channel's `sub` right). Default false: off
-    /// costs nothing (no per-connection or per-channel state). The memory broker only, so far.
+    /// costs nothing (no per-connection or per-channel state). Cluster-wide with the Redis
+    /// broker (docs/redis.md).
     #[serde(default)]
     pub presence: bool,
     /// Let subscribers ask for joins and leaves (`sub` with `"join_leave": true`): coalesced

@@ -114,15 +114,13 @@ fn presence_keys_are_checked_by_name() {
     let e = err("[[channels]]\npattern = \"room.*\"\njoin_leave = true");
     assert_eq!(e.key, "channels[0].join_leave");
     assert!(e.message.contains("presence = true"), "{e}");
-    let e = err("[broker]\nkind = \"redis\"\n[[channels]]\npattern = \"room.*\"\npresence = true");
-    assert_eq!(e.key, "channels[0].presence");
-    assert!(e.message.contains("memory broker"), "{e}");
     for (toml, key) in [
         ("[presence]\nwindow_ms = 5", "presence.window_ms"),
         ("[presence]\nwindow_ms = 60001", "presence.window_ms"),
         ("[presence]\nmax_diff = 0", "presence.max_diff"),
         ("[presence]\ninfo_max_bytes = 1", "presence.info_max_bytes"),
         ("[presence]\npage_size = 0", "presence.page_size"),
+        ("[presence]\nmember_ttl_ms = 1000", "presence.member_ttl_ms"),
         (
             "[[channels]]\npattern = \"r\"\npresence = true\npresence_max_members = 0",
             "channels[0].presence_max_members",

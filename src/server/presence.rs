@@ -13,12 +13,17 @@ use crate::protocol::{self, codes};
 use crate::ws::codec;
 use bytes::Bytes;
 
+/// The client id of connection `conn` on core `core` of node `node`:
+/// `<node id>-<core>-<slot>-<generation>`, unique across nodes and over the node's life.
+pub fn client_id(node: &str, core: u16, conn: ConnId) -> String {
+    format!("{node}-{core}-{}-{}", conn.key, conn.gen)
+}
+
 impl CoreState {
     /// The member connection `id` of this core is on presence channels: its client id
-    /// (`<node id>-<core>-<slot>-<generation>`, unique across nodes and over the node's life),
-    /// and its token's `sub` and `info` (none without `[auth]`).
+    /// ([`client_id`]), and its token's `sub` and `info` (none without `[auth]`).
     pub(crate) fn member_of(&mut self, id: ConnId) -> Member {
-        let client = format!("{}-{}-{}-{}", self.shared.node_id, self.me, id.key, id.gen).into();
+        let client = client_id(&self.shared.node_id, self.me as u16, id).into();
         let grant = self.session(id).and_then(|s| s.grant()).and_then(|g| self.grants.get(g));
         Member {
             client,

@@ -109,6 +109,65 @@ pub fn presence_diff_frame<'a>(
     crate::ws::codec::text_frame(&out)
 }
 
+/// [`presence_diff_frame`] of members already encoded as JSON objects (what
+/// [`push_member`] writes): a broker that keeps members as JSON text (Redis) frames them
+/// without decoding them.
+pub fn presence_diff_frame_raw<'a>(
+    ch: &str,
+    joins: impl IntoIterator<Item = &'a str>,
+    leaves: impl IntoIterator<Item = &'a str>,
+) -> Bytes {
+    fn list<'a>(out: &mut Vec<u8>, items: impl IntoIterator<Item = &'a str>) {
+        out.push(b'[');
+        for (i, m) in items.into_iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(m.as_bytes());
+        }
+        out.push(b']');
+    }
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(b"{\"op\":\"presence_diff\",\"ch\":");
+    push_channel(&mut out, ch);
+    out.extend_from_slice(b",\"joins\":");
+    list(&mut out, joins);
+    out.extend_from_slice(b",\"leaves\":");
+    list(&mut out, leaves);
+    out.push(b'}');
+    crate::ws::codec::text_frame(&out)
+}
+
+/// `{"op":"presence","ch":CH,"members":[…][,"next":CURSOR]}` of members already encoded as
+/// JSON objects.
+pub fn presence_json_raw<'a>(ch: &str, members: impl IntoIterator<Item = &'a str>, next: Option<&str>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(b"{\"op\":\"presence\",\"ch\":");
+    push_channel(&mut out, ch);
+    out.extend_from_slice(b",\"members\":[");
+    for (i, m) in members.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(m.as_bytes());
+    }
+    out.push(b']');
+    if let Some(n) = next {
+        out.extend_from_slice(b",\"next\":");
+        push_json_str(&mut out, n);
+    }
+    out.push(b'}');
+    out
+}
+
+/// Member `m` as its JSON object (what [`push_member`] appends).
+pub fn member_json(m: &Member) -> String {
+    let mut out = Vec::with_capacity(m.json_len());
+    push_member(&mut out, m);
+    // push_member writes JSON: valid UTF-8.
+    String::from_utf8(out).unwrap_or_default()
+}
+
 /// The `presence_reset` frame: `{"op":"presence_reset","ch":CH}`, sent instead of a diff when
 /// one window's changes exceed `presence.max_diff`: the member list changed too much to
 /// describe; ask `presence` again.
@@ -158,6 +217,18 @@ mod tests {
             serde_json::json!({"op":"presence_diff","ch":"room","joins":[{"client":"a","user":"u"}],"leaves":[{"client":"b"}]})
         );
         assert_eq!(payload(&presence_reset_frame("room")), serde_json::json!({"op":"presence_reset","ch":"room"}));
+    }
+
+    #[test]
+    fn raw_frames_equal_the_typed_ones() {
+        let (a, b) = (m("a", Some("u"), Some("{\"k\":[1]}")), m("b", None, None));
+        let typed = presence_diff_frame("room", [&a], [&b]);
+        let (ja, jb) = (member_json(&a), member_json(&b));
+        assert_eq!(presence_diff_frame_raw("room", [ja.as_str()], [jb.as_str()]), typed);
+        assert_eq!(
+            presence_json_raw("room", [ja.as_str(), jb.as_str()], Some("7")),
+            presence_json("room", [&a, &b], Some("7"))
+        );
     }
 
     #[test]

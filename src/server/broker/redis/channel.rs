@@ -74,6 +74,15 @@ pub enum ChanEvent {
     Resync,
     /// The last subscriber left: end the task.
     Stop,
+    /// A presence change of the channel, as the topic announced it (`P J|L <member JSON>`).
+    Presence {
+        /// Joined (`true`) or left.
+        joined: bool,
+        /// The member's client id.
+        client: String,
+        /// The member JSON.
+        json: Box<str>,
+    },
 }
 
 /// The `msg` frame of message `seq` of `ch` with JSON `data`.
@@ -112,6 +121,8 @@ struct Chan {
     synced: bool,
     /// `sub`s waiting for the topic to be subscribed.
     waiting: Vec<(ConnRef, Option<u64>, Option<Box<str>>)>,
+    /// The presence changes of the window in progress (presence channels).
+    window: super::presence::Window,
 }
 
 /// Runs the task of channel `name` until its last subscriber leaves.
@@ -130,7 +141,12 @@ pub async fn run(ctx: Rc<Ctx>, name: Arc<str>, mut rx: UnboundedReceiver<ChanEve
         unlinked: false,
         synced: false,
         waiting: Vec::new(),
+        window: super::presence::Window::default(),
     };
+    let window_len = Duration::from_millis(c.ctx.shared.config.presence.window_ms);
+    let window_end = tokio::time::sleep(Duration::from_secs(86_400));
+    tokio::pin!(window_end);
+    let mut window_armed = false;
     let mut touch = tokio::time::interval_at(tokio::time::Instant::now() + touch_every, touch_every);
     let retry = tokio::time::sleep(Duration::from_secs(86_400));
     tokio::pin!(retry);
@@ -140,6 +156,11 @@ pub async fn run(ctx: Rc<Ctx>, name: Arc<str>, mut rx: UnboundedReceiver<ChanEve
             ev = rx.recv() => ev,
             _ = touch.tick() => Some(ChanEvent::Resync),
             _ = &mut retry, if retry_armed => { retry_armed = false; Some(ChanEvent::Resync) }
+            _ = &mut window_end, if window_armed => {
+                window_armed = false;
+                c.close_window();
+                continue;
+            }
         };
         let Some(ev) = ev else { return };
         match ev {
@@ -166,6 +187,10 @@ pub async fn run(ctx: Rc<Ctx>, name: Arc<str>, mut rx: UnboundedReceiver<ChanEve
                     return;
                 }
             }
+        }
+        if !window_armed && c.window.is_open() {
+            window_end.as_mut().reset(tokio::time::Instant::now() + window_len);
+            window_armed = true;
         }
         if c.linked && !c.synced && !retry_armed {
             let jitter = rand::random::<u64>() % RETRY_MS;
@@ -208,8 +233,25 @@ impl Chan {
                     let _ = self.sync().await;
                 }
             }
+            ChanEvent::Presence { joined, client, json } => {
+                self.window.add(super::presence::Change { joined, client, json: &json });
+            }
         }
         false
+    }
+
+    /// Closes the presence window: its frame goes to every core with subscribers here (each
+    /// hands it to the subscribers that asked for joins and leaves).
+    fn close_window(&mut self) {
+        let max_diff = self.ctx.shared.config.presence.max_diff;
+        let Some((frame, reset)) = self.window.close(&self.name, max_diff) else { return };
+        self.ctx.shared.metrics[0].presence_frames[usize::from(reset)]
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for (core, n) in self.interest.iter().enumerate() {
+            if *n > 0 {
+                self.ctx.to_core(core, CoreMsg::PresenceDiff { ch: self.name.clone(), frame: frame.clone() });
+            }
+        }
     }
 
     /// Answers the waiting `sub`s once the topic is subscribed (or refuses them while the

@@ -261,6 +261,11 @@ async fn dispatch(ctx: Rc<Ctx>, mut rx: UnboundedReceiver<PushInfo>, gen: u64) {
                     continue;
                 };
                 let Some(ch) = ctx.keys.channel_of(&topic) else { continue };
+                if let Some(c) = super::presence::Change::parse(&payload) {
+                    let ev = ChanEvent::Presence { joined: c.joined, client: c.client, json: c.json.into() };
+                    ctx.to_channel(ch, ev);
+                    continue;
+                }
                 let Some(p) = Payload::parse(&payload) else {
                     ctx.shared.broker.error(ERR_SERVER);
                     continue;

@@ -19,12 +19,16 @@
 //! - [`links`]: the tasks that keep the command and pub/sub links up;
 //! - [`crate::redis::link`]: a connection to one Redis or a Redis Cluster;
 //! - [`keys`]: key names, payloads and the server-side scripts;
+//! - [`presence`]: presence's keys, scripts, topic payload and per-node window;
+//!   [`members`]: the task that writes this node's members and answers presence queries;
 //! - [`clock`]: Redis's clock against this node's, for the scripts' deadlines.
 
 pub mod channel;
 pub mod clock;
 pub mod keys;
 pub mod links;
+pub mod members;
+pub mod presence;
 pub mod publish;
 pub mod thread;
 

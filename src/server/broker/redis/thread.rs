@@ -25,6 +25,7 @@ use tokio::sync::{Notify, Semaphore};
 use super::channel::{self, ChanEvent};
 use super::keys::{self, Keys};
 use super::links;
+use super::members::MemberOp;
 use super::publish::{batch_end, publish_batch, Deadline, Pub};
 use crate::config::Broker as BrokerConfig;
 use crate::log_limit::{Admit, LogLimiter};
@@ -104,6 +105,8 @@ pub struct Ctx {
     pub(super) publish_script: redis::Script,
     pub(super) meta_script: redis::Script,
     pub(super) publish_command: &'static str,
+    /// To the membership task ([`super::members`]): this node's presence joins and leaves.
+    pub(super) members: UnboundedSender<super::members::MemberOp>,
     /// Redis is a Redis Cluster: a script call must stay within one hash slot.
     pub(super) cluster: bool,
     /// Redis's clock minus this node's, in milliseconds (measured with `TIME` on connect and
@@ -386,11 +389,13 @@ async fn serve(
 ) {
     let cfg = shared.config.broker.clone();
     let (ctl, ctl_rx) = unbounded_channel();
+    let (members, members_rx) = unbounded_channel();
     let cores = outboxes.len();
     let ctx = Rc::new(Ctx {
         keys: Keys::new(&cfg.key_prefix),
         timeout: Duration::from_millis(cfg.request_timeout_ms),
         publish_command: Link::publish_command(&cfg),
+        members,
         cluster: cfg.cluster_urls().is_some(),
         clock_offset_ms: Cell::new(0),
         clock_measured: Cell::new(false),
@@ -409,6 +414,7 @@ async fn serve(
     tokio::task::spawn_local(links::pubsub_link(ctx.clone(), ctl_rx));
     tokio::task::spawn_local(retry_spill(ctx.clone()));
     tokio::task::spawn_local(links::health(ctx.clone()));
+    tokio::task::spawn_local(super::members::run(ctx.clone(), members_rx));
     let inflight = Arc::new(Semaphore::new(if ctx.cluster { BATCHES_IN_FLIGHT_CLUSTER } else { BATCHES_IN_FLIGHT }));
     loop {
         let mut batch = Vec::new();
@@ -456,9 +462,12 @@ async fn serve(
 fn handle(ctx: &Rc<Ctx>, req: Request, batch: &mut Vec<Pub>) {
     match req {
         Request::Publish { ch, id, data, reply, fence } => batch.push(Pub { ch, id, data, reply, fence }),
-        // Presence is refused at config load with this broker (config::presence): a member
-        // comes with no request, and a presence query is answered as off.
-        Request::Subscribe { ch, conn, from, epoch, member: _ } => {
+        Request::Subscribe { ch, conn, from, epoch, member } => {
+            if let Some(m) = member {
+                let json = crate::protocol::presence::member_json(&m);
+                let op = MemberOp::Join { ch: ch.clone(), core: conn.core, client: m.client.to_string(), json };
+                let _ = ctx.members.send(op);
+            }
             let mut chans = ctx.chans.borrow_mut();
             // A channel's task is this node's per-channel state: it counts against
             // `limits.max_channels` while it lives (publishes create none here).
@@ -478,16 +487,14 @@ fn handle(ctx: &Rc<Ctx>, req: Request, batch: &mut Vec<Pub>) {
             h.subs += 1;
             let _ = h.tx.send(ChanEvent::Sub { conn, from, epoch });
         }
-        Request::Presence { ch, conn, .. } => {
-            let e = crate::protocol::error_json(
-                crate::protocol::codes::PRESENCE_OFF,
-                "presence is not built for the Redis broker yet",
-                None,
-            );
-            let frame = crate::ws::codec::text_frame(&crate::protocol::with_channel(e, &ch));
-            ctx.to_core(conn.core as usize, CoreMsg::PresenceAnswer { conn: conn.id, frame });
+        Request::Presence { ch, conn, query } => {
+            tokio::task::spawn_local(super::members::answer(ctx.clone(), ch, conn, query));
         }
-        Request::Unsubscribe { ch, core, member: _ } => {
+        Request::Unsubscribe { ch, core, member } => {
+            if let Some(id) = member {
+                let client = crate::server::presence::client_id(&ctx.shared.node_id, core, id);
+                let _ = ctx.members.send(MemberOp::Leave { ch: ch.clone(), client });
+            }
             let mut chans = ctx.chans.borrow_mut();
             let Some(h) = chans.get_mut(&ch) else { return };
             let _ = h.tx.send(ChanEvent::Unsub(core as usize));

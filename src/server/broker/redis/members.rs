@@ -1,0 +1,224 @@
+//! The node's presence members in Redis (docs/redis.md, "Presence"): one task per broker
+//! thread applies the joins and leaves of this node's connections in the order the cores made
+//! them ([`super::presence::MEMBERS_LUA`], one call per channel for a burst), refreshes every
+//! member it owns every third of `presence.member_ttl_ms` (which also removes and announces the
+//! members other nodes stopped refreshing), and answers `presence` / `presence_stats`.
+//!
+//! A change whose call fails (Redis away) is not retried as such: a join stays in this node's
+//! list and the next refresh adds it (announcing it), a leave is gone from the list and the
+//! member's entry expires within the TTL (announced by whichever node refreshes first).
+
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::presence::{MEMBERS_LUA, PAGE_LUA, REFRESH_LUA, STATS_LUA};
+use super::thread::Ctx;
+use crate::protocol::presence::{presence_json_raw, presence_stats_json};
+use crate::protocol::{self, codes};
+use crate::server::broker::PresenceQuery;
+use crate::server::bus::{ConnRef, CoreMsg};
+use crate::ws::codec;
+
+/// Changes (or refreshed members) per script call: a herd of thousands of joins goes in a
+/// few calls, none of which holds Redis for long.
+const PER_CALL: usize = 500;
+
+/// One membership change of a connection of this node.
+#[derive(Debug)]
+pub enum MemberOp {
+    /// The connection joined the presence of `ch` (its subscription was made).
+    Join {
+        /// Channel name.
+        ch: Arc<str>,
+        /// The connection's core (whose untracked counter a refused join counts in).
+        core: u16,
+        /// Its client id.
+        client: String,
+        /// Its member JSON.
+        json: String,
+    },
+    /// The connection left `ch`.
+    Leave {
+        /// Channel name.
+        ch: Arc<str>,
+        /// Its client id.
+        client: String,
+    },
+}
+
+impl MemberOp {
+    fn channel(&self) -> &Arc<str> {
+        match self {
+            MemberOp::Join { ch, .. } | MemberOp::Leave { ch, .. } => ch,
+        }
+    }
+}
+
+/// The three presence keys of `ch`: members, member info, users.
+fn keys(ctx: &Ctx, ch: &str) -> [String; 3] {
+    let topic = ctx.keys.topic(ch);
+    [format!("{topic}:pz"), format!("{topic}:pi"), format!("{topic}:pu")]
+}
+
+/// Runs `script` (its text `text`) by hash, sending the text once when Redis does not know it.
+async fn eval<T: redis::FromRedisValue>(
+    ctx: &Ctx,
+    script: &redis::Script,
+    text: &str,
+    keys: &[String],
+    args: &[&str],
+) -> redis::RedisResult<T> {
+    let call = |by_sha| {
+        let mut cmd = super::thread::script_cmd(script, text, by_sha);
+        cmd.arg(keys.len());
+        for k in keys {
+            cmd.arg(k);
+        }
+        for a in args {
+            cmd.arg(*a);
+        }
+        cmd
+    };
+    match ctx.query(&call(true)).await {
+        Err(e) if e.code() == Some("NOSCRIPT") => ctx.query(&call(false)).await,
+        r => r,
+    }
+}
+
+/// The scripts, hashed once.
+struct Scripts {
+    members: redis::Script,
+    refresh: redis::Script,
+}
+
+/// Runs the node's membership task until the broker thread stops (see the module docs).
+pub async fn run(ctx: Rc<Ctx>, mut rx: UnboundedReceiver<MemberOp>) {
+    let ttl = ctx.shared.config.presence.member_ttl_ms;
+    let every = Duration::from_millis((ttl / 3).max(100));
+    let mut refresh = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let scripts = Scripts { members: redis::Script::new(MEMBERS_LUA), refresh: redis::Script::new(REFRESH_LUA) };
+    // This node's members per channel: client → member JSON.
+    let mut mine: HashMap<Arc<str>, HashMap<String, String>> = HashMap::new();
+    loop {
+        tokio::select! {
+            op = rx.recv() => {
+                let Some(op) = op else { return };
+                let mut ops = vec![op];
+                while let Ok(op) = rx.try_recv() {
+                    ops.push(op);
+                }
+                apply(&ctx, &scripts, &mut mine, ops).await;
+            }
+            _ = refresh.tick() => refresh_all(&ctx, &scripts, &mut mine).await,
+        }
+    }
+}
+
+/// Applies a burst of changes: per channel in the order they were made.
+async fn apply(
+    ctx: &Ctx,
+    scripts: &Scripts,
+    mine: &mut HashMap<Arc<str>, HashMap<String, String>>,
+    ops: Vec<MemberOp>,
+) {
+    let mut by_ch: Vec<(Arc<str>, Vec<MemberOp>)> = Vec::new();
+    for op in ops {
+        match by_ch.iter_mut().find(|(ch, _)| ch == op.channel()) {
+            Some((_, list)) => list.push(op),
+            None => by_ch.push((op.channel().clone(), vec![op])),
+        }
+    }
+    let (ttl, cmd) = (ctx.shared.config.presence.member_ttl_ms.to_string(), ctx.publish_command);
+    for (ch, ops) in by_ch {
+        let max = ctx.shared.config.channel_rule(&ch).presence_max_members.to_string();
+        let (keys, topic) = (keys(ctx, &ch), ctx.keys.topic(&ch));
+        for chunk in ops.chunks(PER_CALL) {
+            let mut args: Vec<&str> = vec![cmd, &topic, &ttl, &max];
+            for op in chunk {
+                match op {
+                    MemberOp::Join { client, json, .. } => args.extend(["J", client.as_str(), json.as_str()]),
+                    MemberOp::Leave { client, .. } => args.extend(["L", client.as_str(), "-"]),
+                }
+            }
+            let applied: Option<Vec<i64>> = eval(ctx, &scripts.members, MEMBERS_LUA, &keys, &args).await.ok();
+            let list = mine.entry(ch.clone()).or_default();
+            for (i, op) in chunk.iter().enumerate() {
+                match op {
+                    MemberOp::Join { core, client, json, .. } => {
+                        if applied.as_ref().is_some_and(|a| a.get(i) == Some(&0)) {
+                            ctx.shared.metrics[*core as usize].presence_untracked.fetch_add(1, Relaxed);
+                        } else {
+                            list.insert(client.clone(), json.clone());
+                        }
+                    }
+                    MemberOp::Leave { client, .. } => {
+                        list.remove(client);
+                    }
+                }
+            }
+        }
+        if mine.get(&ch).is_some_and(HashMap::is_empty) {
+            mine.remove(&ch);
+        }
+    }
+    ctx.shared.metrics[0].presence_members.store(mine.values().map(HashMap::len).sum::<usize>() as i64, Relaxed);
+}
+
+/// Refreshes every member of this node, channel by channel, and removes the expired ones.
+async fn refresh_all(ctx: &Ctx, scripts: &Scripts, mine: &mut HashMap<Arc<str>, HashMap<String, String>>) {
+    let (ttl, cmd) = (ctx.shared.config.presence.member_ttl_ms.to_string(), ctx.publish_command);
+    for (ch, members) in mine.iter() {
+        let (keys, topic) = (keys(ctx, ch), ctx.keys.topic(ch));
+        let list: Vec<(&String, &String)> = members.iter().collect();
+        for chunk in list.chunks(PER_CALL) {
+            let mut args: Vec<&str> = vec![cmd, &topic, &ttl];
+            for (client, json) in chunk {
+                args.extend([client.as_str(), json.as_str()]);
+            }
+            let _: redis::RedisResult<i64> = eval(ctx, &scripts.refresh, REFRESH_LUA, &keys, &args).await;
+        }
+    }
+}
+
+/// Answers a `presence` / `presence_stats` of `conn` about `ch` from Redis.
+pub async fn answer(ctx: Rc<Ctx>, ch: Arc<str>, conn: ConnRef, query: PresenceQuery) {
+    let [pz, pi, pu] = keys(&ctx, &ch);
+    let json = match query {
+        PresenceQuery::Stats => {
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(STATS_LUA).arg(2).arg(&pz).arg(&pu);
+            match ctx.query::<(u64, u64)>(&cmd).await {
+                Ok((clients, users)) => presence_stats_json(&ch, clients, users),
+                Err(e) => unavailable(&ch, &e),
+            }
+        }
+        PresenceQuery::Members { cursor } => {
+            let cursor = cursor.as_deref().unwrap_or("0");
+            if cursor.is_empty() || cursor.len() > 20 || !cursor.bytes().all(|b| b.is_ascii_digit()) {
+                let e = protocol::error_json(codes::BAD_REQUEST, "cursor is not one this server gave", None);
+                protocol::with_channel(e, &ch)
+            } else {
+                let page = ctx.shared.config.presence.page_size.to_string();
+                let mut cmd = redis::cmd("EVAL");
+                cmd.arg(PAGE_LUA).arg(2).arg(&pz).arg(&pi).arg(cursor).arg(&page);
+                match ctx.query::<Vec<String>>(&cmd).await {
+                    Ok(r) => {
+                        let next = r.first().filter(|n| n.as_str() != "0").map(String::as_str);
+                        presence_json_raw(&ch, r.iter().skip(1).map(String::as_str), next)
+                    }
+                    Err(e) => unavailable(&ch, &e),
+                }
+            }
+        }
+    };
+    ctx.to_core(conn.core as usize, CoreMsg::PresenceAnswer { conn: conn.id, frame: codec::text_frame(&json) });
+}
+
+fn unavailable(ch: &str, e: &redis::RedisError) -> Vec<u8> {
+    protocol::with_channel(super::thread::unavailable(&e.to_string()).to_json(), ch)
+}
