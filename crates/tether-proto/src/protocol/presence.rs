@@ -117,23 +117,13 @@ pub fn presence_diff_frame_raw<'a>(
     joins: impl IntoIterator<Item = &'a str>,
     leaves: impl IntoIterator<Item = &'a str>,
 ) -> Bytes {
-    fn list<'a>(out: &mut Vec<u8>, items: impl IntoIterator<Item = &'a str>) {
-        out.push(b'[');
-        for (i, m) in items.into_iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            out.extend_from_slice(m.as_bytes());
-        }
-        out.push(b']');
-    }
     let mut out = Vec::with_capacity(256);
     out.extend_from_slice(b"{\"op\":\"presence_diff\",\"ch\":");
     push_channel(&mut out, ch);
     out.extend_from_slice(b",\"joins\":");
-    list(&mut out, joins);
+    push_raw_list(&mut out, joins);
     out.extend_from_slice(b",\"leaves\":");
-    list(&mut out, leaves);
+    push_raw_list(&mut out, leaves);
     out.push(b'}');
     crate::ws::codec::text_frame(&out)
 }
@@ -144,20 +134,26 @@ pub fn presence_json_raw<'a>(ch: &str, members: impl IntoIterator<Item = &'a str
     let mut out = Vec::with_capacity(256);
     out.extend_from_slice(b"{\"op\":\"presence\",\"ch\":");
     push_channel(&mut out, ch);
-    out.extend_from_slice(b",\"members\":[");
-    for (i, m) in members.into_iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(m.as_bytes());
-    }
-    out.push(b']');
+    out.extend_from_slice(b",\"members\":");
+    push_raw_list(&mut out, members);
     if let Some(n) = next {
         out.extend_from_slice(b",\"next\":");
         push_json_str(&mut out, n);
     }
     out.push(b'}');
     out
+}
+
+/// Appends a JSON array of `items`, each already a JSON value.
+fn push_raw_list<'a>(out: &mut Vec<u8>, items: impl IntoIterator<Item = &'a str>) {
+    out.push(b'[');
+    for (i, m) in items.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(m.as_bytes());
+    }
+    out.push(b']');
 }
 
 /// Member `m` as its JSON object (what [`push_member`] appends).
