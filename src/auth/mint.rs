@@ -44,6 +44,9 @@ pub struct TokenArgs {
     /// `aud` claim (must be the server's `auth.jwt_audience` when that is set).
     #[arg(long)]
     pub aud: Option<String>,
+    /// The token id (`jti`, 1–256 bytes), for revoking this one token (`POST /api/revoke`).
+    #[arg(long)]
+    pub jti: Option<String>,
 }
 
 /// The claims `tether token` writes (docs/security.md, token shape).
@@ -64,6 +67,9 @@ pub struct TokenClaims {
     /// Audience.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub aud: Option<String>,
+    /// Token id (`POST /api/revoke` by `jti`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jti: Option<String>,
     /// Channel globs.
     pub channels: ChannelGlobs,
 }
@@ -88,6 +94,7 @@ impl TokenClaims {
             nbf: None,
             iss: None,
             aud: None,
+            jti: None,
             channels: ChannelGlobs::default(),
         }
     }
@@ -195,6 +202,7 @@ impl TokenArgs {
         let mut claims = TokenClaims::new(&self.sub, exp);
         claims.iss = iss;
         claims.aud = aud;
+        claims.jti = self.jti.clone();
         claims.channels = ChannelGlobs { sub: self.sub_channels.clone(), publish: self.pub_channels.clone() };
         signer.sign(&claims)
     }

@@ -19,8 +19,12 @@
 //! - [`links`]: the tasks that keep the command and pub/sub links up;
 //! - [`crate::redis::link`]: a connection to one Redis or a Redis Cluster;
 //! - [`keys`]: key names, payloads and the server-side scripts;
-//! - [`clock`]: Redis's clock against this node's, for the scripts' deadlines.
+//! - [`clock`]: Redis's clock against this node's, for the scripts' deadlines;
+//! - [`api`]: the server API's requests: history pages, the control topic that carries
+//!   disconnects, unsubscribes and revocations to the other nodes, and the revocations kept
+//!   in Redis.
 
+pub mod api;
 pub mod channel;
 pub mod clock;
 pub mod keys;
