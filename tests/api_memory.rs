@@ -81,14 +81,24 @@ async fn channels_are_listed_with_subscribers_from_every_core() {
     let s = node("");
     let t = token("u", None, None);
     let mut held = Vec::new();
-    // Connections land on either core (SO_REUSEPORT); 6 is enough for both to hold some.
-    for ch in ["room.a", "room.a", "room.a", "room.b", "other", "room.a"] {
+    // Connections land on either core (SO_REUSEPORT): subscribe until both hold some.
+    for n in 1.. {
+        held.push(subscriber(s.addr, &t, "room.a").await);
+        let m = s.metrics().await;
+        let on = |core: &str| m.sum("tether_connections", &[&format!("core=\"{core}\"")]);
+        if on("0") > 0.0 && on("1") > 0.0 {
+            break;
+        }
+        assert!(n < 64, "64 connections all on one core");
+    }
+    let on_a = held.len();
+    for ch in ["room.b", "other"] {
         held.push(subscriber(s.addr, &t, ch).await);
     }
     let v = get_ok(s.addr, "/api/channels?prefix=room.").await;
     assert_eq!(
         v,
-        json!({"channels": [{"ch":"room.a","subscribers":4},{"ch":"room.b","subscribers":1}], "truncated": false})
+        json!({"channels": [{"ch":"room.a","subscribers":on_a},{"ch":"room.b","subscribers":1}], "truncated": false})
     );
     let v = get_ok(s.addr, "/api/channels?limit=1").await;
     assert_eq!(v, json!({"channels": [{"ch":"other","subscribers":1}], "truncated": true}));
@@ -196,4 +206,30 @@ async fn without_auth_no_connection_has_a_user() {
     assert_eq!(v, json!({"closed": 0, "other_nodes": 0}));
     tung::send(&mut ws, json!({"op":"sub","ch":"x"})).await;
     assert!(matches!(tung::read(&mut ws).await, Read::Json(v) if v["op"] == "subscribed"));
+}
+
+#[tokio::test]
+async fn tether_api_prints_the_answer_as_one_line() {
+    let s = node(&format!("publish_keys = [\"{KEY}\"]\n"));
+    let url = format!("http://{}", s.addr);
+    let api = |args: &[&str]| {
+        let mut all = vec!["api", "--url", &url, "--token", KEY];
+        all.extend_from_slice(args);
+        run_tether(&all)
+    };
+    let out = api(&["publish", "-c", "cli.a", "-c", "cli.b", r#"{"n":1}"#, "--id", "k"]);
+    assert!(out.status.success(), "{out:?}");
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(line.lines().count(), 1, "{line}");
+    let v: Value = serde_json::from_str(line.trim()).expect("JSON");
+    assert_eq!(v, json!({"results": [{"ch":"cli.a","seq":1},{"ch":"cli.b","seq":1}]}));
+    let out = api(&["history", "cli.b", "--from", "0"]);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["messages"], json!([{"seq":1,"data":{"n":1}}]));
+    let out = api(&["disconnect", "alice", "--code", "1000"]);
+    assert_eq!(out.status.code(), Some(1), "the node's 400");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HTTP 400: code:"), "{out:?}");
+    let out = run_tether(&["api", "--url", &url, "channels"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HTTP 401"), "{out:?}");
 }
