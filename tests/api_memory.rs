@@ -233,3 +233,27 @@ async fn tether_api_prints_the_answer_as_one_line() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("HTTP 401"), "{out:?}");
 }
+
+#[tokio::test]
+async fn tether_sub_ends_when_the_server_unsubscribes_it() {
+    let s = node("");
+    let child = std::process::Command::new(common::server::BIN)
+        .args(["sub", &s.ws_url(), "ended", "--token", &token("dora", None, None)])
+        .env("TETHER_LOG", "off")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn tether sub");
+    eventually(STEP, "tether sub subscribed", || async {
+        let v = get_ok(s.addr, "/api/channels?prefix=ended").await;
+        check(v["channels"].as_array().is_some_and(|c| c.len() == 1), || v)
+    })
+    .await;
+    let v = post_ok(s.addr, "/api/unsubscribe", json!({"user": "dora", "ch": "ended"})).await;
+    assert_eq!(v["unsubscribed"], 1);
+    let out = wait_child(child, STEP, "tether sub");
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(r#"{"op":"unsubscribed","ch":"ended","reason":"server"}"#), "{err}");
+}

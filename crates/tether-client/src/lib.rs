@@ -205,6 +205,14 @@ pub enum Event {
         /// The oldest seq still in the channel's history.
         oldest: u64,
     },
+    /// The server ended a subscription the client did not ask to end
+    /// (`{"op":"unsubscribed","ch":…,"reason":"server"}`: a backend's `POST
+    /// /api/unsubscribe`, docs/api.md). The client does not subscribe to it again; a later
+    /// [`Client::subscribe`] does.
+    Unsubscribed {
+        /// Channel name.
+        ch: String,
+    },
     /// The server refused a request that is not a pending publish (e.g. a `sub` for an invalid
     /// channel, or a `from` beyond the head), or ended a subscription its refreshed token no
     /// longer allows (`forbidden` with `ch`: the client does not subscribe to it again).
