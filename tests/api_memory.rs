@@ -196,6 +196,11 @@ async fn the_guard_and_bad_input() {
     assert_eq!(a.status, 403, "a browser's request from elsewhere, key or not");
     let failures = s.metric("tether_http_auth_failures_total", &["endpoint=\"api\""]).await;
     assert_eq!(failures, 3.0);
+
+    // The body of a batch publish is bounded like POST /publish's.
+    let s = Server::start("[limits]\nmax_publish_bytes = 200\n", &["--cores", "1"]);
+    let big = json!({"channels": ["a", "b"], "data": "x".repeat(200)}).to_string();
+    assert_eq!(call(s.addr, "POST", "/api/publish", &[], &big).await.status, 413);
 }
 
 #[tokio::test]

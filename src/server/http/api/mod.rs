@@ -45,6 +45,14 @@ enum Route<'a> {
     Revoke,
 }
 
+/// A request read and checked, about to be started.
+enum Work {
+    Batch(input::BatchPublish),
+    History((String, Option<u64>, usize)),
+    Channels((String, usize)),
+    Control(Control),
+}
+
 /// The route of `rest` (the path after `/api`) for `method`, or the 404 / 405 refusal (with
 /// its `Allow`).
 fn route(method: Method, rest: &str) -> Result<Route<'_>, (StatusCode, &'static str, Option<&'static str>)> {
@@ -114,47 +122,50 @@ impl CoreState {
                 return self.send(id, json_response(status, &error_body(reason, None), &allow, keep_alive), keep_alive);
             }
         };
-        let started = match route {
-            Route::Publish => input::publish(body).map(|p| self.start_batch(id, p)),
-            Route::History(raw) => input::history(raw, req.query.as_deref()).map(|(ch, from, limit)| {
-                let reply = ConnRef { core: self.me as u16, id };
-                let req = BrokerRequest::History { ch: ch.into(), reply, from, limit };
-                self.broker.request(&mut self.router, req);
-            }),
-            Route::Channels => input::channels(req.query.as_deref()).map(|(prefix, limit)| {
-                self.start_gathering(id, Pending::channels(limit));
-                let (reply, prefix) = (ConnRef { core: self.me as u16, id }, Arc::<str>::from(prefix));
-                for core in 0..self.shared.cores {
-                    self.router.to_core(core, CoreMsg::ListChannels { reply, prefix: prefix.clone(), limit });
-                }
-            }),
-            Route::Control(parse) => parse(body).map(|msg| self.start_control(id, msg)),
-            Route::Revoke => {
-                if self.api.revocations.len() >= crate::auth::revoke::MAX_REVOCATIONS {
-                    let why = format!(
-                        "{} revocations are in force; more are refused until some reach their until_ms",
-                        crate::auth::revoke::MAX_REVOCATIONS
-                    );
-                    let e = RequestError::unavailable(why, 60_000);
-                    return self.send(id, unavailable(&e, json!({}), keep_alive), keep_alive);
-                }
-                input::revoke(body, crate::auth::unix_now_ms())
-                    .map(|r| self.start_control(id, Control::Revoke { revocation: r }))
+        let work = match route {
+            Route::Publish => input::publish(body).map(Work::Batch),
+            Route::History(raw) => input::history(raw, req.query.as_deref()).map(Work::History),
+            Route::Channels => input::channels(req.query.as_deref()).map(Work::Channels),
+            Route::Control(parse) => parse(body).map(Work::Control),
+            Route::Revoke if self.api.revocations.len() >= crate::auth::revoke::MAX_REVOCATIONS => {
+                let why = format!(
+                    "{} revocations are in force; more are refused until some reach their until_ms",
+                    crate::auth::revoke::MAX_REVOCATIONS
+                );
+                let e = RequestError::unavailable(why, 60_000);
+                return self.send(id, unavailable(&e, json!({}), keep_alive), keep_alive);
             }
+            Route::Revoke => input::revoke(body, crate::auth::unix_now_ms())
+                .map(|revocation| Work::Control(Control::Revoke { revocation })),
         };
-        match started {
-            // The answer comes when the work is done; the connection's next request waits.
-            Ok(()) => {
-                if let Some(s) = self.session(id) {
-                    s.await_answer(keep_alive);
-                }
-            }
+        let work = match work {
+            Ok(w) => w,
             Err(e) => {
                 let reason = format!("{}: {}", e.field, e.reason);
                 let resp =
                     json_response(StatusCode::BAD_REQUEST, &error_body(&reason, Some(&e.field)), &[], keep_alive);
-                self.send(id, resp, keep_alive);
+                return self.send(id, resp, keep_alive);
             }
+        };
+        // The answer comes when the work is done; the connection's next request waits.
+        if let Some(s) = self.session(id) {
+            s.await_answer(keep_alive);
+        }
+        let reply = ConnRef { core: self.me as u16, id };
+        match work {
+            Work::Batch(p) => self.start_batch(id, p),
+            Work::History((ch, from, limit)) => {
+                let req = BrokerRequest::History { ch: ch.into(), reply, from, limit };
+                self.broker.request(&mut self.router, req);
+            }
+            Work::Channels((prefix, limit)) => {
+                self.start_gathering(id, Pending::channels(limit));
+                let prefix = Arc::<str>::from(prefix);
+                for core in 0..self.shared.cores {
+                    self.router.to_core(core, CoreMsg::ListChannels { reply, prefix: prefix.clone(), limit });
+                }
+            }
+            Work::Control(msg) => self.start_control(id, msg),
         }
     }
 
