@@ -155,10 +155,9 @@ pub(super) async fn pubsub_link(ctx: Rc<Ctx>, mut ctl: UnboundedReceiver<Ctl>) {
         // The control topic first (the server API's node-wide actions), then everything with
         // subscribers now, in chunks; then each channel repairs its gap.
         let names: Vec<Arc<str>> = ctx.chans.borrow().keys().cloned().collect();
-        let control = std::iter::once(vec![ctx.keys.control_topic()]);
+        let control = std::iter::once::<Vec<String>>(vec![ctx.keys.control_topic()]);
         let channels = names.chunks(SUBSCRIBE_CHUNK).map(|chunk| chunk.iter().map(|c| ctx.keys.topic(c)).collect());
         for topics in control.chain(channels) {
-            let topics: Vec<String> = topics;
             if let Err(e) = timed(&ctx, link.subscribe(&topics)).await {
                 // E.g. an ACL without `subscribe`: the link is up but useless.
                 let why = "resubscribing on the redis pub/sub link failed; reconnecting";
