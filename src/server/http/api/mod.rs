@@ -122,6 +122,9 @@ impl CoreState {
                 return self.send(id, json_response(status, &error_body(reason, None), &allow, keep_alive), keep_alive);
             }
         };
+        if matches!(route, Route::Revoke) {
+            self.api.revocations.expire(crate::auth::unix_now_ms());
+        }
         let work = match route {
             Route::Publish => input::publish(body).map(Work::Batch),
             Route::History(raw) => input::history(raw, req.query.as_deref()).map(Work::History),
