@@ -1,4 +1,4 @@
-//! The `tether` command: `serve`, `sub`, `pub`, `load`, `check-limits`, `token`, `feeds`.
+//! The `tether` command: `serve`, `sub`, `pub`, `load`, `check-limits`, `token`, `feeds`, `api`.
 
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
@@ -84,6 +84,9 @@ enum Cmd {
     /// Upstream feeds through a node's admin API: list, get, put, start, stop, delete
     /// (docs/feeds.md).
     Feeds(tether::client::FeedsArgs),
+    /// The server API of a node: batch publish, history, channels, disconnect, unsubscribe,
+    /// revoke (docs/api.md); prints the answer as one JSON line.
+    Api(tether::client::ApiArgs),
 }
 
 /// The token of `sub` and `pub` for a server with `[auth]` (docs/security.md).
@@ -135,6 +138,7 @@ fn main() -> ExitCode {
         Cmd::CheckLimits(args) => ExitCode::from(args.run() as u8),
         Cmd::Token(args) => ExitCode::from(args.run() as u8),
         Cmd::Feeds(args) => ExitCode::from(args.run() as u8),
+        Cmd::Api(args) => ExitCode::from(args.run() as u8),
     }
 }
 

@@ -10,7 +10,9 @@
 //! dead master: then the contract is a `reset` before the discontinuity, never a silent gap or
 //! a seq reused with other data. Before the failover, every master must have run publish
 //! scripts and answered none of them MOVED or CROSSSLOT (one call per channel, routed by its
-//! first key). The test prints what happened at failover. (A kill on loopback rarely loses a
+//! first key), and the server API must reach the cluster: a revocation in its own slot, the
+//! control topic (sharded pub/sub) heard by both nodes, history read from a channel's stream.
+//! The test prints what happened at failover. (A kill on loopback rarely loses a
 //! write; tests/redis_lossy_failover.rs forces such a loss.)
 
 mod common;
@@ -20,6 +22,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::api;
 use common::redis_cluster::{self, NodeInfo, RedisCluster};
 use common::traffic::*;
 use common::*;
@@ -181,6 +184,23 @@ async fn cluster_two_nodes_exactly_once_and_master_failover() {
         errors(&errors_a),
         errors(&errors_b),
     );
+
+    // The server API on a cluster: revocations go to their own slot (EVAL routed by its key),
+    // control messages are sharded pub/sub that both nodes listen to, history reads a
+    // channel's stream on its master.
+    let revoke = api::call(a.addr, "POST", "/api/revoke", &[], r#"{"jti":"cluster-1"}"#).await;
+    assert_eq!(revoke.status, 200, "{revoke:?}");
+    let revoked = master_of(&topo, cluster.keyslot("tether:revoked")).port;
+    let score: Option<f64> =
+        redis_cluster::query(revoked, ::redis::cmd("ZSCORE").arg("tether:revoked").arg("j:cluster-1")).expect("ZSCORE");
+    assert!(score.is_some(), "the revocation is not in tether:revoked on master {revoked}");
+    let control = master_of(&topo, cluster.keyslot("tether:control")).port;
+    let listeners: Vec<(String, u64)> =
+        redis_cluster::query(control, ::redis::cmd("PUBSUB").arg("SHARDNUMSUB").arg("tether:control"))
+            .expect("PUBSUB SHARDNUMSUB");
+    assert_eq!(listeners.first().map(|l| l.1), Some(2), "both nodes listen to the control topic");
+    let page = api::get_ok(b.addr, "/api/history/cl.0?limit=3").await;
+    assert_eq!(page["messages"].as_array().map(Vec::len), Some(3), "{page}");
 
     // kill -9 the victim mid-stream.
     let acked_before_kill = tally.acked();

@@ -94,6 +94,11 @@ export interface SubscribeOptions<T = unknown> {
   onSubscribed?(info: Subscribed, sub: Subscription): unknown;
   /** The server refused the subscription (`forbidden`, `limit` …). */
   onError?(err: TetherError, sub: Subscription): unknown;
+  /**
+   * A backend ended the subscription (`POST /api/unsubscribe`, docs/api.md): no message of the
+   * channel follows and the client does not subscribe to it again.
+   */
+  onUnsubscribed?(info: { ch: string; reason: 'server' }, sub: Subscription): unknown;
   /** Commit each message once onMessage has resolved. Default true. */
   autoCommit?: boolean;
 }

@@ -55,6 +55,13 @@ impl Grants {
         }
     }
 
+    /// The indices of the grants of `user` (the `sub` claim) held now: one per distinct set of
+    /// claims, usually one. A walk of the table, which holds one entry per distinct grant,
+    /// not per connection.
+    pub fn of_user(&self, user: &str) -> Vec<u32> {
+        self.entries.iter().filter(|(_, e)| &*e.grant.user == user).map(|(i, _)| i as u32).collect()
+    }
+
     /// Distinct grants held now.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -97,6 +104,8 @@ mod tests {
         let other = t.acquire(grant("bob", &["news.*"]));
         assert_ne!(other, ids[0]);
         assert_eq!(t.len(), 2);
+        assert_eq!(t.of_user("alice"), [ids[0]]);
+        assert!(t.of_user("carol").is_empty());
 
         for &i in &ids[1..] {
             t.release(i);

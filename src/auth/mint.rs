@@ -48,6 +48,9 @@ pub struct TokenArgs {
     /// `'{"name":"Ada"}'`; at most the server's `presence.info_max_bytes`).
     #[arg(long)]
     pub info: Option<String>,
+    /// The token id (`jti`, 1–256 bytes), for revoking this one token (`POST /api/revoke`).
+    #[arg(long)]
+    pub jti: Option<String>,
 }
 
 /// The claims `tether token` writes (docs/security.md, token shape).
@@ -68,6 +71,9 @@ pub struct TokenClaims {
     /// Audience.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub aud: Option<String>,
+    /// Token id (`POST /api/revoke` by `jti`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jti: Option<String>,
     /// Channel globs.
     pub channels: ChannelGlobs,
     /// What the other members of presence channels see besides `sub`.
@@ -95,6 +101,7 @@ impl TokenClaims {
             nbf: None,
             iss: None,
             aud: None,
+            jti: None,
             channels: ChannelGlobs::default(),
             info: None,
         }
@@ -203,6 +210,7 @@ impl TokenArgs {
         let mut claims = TokenClaims::new(&self.sub, exp);
         claims.iss = iss;
         claims.aud = aud;
+        claims.jti = self.jti.clone();
         claims.channels = ChannelGlobs { sub: self.sub_channels.clone(), publish: self.pub_channels.clone() };
         claims.info = match &self.info {
             None => None,

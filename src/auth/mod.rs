@@ -14,10 +14,13 @@
 //! - this file: [`Verifier`], [`Grant`], [`AuthError`];
 //! - [`grants`]: the per-core, reference-counted table of grants (one copy per distinct
 //!   grant, not per connection);
-//! - [`mint`]: `tether token`: signing keys and token minting.
+//! - [`mint`]: `tether token`: signing keys and token minting;
+//! - [`revoke`]: revocations of tokens by `jti` or by user (`POST /api/revoke`), the set each
+//!   core checks at the upgrade and at `refresh`.
 
 pub mod grants;
 pub mod mint;
+pub mod revoke;
 
 use std::fmt;
 use std::path::Path;
@@ -66,6 +69,8 @@ pub enum AuthError {
     /// The upgrade carries more than one token: `token` repeated in the query, or a token in
     /// both the query and `Authorization` (answered 400, not 401).
     Ambiguous,
+    /// The token verifies but was revoked (`POST /api/revoke`, by its `jti` or its user).
+    Revoked,
 }
 
 impl AuthError {
@@ -83,6 +88,7 @@ impl AuthError {
             AuthError::Audience => "wrong audience",
             AuthError::Claims => "bad claims",
             AuthError::Ambiguous => "more than one token: send one, in ?token= or in Authorization",
+            AuthError::Revoked => "token revoked",
         }
     }
 }
@@ -123,16 +129,29 @@ impl Grant {
     }
 }
 
-/// A verified token: what it allows and when it expires.
+/// A verified token: what it allows, when it expires, and what a revocation matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verified {
     /// User and channel globs.
     pub grant: Grant,
     /// `exp` as milliseconds since the Unix epoch (RFC 7519 §4.1.4), leeway not included.
     pub exp_ms: u64,
+    /// The `jti` claim (RFC 7519 §4.1.7), 1–[`revoke::MAX_JTI_BYTES`] bytes, when present.
+    /// Kept outside the grant, so tokens that differ only by id still share one interned
+    /// grant.
+    pub jti: Option<Box<str>>,
+    /// The `iat` claim in seconds since the Unix epoch (RFC 7519 §4.1.6), when present.
+    pub iat_s: Option<u64>,
 }
 
-/// The claims tether reads; others (`iat`, `jti`, …) are ignored. `iss` and `aud` are checked
+impl Verified {
+    /// The claims a revocation matches ([`revoke::Revocations::refuses`]).
+    pub fn token_id(&self) -> revoke::TokenId<'_> {
+        revoke::TokenId { user: &self.grant.user, jti: self.jti.as_deref(), iat_s: self.iat_s }
+    }
+}
+
+/// The claims tether reads; others are ignored. `iss` and `aud` are checked
 /// by `jsonwebtoken` when configured.
 #[derive(Deserialize)]
 struct Claims {
@@ -141,6 +160,12 @@ struct Claims {
     exp: u64,
     #[serde(default, deserialize_with = "some_numeric_date_ms")]
     nbf: Option<u64>,
+    /// Read for revocations by user: a token issued after one passes.
+    #[serde(default, deserialize_with = "some_numeric_date_ms")]
+    iat: Option<u64>,
+    /// Read for revocations by token id; a string of 1–`MAX_JTI_BYTES` bytes.
+    #[serde(default)]
+    jti: Option<String>,
     #[serde(default)]
     channels: ChannelClaims,
     /// Checked by `jsonwebtoken` against `jwt_issuer`, which also accepts an array holding
@@ -307,9 +332,13 @@ impl Verifier {
                 Some(compact.into_owned().into_boxed_str())
             }
         };
+        if c.jti.as_ref().is_some_and(|j| j.is_empty() || j.len() > revoke::MAX_JTI_BYTES) {
+            return Err(AuthError::Claims);
+        }
         let grant =
             Grant { user: c.sub.into(), subscribe: globs(c.channels.sub)?, publish: globs(c.channels.publish)?, info };
-        Ok(Verified { grant, exp_ms: c.exp })
+        let (jti, iat_s) = (c.jti.map(String::into_boxed_str), c.iat.map(|ms| ms / 1000));
+        Ok(Verified { grant, exp_ms: c.exp, jti, iat_s })
     }
 }
 

@@ -39,7 +39,8 @@ impl CoreState {
     /// once in the query, and a lone empty `?token=` counts as absent.
     ///
     /// # Errors
-    /// The [`AuthError`] to answer with 401, or [`AuthError::Ambiguous`] (answered 400) when
+    /// The [`AuthError`] to answer with 401 ([`AuthError::Revoked`] for a token a revocation
+    /// in force matches, docs/api.md), or [`AuthError::Ambiguous`] (answered 400) when
     /// `token` is repeated in the query or sent both in the query and in `Authorization`:
     /// which one would count is ambiguous, and a proxy in front may have checked the other.
     pub fn verify_upgrade(&self, req: &Request) -> Result<Option<Verified>, AuthError> {
@@ -55,7 +56,11 @@ impl CoreState {
             (1, None) => in_query.pop().flatten().ok_or(AuthError::Malformed)?,
             _ => return Err(AuthError::Ambiguous),
         };
-        verifier.verify(&token, unix_now_ms()).map(Some)
+        let v = verifier.verify(&token, unix_now_ms())?;
+        if self.token_revoked(&v) {
+            return Err(AuthError::Revoked);
+        }
+        Ok(Some(v))
     }
 
     /// Gives the just-upgraded connection `id` the grant of its verified token, and schedules
@@ -65,6 +70,8 @@ impl CoreState {
         let g = self.acquire_grant(v.grant);
         if self.with_session(id, |s, ctx| s.authenticate(g, token_due(ctx.now, remaining))).is_none() {
             self.release_grant(g);
+        } else if v.jti.is_some() {
+            self.api.note_jti(id, v.jti);
         }
     }
 
@@ -105,7 +112,8 @@ impl CoreState {
         allowed
     }
 
-    /// A client `refresh`: verifies `token`; when it is valid and names the same user, the
+    /// A client `refresh`: verifies `token` (a revoked one is refused like an invalid one);
+    /// when it is valid and names the same user, the
     /// connection takes its grant and expiry, subscriptions the new grant does not allow are
     /// ended (an `error` `forbidden` per channel), and `refreshed` answers. An invalid token
     /// or another user closes with 4003; a server without JWT auth answers `error` `bad_op`.
@@ -118,13 +126,14 @@ impl CoreState {
         };
         let Some(old) = self.session(id).and_then(|s| s.grant()) else { return };
         let v = match verifier.verify(token, unix_now_ms()) {
+            Ok(v) if self.token_revoked(&v) => return self.refuse_refresh(id, AuthError::Revoked.reason()),
             Ok(v) => v,
             Err(e) => return self.refuse_refresh(id, e.reason()),
         };
         if self.grants.get(old).is_none_or(|g| g.user != v.grant.user) {
             return self.refuse_refresh(id, "different sub");
         }
-        let (exp_ms, remaining) = (v.exp_ms, self.remaining_ms(v.exp_ms));
+        let (exp_ms, remaining, jti) = (v.exp_ms, self.remaining_ms(v.exp_ms), v.jti);
         let g = self.acquire_grant(v.grant);
         for ch in self.no_longer_allowed(id, g) {
             self.end_subscription(id, &ch);
@@ -137,6 +146,7 @@ impl CoreState {
                 if let Some(old) = old {
                     self.release_grant(old);
                 }
+                self.api.note_jti(id, jti);
                 self.reply(id, codec::text_frame(&protocol::refreshed_json(exp_ms / 1000)));
             }
             None => self.release_grant(g),

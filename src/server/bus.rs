@@ -20,8 +20,10 @@ use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use futures::task::AtomicWaker;
 
-use super::broker::{Outbox, PublishResult, Request, Resume};
+use super::broker::{Control, HistoryPage, Outbox, PublishResult, Request, Resume};
 use super::{ConnId, Shared};
+use crate::auth::revoke::Revocation;
+use crate::protocol::RequestError;
 
 /// Capacity of each core-to-core queue, in messages.
 pub const QUEUE_CAPACITY: usize = 8192;
@@ -144,6 +146,60 @@ pub enum CoreMsg {
         rows: Vec<ConnRow>,
         /// This core's outbound queues, summed (`GET /status.json`).
         load: CoreLoad,
+    },
+    /// The answer to a [`Request::History`].
+    History {
+        /// The HTTP connection that asked.
+        reply: ConnRef,
+        /// Channel name.
+        ch: Arc<str>,
+        /// The page, or why the broker cannot read it now (`unavailable`).
+        page: Result<HistoryPage, Box<RequestError>>,
+    },
+    /// Apply a node-wide action of the server API to this core's connections; with `reply`,
+    /// answer [`CoreMsg::ControlDone`] (from the node that was asked), without (from another
+    /// node, through the broker) silently.
+    Control {
+        /// What to do.
+        msg: Arc<Control>,
+        /// The HTTP connection that asked, on this node.
+        reply: Option<ConnRef>,
+    },
+    /// One core's answer to [`CoreMsg::Control`]: how many of its connections it affected.
+    ControlDone {
+        /// The HTTP connection that asked.
+        reply: ConnRef,
+        /// Connections closed, or subscriptions ended.
+        affected: u64,
+    },
+    /// The broker's answer to a [`Request::Control`]: how many other nodes it reached (0 for
+    /// the memory broker), or why it could not tell them.
+    ControlSent {
+        /// The HTTP connection that asked.
+        reply: ConnRef,
+        /// Other nodes told, or the refusal (`unavailable`).
+        result: Result<u64, Box<RequestError>>,
+    },
+    /// The revocations in force in the shared store (Redis), read when the broker
+    /// (re)connects: added to this core's set.
+    Revocations(Arc<[Revocation]>),
+    /// `GET /api/channels`: list this core's channels whose name starts with `prefix`.
+    ListChannels {
+        /// The HTTP connection that asked.
+        reply: ConnRef,
+        /// Name prefix (empty: every channel).
+        prefix: Arc<str>,
+        /// Rows wanted: the first `limit` names in byte order.
+        limit: usize,
+    },
+    /// One core's answer to [`CoreMsg::ListChannels`].
+    ChannelRows {
+        /// The HTTP connection that asked.
+        reply: ConnRef,
+        /// `(name, subscribers on this core)`, the first `limit` names in byte order.
+        rows: Vec<(Arc<str>, u64)>,
+        /// Whether the core had more matching channels than `limit`.
+        truncated: bool,
     },
 }
 

@@ -204,6 +204,9 @@ pub struct CoreState {
     events: Events,
     /// Requests waiting behind an unanswered `sub` or `pub` (`server::requests`).
     pub waiting: Waiting,
+    /// The server API's state at this core (`server::control`): revocations, token ids,
+    /// requests gathering answers.
+    pub api: super::control::ApiState,
     /// Token bucket for `accept_rate` (tokens, last refill in ms).
     rate: (f64, u64),
 }
@@ -244,6 +247,7 @@ impl CoreState {
             sends: super::flush::send_ring(me, cfg.io.send_batch),
             events: Events::default(),
             waiting: Waiting::default(),
+            api: Default::default(),
             rate: (cfg.accept_rate as f64, 0),
             shared,
         }
@@ -541,6 +545,7 @@ impl CoreState {
             self.drop_sub(id, e);
         }
         self.waiting.forget(id);
+        self.api.forget(id);
         // Last: the log lines above name the peer, asked of the socket.
         self.reactor.deregister(c.fd, id);
         sock::close(c.fd);
@@ -582,6 +587,7 @@ impl CoreState {
                 }
                 let Some(s) = self.session(reply.id) else { return };
                 if let Some(keep_alive) = s.awaiting() {
+                    let Some(result) = self.batch_published(reply.id, &ch, result) else { return };
                     return self.answer_publish(reply.id, result, keep_alive);
                 }
                 let json = match &result {
@@ -617,6 +623,7 @@ impl CoreState {
             CoreMsg::PresenceAnswer { conn, frame } => self.reply(conn, frame),
             CoreMsg::PresenceDiff { ch, frame } => self.presence_diff(&ch, frame),
             CoreMsg::Deliver { .. } => unreachable!("the processor walks deliveries itself"),
+            api => self.handle_api(api),
         }
     }
 }

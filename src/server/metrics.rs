@@ -36,7 +36,7 @@ pub struct CoreMetrics {
     /// HTTP requests served (non-upgrade).
     pub http_requests: AtomicU64,
     /// HTTP API requests refused with 401, by [`Guarded`](super::http::auth::Guarded).
-    pub http_auth_failures: [AtomicU64; 2],
+    pub http_auth_failures: [AtomicU64; super::http::auth::GUARDED_NAMES.len()],
     /// Messages waiting in spill lists because a cross-core queue was full (gauge).
     pub bus_spilled: AtomicI64,
     /// Distinct token grants interned on this core (gauge; docs/security.md): connections

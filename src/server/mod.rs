@@ -22,12 +22,16 @@
 //!   they queue.
 //! - [`http`]: the HTTP side of a core: routing the upgrade and every HTTP endpoint
 //!   ([`http::route`]), the admin guard ([`http::auth`]), `/feeds` ([`http::feeds`]), the
-//!   status page ([`http::status`]) and `GET /connections` ([`http::inspect`]).
+//!   status page ([`http::status`]), `GET /connections` ([`http::inspect`]) and the server
+//!   API under `/api/` ([`http::api`]).
 //! - [`subscribe`]: `sub`/`unsub` and the broker's confirmation, at the subscriber's core.
 //! - [`presence`]: presence at the subscriber's core: the member a connection is, `presence`
 //!   and `presence_stats` requests, and the delivery of join/leave windows.
 //! - [`authorize`]: JWT auth at the core: the token of an upgrade, channel rights on
 //!   `sub`/`pub`, `refresh`, and the core's table of interned grants.
+//! - [`control`]: the server API at a core: the node-wide actions (disconnect, unsubscribe,
+//!   revoke) applied to its connections, the revocations it checks, the `jti`s of its
+//!   connections, and the API requests gathering answers from other cores.
 //! - [`feed_port`]: the feeds thread's entry into the broker path (bounded, answered per
 //!   publish).
 //! - [`events`]: log lines about connections (handshake failures, reaps, overflow closes,
@@ -55,6 +59,7 @@ pub mod authorize;
 pub mod broker;
 pub mod bus;
 pub mod conn;
+pub mod control;
 pub mod core;
 pub mod events;
 pub mod feed_port;

@@ -13,6 +13,7 @@
 //!   message exactly once;
 //! - **history resume**: a `sub` with `from` and the epoch gets `recovered`, exactly the
 //!   messages after `from` (from history), then the live ones with no gap and no duplicate;
+//!   and a history page (`Request::History`, `GET /api/history/{ch}`) holds exactly those;
 //! - **epoch stable**: the epoch stays the same across publishes, unsubscribes,
 //!   re-subscribes and resumes while the server lives.
 //!
@@ -221,6 +222,18 @@ pub async fn resume_gets_exactly_the_missed(srv: &Server) {
     assert_eq!(msgs(&mut whole, ch, N as usize).await, all, "resume after 0: seqs 1..=10");
     let mut caught_up = Conn::tung(srv.addr).await;
     assert_eq!(resume(&mut caught_up, ch, N, &epoch).await, N, "resume at the head");
+    // A history page is what a resume replays.
+    for from in [0, 4, N] {
+        let page = crate::common::api::get_ok(srv.addr, &format!("/api/history/{ch}?from={from}")).await;
+        let got: Vec<(u64, u64)> = page["messages"]
+            .as_array()
+            .unwrap_or_else(|| panic!("messages: {page}"))
+            .iter()
+            .map(|m| (m["seq"].as_u64().unwrap_or(0), m["data"]["n"].as_u64().unwrap_or(0)))
+            .collect();
+        assert_eq!(got, all[from as usize..].to_vec(), "history after {from}: {page}");
+        assert_eq!((page["epoch"].as_str(), page["head"].as_u64()), (Some(epoch.as_str()), Some(N)), "{page}");
+    }
 
     assert_eq!(publish(&mut publisher, ch, "res-11", 11).await, 11);
     for (who, c) in [("live", &mut first), ("from 4", &mut mid), ("from 0", &mut whole), ("from head", &mut caught_up)]

@@ -9,6 +9,7 @@
 
 #![allow(dead_code)]
 
+pub mod api;
 pub mod auth;
 pub mod drivers;
 pub mod feeds;

@@ -12,7 +12,7 @@ export class Subscription {
    * @param {import('./tether.js').Tether} tether
    * @param {string} ch
    * @param {{seq: number, epoch?: string} | null} position the resume point, if any
-   * @param {object} opts onMessage, onReset, onSubscribed, onError, autoCommit
+   * @param {object} opts onMessage, onReset, onSubscribed, onUnsubscribed, onError, autoCommit
    */
   constructor(tether, ch, position, opts) {
     /** The channel name. */

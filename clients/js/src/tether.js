@@ -6,7 +6,7 @@ import { Backoff, Rotation, classifyClose, retryHint } from './backoff.js';
 import { Subscription } from './subscription.js';
 import { PROBE_CHANNEL, TetherError, checkChannel, checkUrls, newId, subFrame, urlWithToken } from './wire.js';
 
-const HANDLERS = ['onMessage', 'onReset', 'onSubscribed', 'onError'];
+const HANDLERS = ['onMessage', 'onReset', 'onSubscribed', 'onUnsubscribed', 'onError'];
 
 /**
  * A reconnecting, resuming tether client for browsers and Node ≥ 20. See README.md.
@@ -374,7 +374,15 @@ export class Tether {
         }
         break;
       }
-      case 'unsubscribed': // the answer to an unsub: the subscription was dropped when it was sent
+      case 'unsubscribed':
+        // With reason 'server', a backend ended it (POST /api/unsubscribe, docs/api.md): not
+        // subscribed again. Otherwise the answer to an unsub, dropped when it was sent.
+        if (sub && f.reason === 'server') {
+          this.subs.delete(sub.ch);
+          conn.sent.delete(sub.ch);
+          sub.active = false;
+          sub.call('onUnsubscribed', { ch: sub.ch, reason: 'server' });
+        }
         break;
       case 'refreshed':
         if (this.refreshing) this.heldToken = this.refreshing;

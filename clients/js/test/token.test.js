@@ -1,6 +1,7 @@
 // JWT auth (docs/security.md): the token goes as ?token=, a token function is asked again on
 // `token_expired` and its newer token sent as `refresh` (the connection stays); a fixed token
-// that expires gets the 4001 close, which is in the reconnect class.
+// that expires gets the 4001 close, which is in the reconnect class; a subscription a backend
+// ends for the token's user (POST /api/unsubscribe, docs/api.md) is reported, not taken again.
 
 import assert from 'node:assert/strict';
 import { createHmac } from 'node:crypto';
@@ -68,4 +69,34 @@ test('the token is the only token parameter of the URL', async () => {
   assert.equal(urlWithToken('ws://h/ws?x=1#f', 't'), 'ws://h/ws?x=1&token=t#f');
   // A token already in the URL is replaced, not repeated (the server answers 400 to two).
   assert.equal(urlWithToken('ws://h/ws?token=old&x=1&tok%65n=o2', 't'), 'ws://h/ws?x=1&token=t');
+});
+
+test('a subscription a backend ends (POST /api/unsubscribe) is reported and not taken again', async (t) => {
+  const server = await startTether({ toml: TOML });
+  const client = new Tether(server.url, { WebSocket, token: mint(60000), backoff: { baseMs: 50, capMs: 100 } });
+  t.after(async () => {
+    client.close();
+    await server.stop();
+  });
+  const ended = [];
+  const got = [];
+  let subscribed = 0;
+  client.subscribe('room', {
+    onSubscribed: () => (subscribed += 1),
+    onUnsubscribed: (info) => ended.push(info),
+    onMessage: (m) => got.push(m.seq),
+  });
+  await waitFor(() => subscribed === 1, 5000, 'subscribed');
+  const r = await fetch(`${server.http}/api/unsubscribe`, { method: 'POST', body: JSON.stringify({ user: 'alice', ch: 'room' }) });
+  assert.deepEqual(await r.json(), { unsubscribed: 1, other_nodes: 0 });
+  await waitFor(() => ended.length === 1, 5000, 'onUnsubscribed');
+  assert.deepEqual(ended, [{ ch: 'room', reason: 'server' }]);
+  // After a reconnect the channel is not subscribed again.
+  const d = await fetch(`${server.http}/api/disconnect`, { method: 'POST', body: JSON.stringify({ user: 'alice', code: 1012 }) });
+  assert.equal((await d.json()).closed, 1);
+  await waitFor(() => client.stats.connects === 2, 5000, 'the reconnect after 1012');
+  await server.publish('room', 1);
+  await new Promise((r) => setTimeout(r, 200));
+  assert.deepEqual(got, []);
+  assert.equal(subscribed, 1);
 });

@@ -56,7 +56,8 @@ pub struct PubArgs {
 /// `tether sub`: prints each `msg` frame as one JSON line exactly as received
 /// (`{"op":"msg","ch":…,"seq":…,"data":…}`) to stdout, or appends it to `append_to`; flushes;
 /// only then commits. Resets and disconnects go to stderr as JSON lines. Reconnects and
-/// resumes by itself and runs until SIGINT or SIGTERM (then `Ok`).
+/// resumes by itself and runs until SIGINT or SIGTERM, or until the server ends the
+/// subscription (`POST /api/unsubscribe`, docs/api.md; its line goes to stderr): then `Ok`.
 ///
 /// With `append_to`, the file's last complete line gives the resume point; a torn last line
 /// (no newline: the process was killed mid-write) is truncated away first. The epoch then comes
@@ -270,6 +271,11 @@ pub(super) async fn run_sub_with(
                 lines.print(&Event::Error { code: code.clone(), reason: reason.clone(), id, ch });
                 break Err(ClientError::Refused { code, reason });
             }
+            // The server ended the one subscription: nothing more comes.
+            Ok(ev @ Event::Unsubscribed { .. }) => {
+                lines.print(&ev);
+                break Ok(());
+            }
             Ok(ev) => lines.print(&ev),
             Err(e) => break Err(e),
         }
@@ -283,6 +289,7 @@ pub(super) async fn run_sub_with(
 /// the wire protocol (docs/protocol.md), e.g.
 /// `{"op":"reset","ch":"news","seq":42,"epoch":"…","reason":"epoch","oldest":1}`,
 /// `{"op":"error","code":"forbidden","reason":"…","id":null,"ch":"admin.x"}`,
+/// `{"op":"unsubscribed","ch":"news","reason":"server"}`,
 /// `{"event":"retrying","code":"unavailable","reason":"…","id":"p1","ch":"news","retry_in_ms":1000}`,
 /// `{"event":"disconnected","code":1012,"reason":"…","retry_in_ms":850}` and
 /// `{"event":"connected","url":"ws://b:8080/ws"}`. `None` for events that print nothing.
@@ -325,6 +332,12 @@ pub(super) fn stderr_line(ev: &Event) -> Option<String> {
         event: &'static str,
         url: &'a str,
     }
+    #[derive(Serialize)]
+    struct Unsubscribed<'a> {
+        op: &'static str,
+        ch: &'a str,
+        reason: &'static str,
+    }
     let ms = |d: &std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     let text = match ev {
         Event::Reset { ch, seq, epoch, reason, oldest } => {
@@ -348,6 +361,7 @@ pub(super) fn stderr_line(ev: &Event) -> Option<String> {
             retry_in_ms: ms(retry_in),
         }),
         Event::Connected { url } => serde_json::to_string(&Connected { event: "connected", url }),
+        Event::Unsubscribed { ch } => serde_json::to_string(&Unsubscribed { op: "unsubscribed", ch, reason: "server" }),
         _ => return None,
     };
     text.ok()

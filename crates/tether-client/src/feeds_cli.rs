@@ -3,21 +3,19 @@
 //! token as `Authorization: Bearer`; the node validates (a bad field is its 400, printed as
 //! is), so the CLI and the API can never disagree on what a feed may be.
 //!
-//! It lives with the other client tools, not in the server: a blocking HTTP client (ureq)
-//! that only talks to a node, so the server library does not carry ureq (tests/layers.rs).
+//! It lives with the other client tools, not in the server: a blocking HTTP client (ureq,
+//! `node_http`) that only talks to a node, so the server library does not carry ureq
+//! (tests/layers.rs).
 //!
 //! Exit codes: 0 done; 1 the node refused (4xx/5xx, its error printed) or could not be
 //! reached; 2 bad usage or an unreadable token or body file.
 
 use std::io::Read;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-/// How long one admin request may take, connect included. The node answers once its lease
-/// store has (a store that cannot answer gives 503 well before this).
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+use crate::node_http::{finish, read_token, Failure, Node};
 
 /// `tether feeds`: list, show, create or replace, start, stop and delete upstream feeds
 /// through a node's admin API.
@@ -106,56 +104,17 @@ struct PutArgs {
     stopped: bool,
 }
 
-/// Why a `tether feeds` call failed: the message printed and the exit code.
-struct Failure {
-    code: i32,
-    message: String,
-}
-
-impl Failure {
-    fn usage(message: String) -> Failure {
-        Failure { code: 2, message }
-    }
-
-    fn remote(message: String) -> Failure {
-        Failure { code: 1, message }
-    }
-}
-
 impl FeedsArgs {
     /// Runs the subcommand: prints the answer on stdout, an error on stderr; returns the exit
     /// code (0 done, 1 refused or unreachable, 2 bad usage).
     pub fn run(self) -> i32 {
-        match self.call() {
-            Ok(out) => {
-                println!("{out}");
-                0
-            }
-            Err(f) => {
-                eprintln!("tether feeds: {}", f.message);
-                f.code
-            }
-        }
+        finish("tether feeds", self.call())
     }
 
     fn call(self) -> Result<String, Failure> {
-        let token = match (&self.token, &self.token_file) {
-            (Some(t), _) => Some(t.trim().to_owned()),
-            (None, Some(path)) => Some(
-                std::fs::read_to_string(path)
-                    .map_err(|e| Failure::usage(format!("cannot read --token-file {}: {e}", path.display())))?
-                    .trim()
-                    .to_owned(),
-            ),
-            (None, None) => None,
-        };
-        let base = self.admin.trim_end_matches('/');
-        if !base.starts_with("http://") {
-            return Err(Failure::usage(format!(
-                "--admin {base}: must be an http:// URL of the node (the admin API is plain HTTP on the WebSocket port)"
-            )));
-        }
-        let api = Api { base: base.to_owned(), token };
+        let token = read_token(self.token.as_deref(), self.token_file.as_deref())?;
+        let hint = " (give the node's [admin] token with --token, --token-file or TETHER_ADMIN_TOKEN)";
+        let api = Node::new(&self.admin, "--admin", token, hint)?;
         match self.cmd {
             FeedsCmd::List { json } => {
                 let v = api.request("GET", "/feeds", None)?;
@@ -222,56 +181,6 @@ const ID_SEGMENT: &percent_encoding::AsciiSet =
 fn feed_path(id: &str, suffix: &str) -> String {
     let id = percent_encoding::utf8_percent_encode(id, ID_SEGMENT);
     format!("/feeds/{id}{suffix}")
-}
-
-/// One node's admin API.
-struct Api {
-    base: String,
-    token: Option<String>,
-}
-
-impl Api {
-    /// Sends one request; the JSON answer on 2xx, else a failure carrying the node's error.
-    fn request(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<Value, Failure> {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(REQUEST_TIMEOUT))
-            .build()
-            .into();
-        let url = format!("{}{path}", self.base);
-        let auth = self.token.as_ref().map(|t| format!("Bearer {t}"));
-        let sent = match (method, body) {
-            ("PUT", Some(b)) => {
-                with_auth(agent.put(&url), &auth).header("Content-Type", "application/json").send(&b[..])
-            }
-            ("POST", _) => with_auth(agent.post(&url), &auth).send_empty(),
-            ("DELETE", _) => with_auth(agent.delete(&url), &auth).call(),
-            _ => with_auth(agent.get(&url), &auth).call(),
-        };
-        let mut resp = sent.map_err(|e| Failure::remote(format!("{method} {url}: {e}")))?;
-        let status = resp.status().as_u16();
-        let text = resp
-            .body_mut()
-            .read_to_string()
-            .map_err(|e| Failure::remote(format!("{method} {url}: reading the answer: {e}")))?;
-        let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        if (200..300).contains(&status) {
-            return Ok(v);
-        }
-        let why = v.get("error").and_then(Value::as_str).map_or_else(|| v.to_string(), str::to_owned);
-        let hint = match status {
-            401 => " (give the node's [admin] token with --token, --token-file or TETHER_ADMIN_TOKEN)",
-            _ => "",
-        };
-        Err(Failure::remote(format!("{method} {path}: HTTP {status}: {why}{hint}")))
-    }
-}
-
-fn with_auth<B>(req: ureq::RequestBuilder<B>, auth: &Option<String>) -> ureq::RequestBuilder<B> {
-    match auth {
-        Some(a) => req.header("Authorization", a),
-        None => req,
-    }
 }
 
 fn pretty(v: &Value) -> String {

@@ -1,6 +1,6 @@
 //! The tether client for ordinary tokio applications, the `tether sub` / `tether pub`
-//! command-line tools (docs/protocol.md, docs/clients.md), and `tether feeds`, the admin
-//! API's command line (docs/feeds.md).
+//! command-line tools (docs/protocol.md, docs/clients.md), `tether feeds`, the admin
+//! API's command line (docs/feeds.md), and `tether api`, the server API's (docs/api.md).
 //!
 //! A [`Client`] owns one background task that holds the WebSocket connection to
 //! `ws://HOST:PORT/ws`, reconnects with full-jitter backoff on the close codes of docs/protocol.md,
@@ -42,13 +42,17 @@
 //! - `task`: the background connection task: connect, resubscribe, outbox, dedup, reconnect.
 //! - `cli`: [`run_sub`] and [`run_pub`].
 //! - `feeds_cli`: [`FeedsArgs`], `tether feeds` (blocking HTTP/1.1 to a node's `/feeds` admin
-//!   API through ureq; no tokio).
+//!   API; no tokio).
+//! - `api_cli`: [`ApiArgs`], `tether api` (the server API under `/api/`, docs/api.md).
+//! - `node_http`: what both call a node's HTTP API with (ureq), and their exit codes.
 
 pub use tether_proto::protocol::backoff;
+mod api_cli;
 mod cli;
 pub mod close;
 mod ended;
 mod feeds_cli;
+mod node_http;
 pub mod offsets;
 mod session;
 mod shared;
@@ -68,6 +72,7 @@ use std::time::Duration;
 
 use serde_json::value::RawValue;
 
+pub use api_cli::ApiArgs;
 pub use backoff::{Backoff, BackoffConfig};
 pub use cli::{notice, run_pub, run_sub, PubArgs, SubArgs};
 pub use close::{classify_close, retry_hint, CloseAction};
@@ -199,6 +204,14 @@ pub enum Event {
         reason: String,
         /// The oldest seq still in the channel's history.
         oldest: u64,
+    },
+    /// The server ended a subscription the client did not ask to end
+    /// (`{"op":"unsubscribed","ch":…,"reason":"server"}`: a backend's `POST
+    /// /api/unsubscribe`, docs/api.md). The client does not subscribe to it again; a later
+    /// [`Client::subscribe`] does.
+    Unsubscribed {
+        /// Channel name.
+        ch: String,
     },
     /// The server refused a request that is not a pending publish (e.g. a `sub` for an invalid
     /// channel, or a `from` beyond the head), or ended a subscription its refreshed token no

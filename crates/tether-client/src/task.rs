@@ -453,6 +453,14 @@ impl Task {
                 }
             }
             "error" if f.code.as_deref() == Some("token_expired") => self.refresh_token(conn),
+            // Ended by the server (docs/api.md): not subscribed again after a reconnect.
+            "unsubscribed" if f.reason.as_deref() == Some("server") => {
+                if let Some(ch) = f.ch {
+                    self.subs.retain(|s| *s != ch);
+                    conn.chans.remove(&ch);
+                    self.out.push_data(Event::Unsubscribed { ch });
+                }
+            }
             // The answer to an `unsub` (its channel was dropped from `subs` when it was sent).
             "unsubscribed" => {}
             "refreshed" => {

@@ -244,6 +244,8 @@ fn stderr_lines_keep_the_protocol_key_order() {
         stderr_line(&forbidden).unwrap(),
         r#"{"op":"error","code":"forbidden","reason":"no","id":null,"ch":"admin.x"}"#
     );
+    let ended = Event::Unsubscribed { ch: "news".into() };
+    assert_eq!(stderr_line(&ended).unwrap(), r#"{"op":"unsubscribed","ch":"news","reason":"server"}"#);
     let retrying = Event::Retrying {
         code: "unavailable".into(),
         reason: "redis down".into(),

@@ -11,7 +11,7 @@ use bytes::Bytes;
 
 use super::cap::ChannelCap;
 use super::epoch::Numbering;
-use super::{Fence, Resume};
+use super::{Fence, HistoryPage, Resume};
 use crate::protocol::ResetReason;
 
 /// Home core of a channel: FNV-1a of its name modulo the core count. Deterministic, so every
@@ -81,9 +81,15 @@ impl HomeChannel {
     /// Up to [`REPLAY_BATCH`] history frames with seqs `after+1 ..= until`; the caller has
     /// checked that `after + 1 >= oldest()`.
     pub fn batch(&self, after: u64, until: u64) -> Vec<Bytes> {
+        self.frames(after, until, REPLAY_BATCH).cloned().collect()
+    }
+
+    /// The history frames with seqs `after+1 ..= until`, at most `max`; `after + 1 >=
+    /// oldest()`.
+    fn frames(&self, after: u64, until: u64, max: usize) -> impl Iterator<Item = &Bytes> {
         let skip = (after + 1 - self.oldest()) as usize;
-        let n = (until.saturating_sub(after) as usize).min(REPLAY_BATCH);
-        self.history.iter().skip(skip).take(n).cloned().collect()
+        let n = (until.saturating_sub(after) as usize).min(max);
+        self.history.iter().skip(skip).take(n)
     }
 
     /// Cores with at least one subscription.
@@ -311,6 +317,29 @@ impl Homes {
         Some((c.name.clone(), c.head, c.epoch.clone(), resume))
     }
 
+    /// A page of `ch`'s history, read from the ring a resume replays (docs/api.md): the
+    /// messages after `from` that are still kept (the newest `limit` when `from` is `None`),
+    /// at most `limit`. A channel not in the table (never used, or forgotten) has no history;
+    /// its head and epoch are those it would be created with.
+    pub fn history(&self, ch: &str, from: Option<u64>, limit: usize) -> HistoryPage {
+        let Some(c) = self.chans.get(ch) else {
+            let (epoch, head) = self.numbering.start(ch);
+            return HistoryPage { epoch, head, oldest: head + 1, messages: Vec::new() };
+        };
+        let (oldest, head) = (c.oldest(), c.head);
+        let after = match from {
+            Some(f) => f.max(oldest - 1),
+            None => head.saturating_sub(limit as u64).max(oldest - 1),
+        };
+        let until = head.min(after.saturating_add(limit as u64));
+        let messages = if after >= head {
+            Vec::new()
+        } else {
+            c.frames(after, until, limit).zip(after + 1..).map(|(f, seq)| (seq, msg_data(f))).collect()
+        };
+        HistoryPage { epoch: c.epoch.clone(), head, oldest, messages }
+    }
+
     /// The next replay batch for a resuming subscriber: frames after `after`, or `Err(oldest)`
     /// when they were evicted meanwhile.
     pub fn replay_batch(&self, ch: &str, after: u64, until: u64) -> Result<Vec<Bytes>, u64> {
@@ -382,6 +411,24 @@ impl Homes {
 /// The `msg` frame of one message: a complete unmasked text frame, built once per publish.
 pub fn msg_frame(ch: &str, seq: u64, data: &[u8]) -> Bytes {
     crate::protocol::msg_frame(ch, seq, std::str::from_utf8(data).unwrap_or("null"))
+}
+
+/// The `data` of a frame built by [`msg_frame`], shared with it (no copy): the payload after
+/// the frame header (RFC 6455 §5.2: 2, 4 or 10 bytes for an unmasked frame) is
+/// `{"op":"msg","ch":CH,"seq":N,"data":DATA}`, and a valid channel name holds no `"`, so
+/// the first `,"data":` starts DATA, which runs to the closing brace.
+pub fn msg_data(frame: &Bytes) -> Bytes {
+    let header = match frame.get(1).map(|b| b & 0x7f) {
+        Some(126) => 4,
+        Some(127) => 10,
+        _ => 2,
+    };
+    let payload = frame.get(header..frame.len().saturating_sub(1)).unwrap_or_default();
+    const KEY: &[u8] = b",\"data\":";
+    match payload.windows(KEY.len()).position(|w| w == KEY) {
+        Some(at) => frame.slice(header + at + KEY.len()..frame.len() - 1),
+        None => Bytes::from_static(b"null"),
+    }
 }
 
 #[cfg(test)]

@@ -86,8 +86,15 @@ impl MemoryBroker {
 
 impl Broker for MemoryBroker {
     fn request(&mut self, out: &mut dyn Outbox, req: Request) {
-        let home = home_of(req.channel(), self.shared.cores);
-        out.to_home(home, req);
+        match req.channel() {
+            Some(ch) => out.to_home(home_of(ch, self.shared.cores), req),
+            // One process: there is no other node to tell.
+            None => {
+                if let Request::Control { reply, .. } = req {
+                    out.to_core(reply.core as usize, CoreMsg::ControlSent { reply, result: Ok(0) });
+                }
+            }
+        }
     }
 
     fn serve(&mut self, out: &mut dyn Outbox, now_ms: u64, req: Request) {
@@ -189,6 +196,13 @@ impl Broker for MemoryBroker {
                     Err(oldest) => (Vec::new(), Some(oldest)),
                 };
                 out.to_core(conn.core as usize, CoreMsg::ReplayBatch { ch, conn: conn.id, frames, evicted });
+            }
+            Request::History { ch, reply, from, limit } => {
+                let page = Ok(self.homes.history(&ch, from, limit));
+                out.to_core(reply.core as usize, CoreMsg::History { reply, ch, page });
+            }
+            Request::Control { reply, .. } => {
+                out.to_core(reply.core as usize, CoreMsg::ControlSent { reply, result: Ok(0) });
             }
         }
     }

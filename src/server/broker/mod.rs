@@ -10,7 +10,7 @@
 //! - this file: the [`Broker`] trait and its contract, the [`Outbox`] a broker answers
 //!   through, and [`open`], which builds the configured broker for every core;
 //! - [`request`]: the seam's vocabulary: [`Request`], [`PublishResult`], [`Fence`],
-//!   [`Resume`];
+//!   [`Resume`], [`HistoryPage`] and [`Control`] (the server API's node-wide actions);
 //! - [`memory`]: the embedded broker (one process), routing requests to home cores;
 //! - [`home`]: the memory broker's per-core channel store (seq, epoch, history, dedup);
 //! - [`presence`]: the memory broker's per-core presence store (members, the join/leave
@@ -31,7 +31,7 @@ pub mod request;
 use std::io;
 use std::sync::Arc;
 
-pub use request::{Fence, PresenceQuery, PublishResult, Request, Resume};
+pub use request::{Control, Fence, HistoryPage, PresenceQuery, PublishResult, Request, Resume};
 
 use super::bus::CoreMsg;
 use super::Shared;
@@ -74,7 +74,12 @@ pub trait Outbox {
 /// - **Fan-out.** Each published message is encoded as one `msg` frame and sent once to each
 ///   core that has subscribers of the channel (not once per subscriber).
 /// - **History.** The last `history` messages of a channel (its `[[channels]]` rule) are kept
-///   for resume; a resume point older than that is answered with a reset (`evicted`).
+///   for resume; a resume point older than that is answered with a reset (`evicted`). A
+///   [`Request::History`] reads the same messages a resume replays, with the channel's head,
+///   epoch and oldest kept seq.
+/// - **Control.** A [`Request::Control`] reaches every other node sharing the broker (none
+///   for the memory broker: it answers at once that no other node was told), each of which
+///   hands it to all its cores as [`CoreMsg::Control`].
 ///
 /// Calls never block: a request is handed on and answered later through the asking core's
 /// inbox. A broker that cannot store a publish now answers [`PublishResult::Refused`].

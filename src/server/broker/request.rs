@@ -1,6 +1,7 @@
 //! The broker seam's vocabulary: what a core asks a channel's home ([`Request`]) and the
-//! parts of its answers that are the broker's own ([`PublishResult`], [`Resume`]), with the
-//! fence of a feed's publish ([`Fence`]). The answers themselves travel as
+//! parts of its answers that are the broker's own ([`PublishResult`], [`Resume`],
+//! [`HistoryPage`]), with the fence of a feed's publish ([`Fence`]) and the node-wide actions
+//! of the server API that a broker carries to the other nodes ([`Control`]). The answers themselves travel as
 //! [`CoreMsg`](crate::server::bus::CoreMsg)s; requests for a home core travel on the bus
 //! ([`BusMsg::Broker`](crate::server::bus::BusMsg::Broker)).
 
@@ -8,6 +9,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use serde::{Deserialize, Serialize};
+
+use crate::auth::revoke::Revocation;
 use crate::protocol::presence::Member;
 use crate::protocol::RequestError;
 use crate::server::bus::ConnRef;
@@ -107,17 +111,43 @@ pub enum Request {
         /// Last seq of the replay (the head when the subscription began).
         until: u64,
     },
+    /// A page of `ch`'s history for `GET /api/history/{ch}`, read like a resume's batches:
+    /// the messages after `from` (the newest `limit` when `None`), at most `limit`.
+    /// Answered with [`CoreMsg::History`](crate::server::bus::CoreMsg::History).
+    History {
+        /// Channel name.
+        ch: Arc<str>,
+        /// The HTTP connection that asked.
+        reply: ConnRef,
+        /// Messages after this seq; `None`: the newest ones.
+        from: Option<u64>,
+        /// Most messages in the page (1–1000, checked by the caller).
+        limit: usize,
+    },
+    /// Carry `msg` to every other node (the Redis broker: a message on its control topic;
+    /// for a revocation, also stored in Redis for nodes that start later). The node's own
+    /// cores are told by the asking core, not by the broker. Answered with
+    /// [`CoreMsg::ControlSent`](crate::server::bus::CoreMsg::ControlSent).
+    Control {
+        /// What every node does.
+        msg: Arc<Control>,
+        /// The HTTP connection that asked.
+        reply: ConnRef,
+    },
 }
 
 impl Request {
-    /// The channel the request is about.
-    pub fn channel(&self) -> &str {
+    /// The channel the request is about; `None` for [`Request::Control`], which is about
+    /// every node.
+    pub fn channel(&self) -> Option<&str> {
         match self {
             Request::Publish { ch, .. }
             | Request::Subscribe { ch, .. }
             | Request::Unsubscribe { ch, .. }
             | Request::Presence { ch, .. }
-            | Request::Fetch { ch, .. } => ch,
+            | Request::Fetch { ch, .. }
+            | Request::History { ch, .. } => Some(ch),
+            Request::Control { .. } => None,
         }
     }
 }
@@ -133,6 +163,48 @@ pub enum PresenceQuery {
     },
     /// How many connections and distinct users.
     Stats,
+}
+
+/// A node-wide action of the server API (docs/api.md), applied by every core of every node
+/// to its own connections. Travels between nodes as JSON tagged by `op`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Control {
+    /// `POST /api/disconnect`: close every connection whose token's `sub` is `user`.
+    Disconnect {
+        /// The user (JWT `sub`).
+        user: Box<str>,
+        /// The close code: 4000–4999, or 1001, 1011, 1012, 1013.
+        code: u16,
+        /// The close reason, at most 123 bytes of UTF-8 (RFC 6455 §5.5).
+        reason: Box<str>,
+    },
+    /// `POST /api/unsubscribe`: end `user`'s subscriptions to `ch`.
+    Unsubscribe {
+        /// The user (JWT `sub`).
+        user: Box<str>,
+        /// The channel.
+        ch: Box<str>,
+    },
+    /// `POST /api/revoke`: refuse the matching tokens from now on and close the connections
+    /// that hold one (4003).
+    Revoke {
+        /// What is revoked, and until when.
+        revocation: Revocation,
+    },
+}
+
+/// One page of a channel's history (`GET /api/history/{ch}`).
+#[derive(Debug, Clone)]
+pub struct HistoryPage {
+    /// The channel's current epoch (as a `subscribed` would carry it).
+    pub epoch: Arc<str>,
+    /// The channel's head: the seq of its last message (0 before any).
+    pub head: u64,
+    /// The oldest seq still in history (`head + 1` when it holds none).
+    pub oldest: u64,
+    /// `(seq, data)` in seq order; `data` is the message's JSON text as stored.
+    pub messages: Vec<(u64, Bytes)>,
 }
 
 /// How a `sub` with `from` resolved at the home core.

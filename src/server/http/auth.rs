@@ -1,6 +1,8 @@
 //! Bearer credentials on the plain HTTP API (docs/security.md): the publish keys that guard
-//! `POST /publish/{channel}` (`auth.publish_keys`) and the admin token that guards
-//! `/connections` and, with `admin.protect_metrics`, `/metrics` (`admin.token`).
+//! `POST /publish/{channel}` (`auth.publish_keys`), the admin token that guards
+//! `/connections` and, with `admin.protect_metrics`, `/metrics` (`admin.token`), and the
+//! server API under `/api/` (docs/api.md), behind the publish keys when there are any and the
+//! admin rules otherwise.
 //!
 //! A refusal for credentials is HTTP 401 with `WWW-Authenticate: Bearer` (RFC 6750 §3) and a
 //! JSON reason. The admin guard also refuses what a browser can be made to send: a
@@ -27,10 +29,12 @@ pub enum Guarded {
     /// `/connections`, `/metrics` with `protect_metrics`, and later admin endpoints
     /// (`admin.token`).
     Admin,
+    /// The server API under `/api/` ([`check_api`]).
+    Api,
 }
 
 /// The `endpoint` label values, in [`Guarded`] order.
-pub const GUARDED_NAMES: [&str; 2] = ["publish", "admin"];
+pub const GUARDED_NAMES: [&str; 3] = ["publish", "admin", "api"];
 
 /// Why a guarded request was refused: the status (401, 403 or 421), the body and, for a 401,
 /// its `WWW-Authenticate`.
@@ -128,15 +132,7 @@ pub fn check_publish(cfg: &Config, req: &Request) -> Result<(), Refusal> {
 ///    the attacker's `Host`); and the peer must be local (`admin.local_peers`, default
 ///    loopback; 401).
 pub fn check_admin(cfg: &Config, req: &Request, ends: Ends) -> Result<(), Refusal> {
-    let changes_state = !matches!(req.method, Method::Get | Method::Head);
-    if changes_state {
-        if req.fetch_site.as_deref().is_some_and(|s| !matches!(s, "same-origin" | "none")) {
-            return Err(CROSS_SITE);
-        }
-        if req.origin.as_deref().is_some_and(|o| !own_or_listed_origin(cfg, req.host.as_deref(), o)) {
-            return Err(FOREIGN_ORIGIN);
-        }
-    }
+    refuse_foreign_browser(cfg, req)?;
     let token = &cfg.admin.token;
     if token.is_empty() {
         if !names_this_server(req.host.as_deref(), ends.local) {
@@ -152,6 +148,34 @@ pub fn check_admin(cfg: &Config, req: &Request, ends: Ends) -> Result<(), Refusa
         Some(b) if bearer_matches(b, std::slice::from_ref(token)) => Ok(()),
         Some(_) => Err(WRONG),
     }
+}
+
+/// The guard of the server API under `/api/` (docs/api.md): with `auth.publish_keys` set,
+/// step 1 of [`check_admin`] (a browser's state-changing request from elsewhere: 403) and
+/// then a publish key as `Authorization: Bearer` (401); without publish keys, [`check_admin`]
+/// itself (the admin token, or a local peer naming this server).
+pub fn check_api(cfg: &Config, req: &Request, ends: Ends) -> Result<(), Refusal> {
+    if cfg.auth.as_ref().is_none_or(|a| a.publish_keys.is_empty()) {
+        return check_admin(cfg, req, ends);
+    }
+    refuse_foreign_browser(cfg, req)?;
+    check_publish(cfg, req)
+}
+
+/// Step 1 of [`check_admin`]: a state-changing request (any method but GET and HEAD) that a
+/// browser marks as coming from elsewhere (`Sec-Fetch-Site` other than `same-origin` or
+/// `none`, or an `Origin` neither this server's nor in `allowed_origins`) is refused with 403.
+fn refuse_foreign_browser(cfg: &Config, req: &Request) -> Result<(), Refusal> {
+    if matches!(req.method, Method::Get | Method::Head) {
+        return Ok(());
+    }
+    if req.fetch_site.as_deref().is_some_and(|s| !matches!(s, "same-origin" | "none")) {
+        return Err(CROSS_SITE);
+    }
+    if req.origin.as_deref().is_some_and(|o| !own_or_listed_origin(cfg, req.host.as_deref(), o)) {
+        return Err(FOREIGN_ORIGIN);
+    }
+    Ok(())
 }
 
 /// Whether `origin` is this server's own (the scheme `http` or `https` with `host`, RFC 6454
@@ -225,6 +249,21 @@ mod tests {
 
     fn at(peer: IpAddr) -> Ends {
         Ends { peer: Some(peer), local: Some("127.0.0.1".parse().unwrap()) }
+    }
+
+    #[test]
+    fn api_guard_is_the_publish_keys_or_else_the_admin_rules() {
+        let mut cfg = Config::default();
+        let (lo, far): (IpAddr, IpAddr) = ("127.0.0.1".parse().unwrap(), "192.0.2.7".parse().unwrap());
+        let post = |extra: &str| admin_req("POST", "/api/disconnect", &format!("Host: 127.0.0.1:8080\r\n{extra}"));
+        assert_eq!(check_api(&cfg, &post(""), at(lo)), Ok(()), "no keys: loopback, as the admin rules");
+        assert_eq!(check_api(&cfg, &post(""), at(far)), Err(NOT_LOCAL));
+        cfg.auth = Some(Auth { publish_keys: vec!["k1-0123456789abcdef".into()], ..Auth::default() });
+        assert_eq!(check_api(&cfg, &post(""), at(lo)), Err(MISSING), "keys: loopback is no credential");
+        assert_eq!(check_api(&cfg, &post("Authorization: Bearer nope-0123456789abcdef\r\n"), at(lo)), Err(WRONG));
+        assert_eq!(check_api(&cfg, &post("Authorization: Bearer k1-0123456789abcdef\r\n"), at(far)), Ok(()));
+        let browser = post("Authorization: Bearer k1-0123456789abcdef\r\nSec-Fetch-Site: cross-site\r\n");
+        assert_eq!(check_api(&cfg, &browser, at(lo)), Err(CROSS_SITE), "a browser elsewhere: 403, key or not");
     }
 
     #[test]

@@ -12,7 +12,10 @@
 //!   `server/http/status/`) and `GET /status.json`.
 //! - [`inspect`]: `GET /connections` and the per-core part of `/status.json`, gathered from
 //!   every core.
+//! - [`api`]: the server API under `/api/` (docs/api.md): batch publish, history, channels,
+//!   disconnect, unsubscribe, revoke.
 
+pub mod api;
 pub mod auth;
 pub mod feeds;
 pub mod inspect;

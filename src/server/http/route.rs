@@ -1,6 +1,6 @@
 //! Plain HTTP on the WebSocket port: the upgrade itself (`GET /ws`, `GET /echo`) and the API
 //! (`POST /publish/{channel}`, `/healthz`, `/readyz`, `/metrics`, `/connections`; the status
-//! page is [`super::status`], `/feeds` is [`super::feeds`]). HTTP/1.1 keep-alive and
+//! page is [`super::status`], `/feeds` is [`super::feeds`], `/api/` is [`super::api`]). HTTP/1.1 keep-alive and
 //! pipelining are honoured; an upgraded connection leaves this module for good.
 //! The session parses requests ([`Session::next_request`](crate::session::Session::next_request));
 //! this module routes them and answers.
@@ -164,6 +164,9 @@ impl CoreState {
         }
         if path == "/feeds" || path.starts_with("/feeds/") {
             return self.feeds_api(id, req, body);
+        }
+        if path == "/api" || path.starts_with("/api/") {
+            return self.api(id, req, body);
         }
         let admin_only = path == "/connections" || (path == "/metrics" && self.shared.config.admin.protect_metrics);
         if admin_only {

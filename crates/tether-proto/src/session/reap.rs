@@ -28,13 +28,15 @@ pub enum ReapReason {
     Limit,
     /// The token expired and no refresh came within the grace (close 4001).
     TokenExpired,
-    /// A `refresh` was refused (close 4003).
+    /// A `refresh` was refused, or the token was revoked (close 4003).
     Forbidden,
+    /// Closed by the server API (`POST /api/disconnect`), with the code it asked for.
+    Disconnected,
 }
 
 impl ReapReason {
     /// Every reason, in label order.
-    pub const ALL: [ReapReason; 12] = [
+    pub const ALL: [ReapReason; 13] = [
         ReapReason::Close,
         ReapReason::Reset,
         ReapReason::Eof,
@@ -47,6 +49,7 @@ impl ReapReason {
         ReapReason::Limit,
         ReapReason::TokenExpired,
         ReapReason::Forbidden,
+        ReapReason::Disconnected,
     ];
 
     /// The metrics label.
@@ -64,6 +67,7 @@ impl ReapReason {
             ReapReason::Limit => "limit",
             ReapReason::TokenExpired => "token_expired",
             ReapReason::Forbidden => "forbidden",
+            ReapReason::Disconnected => "disconnect",
         }
     }
 

@@ -314,3 +314,29 @@ fn home_is_deterministic_and_spread() {
     assert_eq!(homes.len(), 4);
     assert_eq!(home_of("news", 2), home_of("news", 2));
 }
+
+#[test]
+fn history_pages_are_the_ring_a_resume_replays() {
+    let mut h = homes(1);
+    let page = h.history("quiet", None, 10);
+    assert_eq!((page.head, page.oldest, page.messages.len(), &*page.epoch), (0, 1, 0, E), "unknown channel");
+    for i in 1..=5u64 {
+        publish(&mut h, "c", None, format!("{{\"n\":{i}}}").as_bytes(), 3, 0);
+    }
+    // History keeps 3: seqs 3, 4, 5.
+    let seqs = |p: &HistoryPage| p.messages.iter().map(|(s, _)| *s).collect::<Vec<_>>();
+    let newest = h.history("c", None, 2);
+    assert_eq!((newest.head, newest.oldest), (5, 3));
+    assert_eq!(seqs(&newest), [4, 5], "without from: the newest `limit`");
+    assert_eq!(&newest.messages[1].1[..], br#"{"n":5}"#, "data as published");
+    assert_eq!(seqs(&h.history("c", Some(0), 10)), [3, 4, 5], "from before the oldest: what is kept");
+    assert_eq!(seqs(&h.history("c", Some(3), 1)), [4]);
+    assert!(h.history("c", Some(5), 10).messages.is_empty(), "from the head: nothing yet");
+    assert!(h.history("c", Some(9), 10).messages.is_empty());
+    // Every frame's data, header of any size.
+    let (big, _) = publish(&mut h, "c", None, format!("\"{}\"", "x".repeat(70_000)).as_bytes(), 3, 0);
+    assert_eq!(h.history("c", Some(5), 1).messages[0].1.len(), 70_002);
+    assert_eq!(msg_data(&big.frame.unwrap()).len(), 70_002);
+    let mid = msg_frame("c", 7, format!("[{}]", "1,".repeat(100).trim_end_matches(',')).as_bytes());
+    assert_eq!(msg_data(&mid).len(), 201);
+}

@@ -12,6 +12,13 @@
 //! | dedup | `PREFIX{CH}:d:ID` | string: the seq stored for publish id `ID` |
 //! | fences | `PREFIX{CH}:f` | hash: feed id → highest fencing token seen (docs/feeds.md) |
 //! | topic | `PREFIX{CH}` | (sharded) pub/sub channel, payload `SEQ EPOCH DATA` |
+//!
+//! Two names are the node's, not a channel's (they hold no `{`, so no channel's name can
+//! collide with them): `PREFIXrevoked`, a sorted set of the revocations in force (member
+//! [`revocation_member`], score its `until_ms`), and `PREFIXcontrol`, the (sharded) pub/sub
+//! topic of the server API's node-wide actions, payload `ORIGIN JSON`.
+
+use crate::auth::revoke::Revocation;
 
 /// The publish script: stores a batch of publishes (fence check, dedup check, seq, history,
 /// fan-out, expiry), in order, in one call.
@@ -198,6 +205,38 @@ end
 return e or ''
 "#;
 
+/// Stores one revocation: drops the ended ones, adds this one (or moves its end later), and
+/// sets the set's expiry to its last end, so the key goes with its last revocation.
+///
+/// KEYS: the revocations sorted set. ARGV: the member, its `until_ms`, now (ms since the Unix
+/// epoch, on Redis's clock as the node measures it). Returns the number of revocations kept.
+pub const REVOKE_LUA: &str = r#"
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])
+redis.call('ZADD', KEYS[1], 'GT', ARGV[2], ARGV[1])
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+redis.call('PEXPIREAT', KEYS[1], last[2])
+return redis.call('ZCARD', KEYS[1])
+"#;
+
+/// The member of `r` in the revocations sorted set: `j:JTI`, or `u:REVOKED_AT_MS:USER` (the
+/// user last: it may hold `:`). Its score is `r.until_ms()`.
+pub fn revocation_member(r: &Revocation) -> String {
+    match r {
+        Revocation::Jti { jti, .. } => format!("j:{jti}"),
+        Revocation::User { user, revoked_at_ms, .. } => format!("u:{revoked_at_ms}:{user}"),
+    }
+}
+
+/// The revocation a member of the sorted set stands for, with its score `until_ms`; `None`
+/// for a member tether did not write.
+pub fn parse_revocation(member: &str, until_ms: u64) -> Option<Revocation> {
+    if let Some(jti) = member.strip_prefix("j:") {
+        return Some(Revocation::Jti { jti: jti.into(), until_ms });
+    }
+    let (at, user) = member.strip_prefix("u:")?.split_once(':')?;
+    Some(Revocation::User { user: user.into(), revoked_at_ms: at.parse().ok()?, until_ms })
+}
+
 /// Names of a channel's keys and topic under a key prefix.
 #[derive(Debug, Clone)]
 pub struct Keys {
@@ -233,6 +272,16 @@ impl Keys {
     /// The pub/sub topic of `ch`.
     pub fn topic(&self, ch: &str) -> String {
         format!("{}{{{ch}}}", self.prefix)
+    }
+
+    /// The sorted set of the revocations in force (`POST /api/revoke`).
+    pub fn revoked(&self) -> String {
+        format!("{}revoked", self.prefix)
+    }
+
+    /// The topic of the server API's node-wide actions.
+    pub fn control_topic(&self) -> String {
+        format!("{}control", self.prefix)
     }
 
     /// The channel a topic names, if it is one of ours.
@@ -385,6 +434,21 @@ pub fn entry_seq(id: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn revocations_round_trip_through_their_members() {
+        let k = Keys::new("tether:");
+        assert_eq!((k.revoked(), k.control_topic()), ("tether:revoked".into(), "tether:control".into()));
+        assert_eq!(k.channel_of(k.control_topic().as_bytes()), None, "not a channel's topic");
+        for r in [
+            Revocation::Jti { jti: "a:b".into(), until_ms: 9 },
+            Revocation::User { user: "team:alice".into(), revoked_at_ms: 1_700_000_000_123, until_ms: 9 },
+        ] {
+            assert_eq!(parse_revocation(&revocation_member(&r), 9), Some(r));
+        }
+        assert_eq!(parse_revocation("x:1", 1), None);
+        assert_eq!(parse_revocation("u:notanumber:bob", 1), None);
+    }
 
     #[test]
     fn keys_share_the_channel_hash_tag() {

@@ -79,6 +79,7 @@ pub(super) async fn command_link(ctx: Rc<Ctx>) {
                 } else {
                     tracing::info!(url = %redacted(&ctx.cfg), "connected to redis");
                 }
+                tokio::task::spawn_local(super::api::load_revocations(ctx.clone()));
                 ever = true;
                 ctx.cmd_lost.notified().await;
                 backoff.connected_for(since.elapsed());
@@ -151,10 +152,12 @@ pub(super) async fn pubsub_link(ctx: Rc<Ctx>, mut ctl: UnboundedReceiver<Ctl>) {
         };
         let since = Instant::now();
         tokio::task::spawn_local(dispatch(ctx.clone(), push_rx, gen));
-        // Everything with subscribers now, in chunks; then each channel repairs its gap.
+        // The control topic first (the server API's node-wide actions), then everything with
+        // subscribers now, in chunks; then each channel repairs its gap.
         let names: Vec<Arc<str>> = ctx.chans.borrow().keys().cloned().collect();
-        for chunk in names.chunks(SUBSCRIBE_CHUNK) {
-            let topics: Vec<String> = chunk.iter().map(|c| ctx.keys.topic(c)).collect();
+        let control = std::iter::once::<Vec<String>>(vec![ctx.keys.control_topic()]);
+        let channels = names.chunks(SUBSCRIBE_CHUNK).map(|chunk| chunk.iter().map(|c| ctx.keys.topic(c)).collect());
+        for topics in control.chain(channels) {
             if let Err(e) = timed(&ctx, link.subscribe(&topics)).await {
                 // E.g. an ACL without `subscribe`: the link is up but useless.
                 let why = "resubscribing on the redis pub/sub link failed; reconnecting";
@@ -173,6 +176,8 @@ pub(super) async fn pubsub_link(ctx: Rc<Ctx>, mut ctl: UnboundedReceiver<Ctl>) {
         for ch in &names {
             ctx.to_channel(ch, ChanEvent::Linked);
         }
+        // Revocations made while this link was down reached this node by no message.
+        tokio::task::spawn_local(super::api::load_revocations(ctx.clone()));
         // After the `Linked`s: a `sub` that saw the node ready reaches its channel task behind
         // them, so it is answered from the relinked channel, not refused.
         ctx.shared.broker.pubsub_up.store(true, Relaxed);
@@ -252,6 +257,7 @@ async fn pubsub_down(
 /// Hands the pushes of pub/sub link generation `gen` to channel tasks.
 async fn dispatch(ctx: Rc<Ctx>, mut rx: UnboundedReceiver<PushInfo>, gen: u64) {
     let cluster = ctx.cfg.cluster_urls().is_some();
+    let control_topic = ctx.keys.control_topic();
     while let Some(push) = rx.recv().await {
         match push.kind {
             PushKind::Message | PushKind::SMessage => {
@@ -260,6 +266,10 @@ async fn dispatch(ctx: Rc<Ctx>, mut rx: UnboundedReceiver<PushInfo>, gen: u64) {
                 else {
                     continue;
                 };
+                if topic == control_topic.as_bytes() {
+                    super::api::received(&ctx, &payload);
+                    continue;
+                }
                 let Some(ch) = ctx.keys.channel_of(&topic) else { continue };
                 if let Some(c) = super::presence::Change::parse(&payload) {
                     let ev = ChanEvent::Presence { joined: c.joined, client: c.client, json: c.json.into() };

@@ -21,8 +21,12 @@
 //! - [`keys`]: key names, payloads and the server-side scripts;
 //! - [`presence`]: presence's keys, scripts, topic payload and per-node window;
 //!   [`members`]: the task that writes this node's members and answers presence queries;
-//! - [`clock`]: Redis's clock against this node's, for the scripts' deadlines.
+//! - [`clock`]: Redis's clock against this node's, for the scripts' deadlines;
+//! - [`api`]: the server API's requests: history pages, the control topic that carries
+//!   disconnects, unsubscribes and revocations to the other nodes, and the revocations kept
+//!   in Redis.
 
+pub mod api;
 pub mod channel;
 pub mod clock;
 pub mod keys;

@@ -5,7 +5,8 @@
 //! - **serve** (here): drains the cores' queues; publishes that arrive together are stored as a
 //!   batch (`publish`: one call of [`keys::PUBLISH_LUA`]); `sub`/`unsub` go to the channel's
 //!   task ([`channel`]), created with the first subscriber and ended with the last; history
-//!   fetches of resuming subscribers are `XRANGE` reads;
+//!   fetches of resuming subscribers are `XRANGE` reads; the server API's history pages and
+//!   control messages are [`super::api`]'s;
 //! - the command link, the pub/sub link and its dispatch, and the health check
 //!   ([`links`]).
 
@@ -115,6 +116,9 @@ pub struct Ctx {
     pub(super) clock_offset_ms: Cell<i64>,
     /// Whether [`Ctx::clock_offset_ms`] was measured at least once.
     pub(super) clock_measured: Cell<bool>,
+    /// This node's tag on the control topic (random per process): its own messages come back
+    /// to it and are skipped ([`super::api`]).
+    pub(super) origin: Arc<str>,
 }
 
 /// The queues to the cores and their spill lists (a full queue never blocks the thread).
@@ -408,6 +412,7 @@ async fn serve(
         ctl,
         publish_script: redis::Script::new(keys::PUBLISH_LUA),
         meta_script: redis::Script::new(keys::META_LUA),
+        origin: new_epoch(),
         shared,
     });
     tokio::task::spawn_local(links::command_link(ctx.clone()));
@@ -526,6 +531,12 @@ fn handle(ctx: &Rc<Ctx>, req: Request, batch: &mut Vec<Pub>) {
                 };
                 ctx.to_core(conn.core as usize, CoreMsg::ReplayBatch { ch, conn: conn.id, frames, evicted });
             });
+        }
+        Request::History { ch, reply, from, limit } => {
+            tokio::task::spawn_local(super::api::history(ctx.clone(), ch, reply, from, limit));
+        }
+        Request::Control { msg, reply } => {
+            tokio::task::spawn_local(super::api::send_control(ctx.clone(), msg, reply));
         }
     }
 }
