@@ -127,7 +127,10 @@ struct Case(&'static str, String, &'static str, String, bool);
 async fn the_live_server_answers_as_docs_api_yaml_says() {
     let doc = load();
     assert_eq!(doc["openapi"], "3.1.0");
-    let cfg = format!("{}publish_keys = [\"{KEY}\"]\n", hs256_config(30_000));
+    let cfg = format!(
+        "[[channels]]\npattern = \"doc.*\"\npresence = true\n{}publish_keys = [\"{KEY}\"]\n",
+        hs256_config(30_000)
+    );
     let s = Server::start(&cfg, &["--cores", "2"]);
     let auth = format!("Bearer {KEY}");
     let _held = subscriber(s.addr, &token("alice", Some("j1"), None), "doc.a").await;
@@ -152,6 +155,12 @@ async fn the_live_server_answers_as_docs_api_yaml_says() {
         Case("GET", "/api/history/doc.a?limit=0".into(), "/api/history/{ch}", String::new(), true),
         Case("GET", "/api/history/doc.a".into(), "/api/history/{ch}", String::new(), false),
         Case("GET", "/api/channels?prefix=doc".into(), "/api/channels", String::new(), true),
+        Case("GET", "/api/presence/doc.a".into(), "/api/presence/{ch}", String::new(), true),
+        Case("GET", "/api/presence/doc.a?cursor=nope".into(), "/api/presence/{ch}", String::new(), true),
+        Case("GET", "/api/presence/other".into(), "/api/presence/{ch}", String::new(), true),
+        Case("POST", "/api/presence/doc.a".into(), "/api/presence/{ch}", String::new(), true),
+        Case("GET", "/api/presence_stats/doc.a".into(), "/api/presence_stats/{ch}", String::new(), true),
+        Case("GET", "/api/presence_stats/doc.a".into(), "/api/presence_stats/{ch}", String::new(), false),
         Case("GET", "/api/channels?limit=x".into(), "/api/channels", String::new(), true),
         Case("POST", "/api/channels".into(), "/api/channels", String::new(), true),
         Case("POST", "/api/unsubscribe".into(), "/api/unsubscribe", j(json!({"user":"alice","ch":"doc.a"})), true),

@@ -97,6 +97,20 @@ async fn members_are_listed_paged_and_counted() {
         common::check(n == 4, || format!("{n} members"))
     })
     .await;
+    // The server API answers the same (GET /api/presence…, from loopback without an admin
+    // token), pages and counts alike.
+    let api = |path: String| async move {
+        let (status, _, body) = common::http_request(srv.addr, "GET", &path, &[], b"").await;
+        (status, serde_json::from_slice::<Value>(&body).expect("JSON body"))
+    };
+    let (status, page) = api("/api/presence/room.a".into()).await;
+    assert_eq!((status, page["members"].as_array().map(Vec::len)), (200, Some(2)), "{page}");
+    let (_, rest) = api(format!("/api/presence/room.a?cursor={}", page["next"].as_str().expect("next"))).await;
+    assert_eq!(rest["members"].as_array().map(Vec::len), Some(2), "{rest}");
+    let (status, stats_body) = api("/api/presence_stats/room.a".into()).await;
+    assert_eq!((status, stats_body), (200, json!({"ch": "room.a", "clients": 4, "users": 0})));
+    let (status, refused) = api("/api/presence/plain".into()).await;
+    assert_eq!((status, refused["field"].as_str()), (400, Some("ch")), "{refused}");
     // An unknown channel of a presence rule is empty, not an error.
     assert_eq!(all_members(&mut asker, "room.nobody").await, Vec::<Value>::new());
     assert_eq!(stats(&mut asker, "room.nobody").await, (0, 0));

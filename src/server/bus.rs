@@ -115,13 +115,14 @@ pub enum CoreMsg {
         /// deliveries continue after `until`.
         until: u64,
     },
-    /// The answer to a [`Request::Presence`]: a `presence` or
-    /// `presence_stats` frame for `conn` (or its `error`).
+    /// The answer to a [`Request::Presence`]: a `presence` or `presence_stats` object for
+    /// `conn` (or its `error`), as JSON text: a WebSocket client gets it as a text frame, an
+    /// HTTP one (`GET /api/presence…`) as the body of the answer.
     PresenceAnswer {
         /// The asking connection, on the receiving core.
         conn: ConnId,
-        /// The encoded answer.
-        frame: Bytes,
+        /// The answer's JSON object.
+        json: Vec<u8>,
     },
     /// One presence window of `ch` closed: its `presence_diff` (or `presence_reset`) frame,
     /// for every local subscriber that asked for join/leave.

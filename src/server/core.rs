@@ -620,7 +620,7 @@ impl CoreState {
                 self.router.to_core(reply.core as usize, CoreMsg::Inspected { reply, rows, load });
             }
             CoreMsg::Inspected { reply, rows, load } => self.inspected(reply.id, rows, load),
-            CoreMsg::PresenceAnswer { conn, frame } => self.reply(conn, frame),
+            CoreMsg::PresenceAnswer { conn, json } => self.answer_presence(conn, json),
             CoreMsg::PresenceDiff { ch, frame } => self.presence_diff(&ch, frame),
             CoreMsg::Deliver { .. } => unreachable!("the processor walks deliveries itself"),
             api => self.handle_api(api),

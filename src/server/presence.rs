@@ -45,6 +45,15 @@ impl CoreState {
         self.broker.request(&mut self.router, Request::Presence { ch: ch.into(), conn, query });
     }
 
+    /// The home answered a presence query of `id`: a WebSocket client gets the JSON as a text
+    /// frame; an HTTP client awaiting it (`GET /api/presence…`) gets it as the API's answer.
+    pub(crate) fn answer_presence(&mut self, id: ConnId, json: Vec<u8>) {
+        match self.session(id).and_then(|s| s.awaiting()) {
+            Some(keep_alive) => self.answer_api_presence(id, &json, keep_alive),
+            None => self.reply(id, codec::text_frame(&json)),
+        }
+    }
+
     /// A window of `ch` closed at its home: its frame goes to every local subscriber that asked
     /// for joins and leaves and whose subscription is active (queued like an answer: it is no
     /// message of the channel, so no overflow policy of the channel drops or conflates it).

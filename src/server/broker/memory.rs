@@ -16,7 +16,6 @@ use crate::server::bus::{ConnRef, CoreMsg};
 use crate::server::Shared;
 use crate::session::Limit;
 use crate::tick::TICK_MS;
-use crate::ws::codec;
 
 /// One core's part of the memory broker: the channels homed on this core, and their presence.
 pub struct MemoryBroker {
@@ -80,7 +79,7 @@ impl MemoryBroker {
                 }
             },
         };
-        CoreMsg::PresenceAnswer { conn: conn.id, frame: codec::text_frame(&json) }
+        CoreMsg::PresenceAnswer { conn: conn.id, json }
     }
 }
 

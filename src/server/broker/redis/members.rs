@@ -22,7 +22,6 @@ use crate::protocol::presence::{presence_json_raw, presence_stats_json};
 use crate::protocol::{self, codes};
 use crate::server::broker::PresenceQuery;
 use crate::server::bus::{ConnRef, CoreMsg};
-use crate::ws::codec;
 
 /// Changes (or refreshed members) per script call: a herd of thousands of joins goes in a
 /// few calls, none of which holds Redis for long.
@@ -216,7 +215,7 @@ pub async fn answer(ctx: Rc<Ctx>, ch: Arc<str>, conn: ConnRef, query: PresenceQu
             }
         }
     };
-    ctx.to_core(conn.core as usize, CoreMsg::PresenceAnswer { conn: conn.id, frame: codec::text_frame(&json) });
+    ctx.to_core(conn.core as usize, CoreMsg::PresenceAnswer { conn: conn.id, json });
 }
 
 fn unavailable(ch: &str, e: &redis::RedisError) -> Vec<u8> {

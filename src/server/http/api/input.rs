@@ -13,7 +13,7 @@ use crate::auth::revoke::{Revocation, DEFAULT_REVOKE_MS, MAX_JTI_BYTES, MAX_REVO
 use crate::auth::MAX_SUB_BYTES;
 use crate::http;
 use crate::protocol;
-use crate::server::broker::Control;
+use crate::server::broker::{Control, PresenceQuery};
 
 /// Most channels one `POST /api/publish` may name.
 pub const MAX_PUBLISH_CHANNELS: usize = 100;
@@ -41,7 +41,7 @@ pub struct FieldError {
     pub reason: String,
 }
 
-fn bad(field: &str, reason: impl Into<String>) -> FieldError {
+pub(super) fn bad(field: &str, reason: impl Into<String>) -> FieldError {
     FieldError { field: field.to_owned(), reason: reason.into() }
 }
 
@@ -182,6 +182,28 @@ pub fn history(raw_ch: &str, query: Option<&str>) -> Result<(String, Option<u64>
     let limit =
         query_number(query, "limit")?.map_or(Ok(DEFAULT_HISTORY_LIMIT), |n| bounded("limit", n, MAX_HISTORY_LIMIT))?;
     Ok((ch, from, limit))
+}
+
+/// Reads `GET /api/presence/{ch}?cursor=` (or `GET /api/presence_stats/{ch}` when `stats`):
+/// the channel (percent-decoded) and the query: a page after `cursor` (at most 128 bytes, the
+/// `next` of the previous page), or the counts.
+///
+/// # Errors
+/// Naming `ch` or `cursor`.
+pub fn presence(raw_ch: &str, query: Option<&str>, stats: bool) -> Result<(String, PresenceQuery), FieldError> {
+    let ch = http::percent_decode(raw_ch).ok_or_else(|| bad("ch", "bad percent-encoding"))?;
+    let ch = channel("ch", ch)?;
+    if stats {
+        return Ok((ch, PresenceQuery::Stats));
+    }
+    let cursor = match query.map(|q| http::query_values(q, "cursor")).unwrap_or_default().as_slice() {
+        [] => None,
+        [Some(c)] if !c.is_empty() && c.len() <= protocol::MAX_ID_BYTES => Some(c.clone().into_boxed_str()),
+        [Some(_)] => return Err(bad("cursor", "must be 1-128 bytes: the next of the previous page")),
+        [None] => return Err(bad("cursor", "bad percent-encoding")),
+        _ => return Err(bad("cursor", "given more than once")),
+    };
+    Ok((ch, PresenceQuery::Members { cursor }))
 }
 
 /// Reads `GET /api/channels?prefix=&limit=`: the name prefix (empty: every channel; at most

@@ -29,7 +29,7 @@ use serde_json::{json, Value};
 use super::auth::{self, Guarded};
 use crate::http::{self, Method, Request, StatusCode};
 use crate::protocol::RequestError;
-use crate::server::broker::{Control, HistoryPage, Request as BrokerRequest};
+use crate::server::broker::{Control, HistoryPage, PresenceQuery, Request as BrokerRequest};
 use crate::server::bus::{ConnRef, CoreMsg};
 use crate::server::conn::ConnId;
 use crate::server::core::CoreState;
@@ -40,6 +40,7 @@ use input::FieldError;
 enum Route<'a> {
     Publish,
     History(&'a str),
+    Presence(&'a str, bool),
     Channels,
     Control(fn(&[u8]) -> Result<Control, FieldError>),
     Revoke,
@@ -49,6 +50,7 @@ enum Route<'a> {
 enum Work {
     Batch(input::BatchPublish),
     History((String, Option<u64>, usize)),
+    Presence(String, PresenceQuery),
     Channels((String, usize)),
     Control(Control),
 }
@@ -63,15 +65,34 @@ fn route(method: Method, rest: &str) -> Result<Route<'_>, (StatusCode, &'static 
         "/disconnect" => (Route::Control(input::disconnect), false),
         "/unsubscribe" => (Route::Control(input::unsubscribe), false),
         "/revoke" => (Route::Revoke, false),
-        _ => match rest.strip_prefix("/history/").filter(|ch| !ch.is_empty() && !ch.contains('/')) {
-            Some(ch) => (Route::History(ch), true),
-            None => return Err((StatusCode::NOT_FOUND, "no such endpoint", None)),
-        },
+        _ => {
+            let under = |prefix: &str| rest.strip_prefix(prefix).filter(|ch| !ch.is_empty() && !ch.contains('/'));
+            match (under("/history/"), under("/presence/"), under("/presence_stats/")) {
+                (Some(ch), _, _) => (Route::History(ch), true),
+                (_, Some(ch), _) => (Route::Presence(ch, false), true),
+                (_, _, Some(ch)) => (Route::Presence(ch, true), true),
+                _ => return Err((StatusCode::NOT_FOUND, "no such endpoint", None)),
+            }
+        }
     };
     match (reads, method) {
         (true, Method::Get | Method::Head) | (false, Method::Post) => Ok(route),
         (true, _) => Err((StatusCode::METHOD_NOT_ALLOWED, "use GET or HEAD", Some("GET, HEAD"))),
         (false, _) => Err((StatusCode::METHOD_NOT_ALLOWED, "use POST", Some("POST"))),
+    }
+}
+
+/// A presence query of `ch` when its `[[channels]]` rule has presence on; else the `ch` field
+/// refused (a channel without presence has no members to list).
+fn presence_on(
+    cfg: &crate::config::Config,
+    ch: String,
+    q: PresenceQuery,
+) -> Result<(String, PresenceQuery), FieldError> {
+    if cfg.channel_rule(&ch).presence {
+        Ok((ch, q))
+    } else {
+        Err(input::bad("ch", format!("presence is off for {ch} (its [[channels]] rule has no presence = true)")))
     }
 }
 
@@ -128,6 +149,9 @@ impl CoreState {
         let work = match route {
             Route::Publish => input::publish(body).map(Work::Batch),
             Route::History(raw) => input::history(raw, req.query.as_deref()).map(Work::History),
+            Route::Presence(raw, stats) => input::presence(raw, req.query.as_deref(), stats)
+                .and_then(|(ch, q)| presence_on(&self.shared.config, ch, q))
+                .map(|(ch, q)| Work::Presence(ch, q)),
             Route::Channels => input::channels(req.query.as_deref()).map(Work::Channels),
             Route::Control(parse) => parse(body).map(Work::Control),
             Route::Revoke if self.api.revocations.len() >= crate::auth::revoke::MAX_REVOCATIONS => {
@@ -161,6 +185,10 @@ impl CoreState {
                 let req = BrokerRequest::History { ch: ch.into(), reply, from, limit };
                 self.broker.request(&mut self.router, req);
             }
+            Work::Presence(ch, query) => {
+                let req = BrokerRequest::Presence { ch: ch.into(), conn: reply, query };
+                self.broker.request(&mut self.router, req);
+            }
             Work::Channels((prefix, limit)) => {
                 self.start_gathering(id, Pending::channels(limit));
                 let prefix = Arc::<str>::from(prefix);
@@ -187,6 +215,36 @@ impl CoreState {
     fn start_gathering(&mut self, id: ConnId, pending: Pending) {
         let missing = self.shared.cores + usize::from(matches!(pending, Pending::Control { .. }));
         self.api.gatherings.push(Gathering { conn: id, missing, pending });
+    }
+
+    /// The broker answered the `GET /api/presence/{ch}` (or `presence_stats`) of `id` with
+    /// `json`, the object a WebSocket client would get: 200 with it (its `op` left out), 400
+    /// naming `cursor` for a cursor the server did not give, 503 when the broker cannot read.
+    pub(crate) fn answer_api_presence(&mut self, id: ConnId, json: &[u8], keep_alive: bool) {
+        let mut v: Value = serde_json::from_slice(json).unwrap_or(Value::Null);
+        let op = v.as_object_mut().and_then(|o| o.remove("op"));
+        let resp = match op.as_ref().and_then(Value::as_str) {
+            Some("error") => {
+                let code = v["code"].as_str().unwrap_or_default().to_owned();
+                let reason = v["reason"].as_str().unwrap_or_default().to_owned();
+                if code == crate::protocol::codes::BAD_REQUEST {
+                    json_response(StatusCode::BAD_REQUEST, &error_body(&reason, Some("cursor")), &[], keep_alive)
+                } else {
+                    let ms = v["retry_after_ms"].as_u64();
+                    let e = RequestError {
+                        code: crate::protocol::codes::UNAVAILABLE,
+                        reason,
+                        id: None,
+                        ch: None,
+                        retry_after_ms: ms,
+                    };
+                    unavailable(&e, json!({}), keep_alive)
+                }
+            }
+            _ => json_response(StatusCode::OK, &v, &[], keep_alive),
+        };
+        self.send(id, resp, keep_alive);
+        self.serve_pending(id);
     }
 
     /// The broker answered the `GET /api/history/{ch}` of `id`: 200 with the page (empty for a
