@@ -30,6 +30,10 @@ export class Subscription {
     this.queue = [];
     this.pumping = false;
     this.active = true;
+    /** Subscribed with `"join_leave": true` on every connection. */
+    this.joinLeave = opts.joinLeave === true;
+    /** The server confirmed it on some connection (a later confirmation is a resubscription). */
+    this.wasConfirmed = false;
   }
 
   /**
@@ -70,7 +74,18 @@ export class Subscription {
     this.call('onSubscribed', { ch: f.ch, seq: f.seq, epoch: f.epoch, recovered: f.recovered === true });
   }
 
-  /** A `msg` or `reset` item, queued in arrival order behind what is being processed. */
+  /**
+   * The server confirmed the subscription on this connection (`subscribed`, or `reset`
+   * answering the `sub`). After the first time, joins and leaves while no connection was open
+   * were not seen: a `join_leave` subscription's application is told its member list may be
+   * stale (onPresenceReset with `reconnected: true`), before any diff of this connection.
+   */
+  confirmed() {
+    if (this.joinLeave && this.wasConfirmed) this.push({ op: 'presence_reset', reconnected: true });
+    this.wasConfirmed = true;
+  }
+
+  /** A `msg`, `reset`, `presence_diff` or `presence_reset` item, queued in arrival order behind what is being processed. */
   push(item) {
     if (!this.active) return;
     this.queue.push(item);
@@ -83,6 +98,14 @@ export class Subscription {
     try {
       while (this.active && this.queue.length > 0) {
         const item = this.queue.shift();
+        if (item.op === 'presence_diff') {
+          await this.run('onPresenceDiff', { ch: this.ch, joins: item.joins, leaves: item.leaves }, null);
+          continue;
+        }
+        if (item.op === 'presence_reset') {
+          await this.run('onPresenceReset', { ch: this.ch, reconnected: item.reconnected }, null);
+          continue;
+        }
         if (item.op === 'reset') {
           this.delivered = item.seq;
           this.deliveredEpoch = item.epoch;
