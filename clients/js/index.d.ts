@@ -139,9 +139,9 @@ export interface SubscribeOptions<T = unknown> {
    * through onError, and it is not made again). Default false.
    */
   joinLeave?: boolean;
-  /** With joinLeave: one window's joins and leaves, in order with the messages; a returned promise is awaited. */
+  /** With joinLeave: one window's joins and leaves, called as it arrives (not queued behind messages, not awaited). */
   onPresenceDiff?(diff: PresenceDiff, sub: Subscription): unknown;
-  /** With joinLeave: the member list may be stale (after every reconnect, or the server's presence_reset). */
+  /** With joinLeave: the member list may be stale (after every reconnect, or the server's presence_reset); called as onPresenceDiff is. */
   onPresenceReset?(reset: PresenceReset, sub: Subscription): unknown;
 }
 

@@ -81,11 +81,11 @@ export class Subscription {
    * stale (onPresenceReset with `reconnected: true`), before any diff of this connection.
    */
   confirmed() {
-    if (this.joinLeave && this.wasConfirmed) this.push({ op: 'presence_reset', reconnected: true });
+    if (this.joinLeave && this.wasConfirmed) this.call('onPresenceReset', { ch: this.ch, reconnected: true });
     this.wasConfirmed = true;
   }
 
-  /** A `msg`, `reset`, `presence_diff` or `presence_reset` item, queued in arrival order behind what is being processed. */
+  /** A `msg` or `reset` item, queued in arrival order behind what is being processed. */
   push(item) {
     if (!this.active) return;
     this.queue.push(item);
@@ -98,14 +98,6 @@ export class Subscription {
     try {
       while (this.active && this.queue.length > 0) {
         const item = this.queue.shift();
-        if (item.op === 'presence_diff') {
-          await this.run('onPresenceDiff', { ch: this.ch, joins: item.joins, leaves: item.leaves }, null);
-          continue;
-        }
-        if (item.op === 'presence_reset') {
-          await this.run('onPresenceReset', { ch: this.ch, reconnected: item.reconnected }, null);
-          continue;
-        }
         if (item.op === 'reset') {
           this.delivered = item.seq;
           this.deliveredEpoch = item.epoch;

@@ -413,12 +413,14 @@ export class Tether {
         if (answer) sub.confirmed();
         break;
       }
+      // Presence events are handed over as they arrive (not queued behind messages, not
+      // awaited): a handler that awaits presence() then sees the answer before any later diff.
       case 'presence_diff':
         if (!Array.isArray(f.joins) || !Array.isArray(f.leaves)) throw new Error('`presence_diff` frame without `joins` and `leaves` arrays');
-        if (sub && conn.sent.has(f.ch)) sub.push({ op: 'presence_diff', joins: f.joins, leaves: f.leaves });
+        if (sub && conn.sent.has(f.ch)) sub.call('onPresenceDiff', { ch: f.ch, joins: f.joins, leaves: f.leaves });
         break;
       case 'presence_reset':
-        if (sub && conn.sent.has(f.ch)) sub.push({ op: 'presence_reset', reconnected: false });
+        if (sub && conn.sent.has(f.ch)) sub.call('onPresenceReset', { ch: f.ch, reconnected: false });
         break;
       case 'presence':
       case 'presence_stats':

@@ -145,19 +145,27 @@ impl Client {
     /// [`Event::Subscribed`] (or [`Event::Reset`]): ask [`presence`](Self::presence) again.
     /// Subscribing to an already subscribed channel does nothing (its `join_leave` stays).
     ///
+    /// Keep the members keyed by `client`: a connection's id is never used again, so a diff
+    /// that an answer already reflects (it waited among the events while the answer came)
+    /// changes nothing when applied after it.
+    ///
     /// ```no_run
     /// # async fn demo() -> Result<(), tether_client::ClientError> {
-    /// use tether_client::{Client, ClientConfig, Event, SubscribeOptions};
+    /// use std::collections::HashMap;
+    /// use tether_client::{Client, ClientConfig, Event, Member, SubscribeOptions};
+    /// let by_client = |all: Vec<Member>| all.into_iter().map(|m| (m.client.clone(), m)).collect::<HashMap<_, _>>();
     /// let mut client = Client::connect(ClientConfig::new("ws://127.0.0.1:8080/ws"))?;
     /// client.subscribe_with("room.1", SubscribeOptions { join_leave: true, ..Default::default() })?;
-    /// let mut here = client.presence("room.1").await?; // every member, all pages
+    /// let mut here = by_client(client.presence("room.1").await?); // every member, all pages
     /// loop {
     ///     match client.next_event().await? {
     ///         Event::PresenceDiff { joins, leaves, .. } => {
-    ///             here.retain(|m| !leaves.contains(m));
-    ///             here.extend(joins);
+    ///             for m in &leaves {
+    ///                 here.remove(&m.client);
+    ///             }
+    ///             here.extend(joins.into_iter().map(|m| (m.client.clone(), m)));
     ///         }
-    ///         Event::PresenceReset { ch, .. } => here = client.presence(&ch).await?, // ask again
+    ///         Event::PresenceReset { ch, .. } => here = by_client(client.presence(&ch).await?), // ask again
     ///         _ => {}
     ///     }
     /// }

@@ -1,11 +1,12 @@
 //! Presence through the client against fake tether servers on 127.0.0.1:0: answers matched to
 //! requests per channel in order, pages followed, diffs and resets surfaced, and a
-//! `join_leave` subscription made again after a cut with the client's own presence reset.
+//! `join_leave` subscription made again after a cut with the client's own presence reset;
+//! `tether sub --join-leave --append-to F` keeps F to messages.
 
 use serde_json::json;
 use tokio::sync::oneshot;
 
-use super::tests_e2e::{accept, bounded, drain, fast, listen, next_data, recv, send};
+use super::tests_e2e::{accept, bounded, close, drain, fast, listen, msg, next_data, recv, send, temp_dir};
 use super::*;
 
 fn join_leave() -> SubscribeOptions {
@@ -130,6 +131,43 @@ async fn join_leave_is_made_again_after_a_cut_and_the_view_reset() {
         assert!(matches!(next_data(&mut c).await, Event::PresenceDiff { .. }));
         c.close().await;
         server.await.expect("server");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sub_command_keeps_presence_lines_out_of_the_append_file() {
+    bounded(async {
+        let (l, url) = listen().await;
+        let dir = temp_dir("join-leave-append");
+        let path = dir.join("out.jsonl");
+        let server = tokio::spawn(async move {
+            let mut ws = accept(&l).await;
+            assert_eq!(recv(&mut ws).await, json!({"op":"sub","ch":"room","join_leave":true}));
+            send(&mut ws, r#"{"op":"subscribed","ch":"room","seq":0,"epoch":"e"}"#).await;
+            send(&mut ws, r#"{"op":"presence_diff","ch":"room","joins":[{"client":"me"}],"leaves":[]}"#).await;
+            send(&mut ws, &msg("room", 1)).await;
+            send(&mut ws, r#"{"op":"presence_reset","ch":"room"}"#).await;
+            send(&mut ws, &msg("room", 2)).await;
+            close(ws, 1008, "done").await;
+        });
+        let args = SubArgs {
+            url: url.clone(),
+            channel: "room".into(),
+            from: None,
+            offset_file: None,
+            append_to: Some(path.clone()),
+            token: None,
+            join_leave: true,
+        };
+        let end = super::cli::run_sub_with(fast(&url), args, std::future::pending()).await;
+        assert_eq!(end, Err(ClientError::Closed { code: 1008, reason: "done".into() }));
+        // The file holds the messages only (its last line is the resume point); the presence
+        // lines went to stdout.
+        let lines: Vec<String> = std::fs::read_to_string(&path).expect("read").lines().map(str::to_string).collect();
+        assert_eq!(lines, [msg("room", 1), msg("room", 2)]);
+        server.await.expect("server");
+        std::fs::remove_dir_all(dir).ok();
     })
     .await;
 }
