@@ -49,10 +49,11 @@ async fn join(url: &str, ch: &str, n: usize, join_leave: bool) -> Vec<Ws> {
         let batch = (start..(start + 200).min(n)).map(|_| {
             let (url, ch) = (url.clone(), ch.to_owned());
             tokio::spawn(async move {
-                let (mut ws, _) = tokio::time::timeout(Duration::from_secs(30), tokio_tungstenite::connect_async(url.as_str()))
-                    .await
-                    .expect("connect timed out")
-                    .expect("connect");
+                let (mut ws, _) =
+                    tokio::time::timeout(Duration::from_secs(30), tokio_tungstenite::connect_async(url.as_str()))
+                        .await
+                        .expect("connect timed out")
+                        .expect("connect");
                 let sub = json!({"op": "sub", "ch": ch, "join_leave": join_leave}).to_string();
                 ws.send(Message::text(sub)).await.expect("send");
                 loop {
@@ -72,7 +73,13 @@ async fn join(url: &str, ch: &str, n: usize, join_leave: bool) -> Vec<Ws> {
 }
 
 /// Server RSS once `n` members are in: presence channel minus plain channel, per member.
-fn member_bytes(rt: &tokio::runtime::Runtime, n: usize, cores: usize, broker: &str, redis: Option<&RedisProc>) -> (f64, f64) {
+fn member_bytes(
+    rt: &tokio::runtime::Runtime,
+    n: usize,
+    cores: usize,
+    broker: &str,
+    redis: Option<&RedisProc>,
+) -> (f64, f64) {
     let mut rss = [0u64; 2];
     let mut redis_bytes = f64::NAN;
     for (i, ch) in ["plain.bench", CH].into_iter().enumerate() {
@@ -171,7 +178,9 @@ fn api_rate(rt: &tokio::runtime::Runtime, addr: std::net::SocketAddr, request: S
                                 assert!(text.starts_with("http/1.1 200"), "{text}");
                                 let len: usize = text
                                     .lines()
-                                    .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().parse().unwrap_or(0)))
+                                    .find_map(|l| {
+                                        l.strip_prefix("content-length:").map(|v| v.trim().parse().unwrap_or(0))
+                                    })
                                     .unwrap_or(0);
                                 if got.len() >= head + 4 + len {
                                     break;
@@ -253,7 +262,8 @@ fn main() {
         ("api_disconnect_per_s", "POST /api/disconnect per s"),
         ("api_history_per_s", "GET /api/history (100 msgs) per s"),
     ];
-    let rows: Vec<Vec<String>> = keys.iter().map(|(k, what)| vec![what.to_string(), format!("{:.2}", med(k))]).collect();
+    let rows: Vec<Vec<String>> =
+        keys.iter().map(|(k, what)| vec![what.to_string(), format!("{:.2}", med(k))]).collect();
     table(&format!("presence, {n} members, {cores} cores, medians of {rounds}"), &["figure", "value"], &rows);
     let summary: serde_json::Map<String, Value> = keys.iter().map(|(k, _)| (k.to_string(), json!(med(k)))).collect();
     write_json("presence", &json!({"members": n, "cores": cores, "rounds": runs, "medians": summary}));

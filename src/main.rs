@@ -1,4 +1,5 @@
-//! The `tether` command: `serve`, `sub`, `pub`, `load`, `check-limits`, `token`, `feeds`, `api`.
+//! The `tether` command: `serve`, `sub`, `pub`, `presence`, `load`, `check-limits`, `token`, `feeds`,
+//! `api`.
 
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
@@ -55,6 +56,10 @@ enum Cmd {
         /// Append messages to this file and resume from the last seq in it (exactly-once).
         #[arg(long)]
         append_to: Option<PathBuf>,
+        /// Also print the channel's joins and leaves (presence_diff / presence_reset lines on
+        /// stdout, beside the messages); the channel's rule needs join_leave = true.
+        #[arg(long)]
+        join_leave: bool,
         #[command(flatten)]
         token: TokenFlags,
     },
@@ -69,6 +74,18 @@ enum Cmd {
         /// Message id for dedup (random when absent).
         #[arg(long)]
         id: Option<String>,
+        #[command(flatten)]
+        token: TokenFlags,
+    },
+    /// Who is in a presence channel: one JSON line per member, or with --stats the counts.
+    Presence {
+        /// Server URL, e.g. ws://127.0.0.1:8080/ws; several nodes comma-separated, as for sub.
+        url: String,
+        /// Channel name (its [[channels]] rule needs presence = true).
+        channel: String,
+        /// Print {"ch","clients","users"} instead of the members.
+        #[arg(long)]
+        stats: bool,
         #[command(flatten)]
         token: TokenFlags,
     },
@@ -89,7 +106,7 @@ enum Cmd {
     Api(tether::client::ApiArgs),
 }
 
-/// The token of `sub` and `pub` for a server with `[auth]` (docs/security.md).
+/// The token of `sub`, `pub` and `presence` for a server with `[auth]` (docs/security.md).
 #[derive(clap::Args)]
 struct TokenFlags {
     /// JWT sent as ?token= on the URL (see `tether token`).
@@ -125,14 +142,18 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Serve { config, listen, cores, echo } => serve(config, listen, cores, echo),
-        Cmd::Sub { url, channel, from, offset_file, append_to, token } => {
+        Cmd::Sub { url, channel, from, offset_file, append_to, join_leave, token } => {
             let token = token.source();
-            let args = tether::client::SubArgs { url, channel, from, offset_file, append_to, token };
+            let args = tether::client::SubArgs { url, channel, from, offset_file, append_to, token, join_leave };
             client_main(tether::client::run_sub(args))
         }
         Cmd::Pub { url, channel, data, id, token } => {
             let args = tether::client::PubArgs { url, channel, data, id, token: token.source() };
             client_main(tether::client::run_pub(args))
+        }
+        Cmd::Presence { url, channel, stats, token } => {
+            let args = tether::client::PresenceArgs { url, channel, stats, token: token.source() };
+            client_main(tether::client::run_presence(args))
         }
         Cmd::Load { cmd } => ExitCode::from(tether_load::run(cmd) as u8),
         Cmd::CheckLimits(args) => ExitCode::from(args.run() as u8),

@@ -1,6 +1,6 @@
 //! The JavaScript client's suite (`clients/js/test/*.test.js`, `node --test`) against this
 //! build's `tether`: delivery across cuts and restarts, close-code classes, the backoff
-//! distribution, a 500-client drain herd, and a page in headless Chromium.
+//! distribution, presence, a 500-client drain herd, and a page in headless Chromium.
 //!
 //! Needs Node ≥ 20 with npm and Debian's `chromium` (`.ci/run` installs chromium and npm when
 //! missing, and Debian's `nodejs` when there is no node at all, but Debian 12's is 18: take

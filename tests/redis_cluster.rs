@@ -38,7 +38,8 @@ const WS_PUBLISHERS: usize = 2;
 fn config(seeds: &[String]) -> String {
     let urls: Vec<String> = seeds.iter().map(|u| format!("{u:?}")).collect();
     format!(
-        "[broker]\nkind = \"redis\"\nurls = [{}]\n\n[[channels]]\npattern = \"*\"\nhistory = 5000\n",
+        "[broker]\nkind = \"redis\"\nurls = [{}]\n\n[[channels]]\npattern = \"room.*\"\npresence = true\n\
+         join_leave = true\n\n[[channels]]\npattern = \"*\"\nhistory = 5000\n",
         urls.join(", ")
     )
 }
@@ -201,6 +202,38 @@ async fn cluster_two_nodes_exactly_once_and_master_failover() {
     assert_eq!(listeners.first().map(|l| l.1), Some(2), "both nodes listen to the control topic");
     let page = api::get_ok(b.addr, "/api/history/cl.0?limit=3").await;
     assert_eq!(page["messages"].as_array().map(Vec::len), Some(3), "{page}");
+
+    // Presence on a cluster: a member on each node, both listed and counted from either
+    // (its keys and its topic share the channel's slot), and a join reaches the other node.
+    let mut on_a = common::tung::connect(&a.ws_url()).await;
+    common::tung::send(&mut on_a, serde_json::json!({"op": "sub", "ch": "room.cl", "join_leave": true})).await;
+    assert_eq!(common::tung::next_json(&mut on_a).await["op"], "subscribed");
+    let mut on_b = common::tung::connect(&b.ws_url()).await;
+    common::tung::send(&mut on_b, serde_json::json!({"op": "sub", "ch": "room.cl"})).await;
+    assert_eq!(common::tung::next_json(&mut on_b).await["op"], "subscribed");
+    eventually(Duration::from_secs(10), "both members listed on a cluster", || async {
+        let stats = api::get_ok(b.addr, "/api/presence_stats/room.cl").await;
+        check(stats["clients"] == 2, || format!("{stats}"))
+    })
+    .await;
+    let members = api::get_ok(a.addr, "/api/presence/room.cl").await;
+    assert_eq!(members["members"].as_array().map(Vec::len), Some(2), "{members}");
+    // A hears both joins (its own and B's member), in one or two windows.
+    let mut joined = std::collections::BTreeSet::new();
+    for _ in 0..10 {
+        match common::tung::read_within(&mut on_a, Duration::from_secs(10)).await {
+            common::tung::Read::Json(v) if v["op"] == "presence_diff" => {
+                joined.extend(
+                    v["joins"].as_array().into_iter().flatten().filter_map(|m| m["client"].as_str().map(String::from)),
+                );
+            }
+            other => panic!("expected presence_diff on A, got {other:?}"),
+        }
+        if joined.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(joined.len(), 2, "A saw the joins {joined:?}");
 
     // kill -9 the victim mid-stream.
     let acked_before_kill = tally.acked();

@@ -2,8 +2,9 @@
 //! its assets are served from the binary with the right types and headers, HEAD and 405
 //! follow the rules of the other endpoints, the page and `/status.json` sit behind the admin
 //! guard (token, or local peers), and `/status.json` says what `/metrics` says after known
-//! traffic: N connections, M publishes, overflows under two policies. Real server, real
-//! sockets; the browser side is `tests/status_page_browser.rs`.
+//! traffic: N connections, M publishes, overflows under two policies, presence members and
+//! windows, and lists the presence channels with the most members. Real server, real sockets;
+//! the browser side is `tests/status_page_browser.rs`.
 
 mod common;
 
@@ -177,6 +178,18 @@ fn pairs(s: &Value, m: &Metrics) -> Vec<(String, f64, f64)> {
     pair("drain.remaining".into(), &s["drain"]["remaining"], "tether_drain_remaining", &[]);
     pair("broker.up".into(), &s["broker"]["up"], "tether_broker_up", &["kind=\"memory\""]);
     pair("broker.pubsub_up".into(), &s["broker"]["pubsub_up"], "tether_broker_pubsub_up", &["kind=\"memory\""]);
+    let p = &s["presence"];
+    pair("presence.members".into(), &p["members"], "tether_presence_members", &[]);
+    pair("presence.untracked_total".into(), &p["untracked_total"], "tether_presence_untracked_total", &[]);
+    for kind in ["diff", "reset"] {
+        let label = format!("kind=\"{kind}\"");
+        pair(
+            format!("presence.windows_total.{kind}"),
+            &p["windows_total"][kind],
+            "tether_presence_windows_total",
+            &[&label],
+        );
+    }
     out
 }
 
@@ -313,4 +326,44 @@ async fn heartbeat_reaps_show_on_the_status() {
     );
     assert_eq!(s["heartbeat"], serde_json::json!({"ping_interval_ms": 200, "pong_timeout_ms": 300}));
     drop(silent);
+}
+
+#[tokio::test]
+async fn presence_channels_show_on_the_status() {
+    // Two cores, so the channels' homes may differ: the list is gathered from both. At most 2
+    // members tracked per channel, so one subscriber of room.big is untracked.
+    let config = "[presence]\nwindow_ms = 100\n\n\
+                  [heartbeat]\nping_interval_ms = 600000\n\n\
+                  [[channels]]\npattern = \"room.*\"\npresence = true\njoin_leave = true\npresence_max_members = 3\n";
+    let srv = Server::start(config, &["--cores", "2"]);
+    let mut members = Vec::new();
+    for (ch, n) in [("room.big", 4), ("room.small", 1), ("plain", 2)] {
+        for _ in 0..n {
+            let mut ws = RawWs::connect(srv.addr, "/ws").await;
+            ws.send_json(&serde_json::json!({"op": "sub", "ch": ch, "join_leave": ch == "room.small"})).await;
+            let answer = ws.frame(STEP).await;
+            assert!(answer.text().contains("\"subscribed\""), "{}", answer.text());
+            members.push(ws);
+        }
+    }
+    // room.small's subscriber asked for join/leave: its own join is announced in one window.
+    srv.wait_metric("tether_presence_windows_total", &["kind=\"diff\""], STEP, |v| v >= 2.0).await;
+    let s = status_equal_to_metrics(&srv).await;
+    let p = &s["presence"];
+    assert_eq!(p["members"], 4, "3 of room.big (its max), 1 of room.small: {p}");
+    assert_eq!(p["untracked_total"], 1, "{p}");
+    assert_eq!(p["windows_total"]["reset"], 0, "{p}");
+    assert_eq!(
+        p["channels"],
+        serde_json::json!([{"ch": "room.big", "members": 3, "users": 0}, {"ch": "room.small", "members": 1, "users": 0}]),
+        "largest first; channels without presence are not listed"
+    );
+    // Members leave: the list follows.
+    members.truncate(0);
+    let left = eventually(STEP, "every member gone from the status", || async {
+        let s = status_json(&srv, "");
+        check(s["presence"]["members"] == 0, || s["presence"].to_string()).map(|()| s)
+    })
+    .await;
+    assert_eq!(left["presence"]["channels"], serde_json::json!([]));
 }

@@ -82,6 +82,43 @@ export interface Subscribed {
   recovered: boolean;
 }
 
+/** One member of a presence channel: one connection subscribed to it. */
+export interface Member {
+  /** The connection's id: unique across nodes and over a node's life, opaque. */
+  client: string;
+  /** The JWT `sub` of its token; absent on a server without `[auth]`. */
+  user?: string;
+  /** The token's `info` claim (any JSON, bounded by the server's `presence.info_max_bytes`); absent when it has none. */
+  info?: unknown;
+}
+
+/** How many are in a presence channel (`presence_stats`). */
+export interface PresenceStats {
+  ch: string;
+  /** Connections subscribed (tracked members). */
+  clients: number;
+  /** Distinct JWT `sub`s among them; 0 without `[auth]`. */
+  users: number;
+}
+
+/** Who joined and left in one window of the server's `presence.window_ms` (`presence_diff`). */
+export interface PresenceDiff {
+  ch: string;
+  joins: Member[];
+  leaves: Member[];
+}
+
+/**
+ * The member list the application holds may be wrong: ask `presence(ch)` again, then apply the
+ * diffs that follow. `reconnected` is true when the client raised it after subscribing again on
+ * a new connection (joins and leaves while away are lost), false for the server's
+ * `presence_reset` (more changed in one window than `presence.max_diff`).
+ */
+export interface PresenceReset {
+  ch: string;
+  reconnected: boolean;
+}
+
 export interface SubscribeOptions<T = unknown> {
   /** The last seq already processed (0 replays from seq 1); used when `storage` has no position. */
   from?: number;
@@ -101,6 +138,16 @@ export interface SubscribeOptions<T = unknown> {
   onUnsubscribed?(info: { ch: string; reason: 'server' }, sub: Subscription): unknown;
   /** Commit each message once onMessage has resolved. Default true. */
   autoCommit?: boolean;
+  /**
+   * Also receive the channel's joins and leaves (`"join_leave": true`; the channel's rule needs
+   * `join_leave = true`, else the server refuses the subscription with `presence_off`, reported
+   * through onError, and it is not made again). Default false.
+   */
+  joinLeave?: boolean;
+  /** With joinLeave: one window's joins and leaves, called as it arrives (not queued behind messages, not awaited). */
+  onPresenceDiff?(diff: PresenceDiff, sub: Subscription): unknown;
+  /** With joinLeave: the member list may be stale (after every reconnect, or the server's presence_reset); called as onPresenceDiff is. */
+  onPresenceReset?(reset: PresenceReset, sub: Subscription): unknown;
 }
 
 export interface Ack {
@@ -129,8 +176,10 @@ export declare class TetherError extends Error {
   kind: 'closed' | 'refused' | 'protocol' | 'shutdown' | 'handler';
   /** With kind 'closed'. */
   closeCode?: number;
-  /** With kind 'refused': the server's error code (`forbidden`, `limit`, `bad_channel` …). */
+  /** With kind 'refused': the server's error code (`forbidden`, `limit`, `bad_channel`, `presence_off` …). */
   code?: string;
+  /** With kind 'refused', when the server gave one (a `limit`): milliseconds before asking again. */
+  retryAfterMs?: number;
   reason?: string;
   ch?: string;
   id?: string;
@@ -157,6 +206,14 @@ export declare class Tether {
   /** @throws TypeError for a bad channel name or option; Error when already subscribed. */
   subscribe<T = unknown>(ch: string, opts?: SubscribeOptions<T>): Subscription;
   publish(ch: string, data: unknown, opts?: { id?: string }): Promise<Ack>;
+  /**
+   * Every member of presence channel `ch`, all pages; asked again from the first page after a
+   * reconnect. Rejects with a TypeError (bad channel), a TetherError 'refused' (`presence_off`,
+   * `forbidden`, `limit` with `retryAfterMs`) or the terminal error.
+   */
+  presence(ch: string): Promise<Member[]>;
+  /** How many are in presence channel `ch`. Rejects as presence(). */
+  presenceStats(ch: string): Promise<PresenceStats>;
   close(): void;
 }
 

@@ -147,6 +147,9 @@ pub enum CoreMsg {
         rows: Vec<ConnRow>,
         /// This core's outbound queues, summed (`GET /status.json`).
         load: CoreLoad,
+        /// The presence channels homed on this core with the most members, at most
+        /// `http::inspect::PRESENCE_TOP` (`GET /status.json`).
+        presence: Vec<PresenceRow>,
     },
     /// The answer to a [`Request::History`].
     History {
@@ -219,6 +222,17 @@ pub struct ConnRow {
     pub secs_since_drain: f64,
     /// Channels subscribed to (confirmed ones).
     pub subscriptions: Vec<String>,
+}
+
+/// One presence channel in `GET /status.json` (docs/http.md), as its home counts it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PresenceRow {
+    /// Channel name.
+    pub ch: String,
+    /// Members tracked (connections).
+    pub members: u64,
+    /// Distinct JWT `sub`s among them (0 without `[auth]`).
+    pub users: u64,
 }
 
 /// One core's outbound queues in `GET /status.json`, summed over its upgraded connections

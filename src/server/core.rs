@@ -23,7 +23,7 @@ use bytes::Bytes;
 use slab::Slab;
 
 use super::broker::{Broker, PublishResult, Request};
-use super::bus::{ConnRef, ConnRow, CoreLoad, CoreMsg, Endpoint, Router};
+use super::bus::{ConnRef, ConnRow, CoreLoad, CoreMsg, Endpoint, PresenceRow, Router};
 use super::conn::{session_config, Conn, ConnId, IoFlags};
 use super::local::LocalChannels;
 use super::metrics::CoreMetrics;
@@ -166,6 +166,8 @@ pub struct Gathering {
     pub rows: Vec<ConnRow>,
     /// Each answered core's summed queues.
     pub loads: Vec<CoreLoad>,
+    /// Each answered core's largest presence channels.
+    pub presence: Vec<PresenceRow>,
 }
 
 /// One core's state. Borrowed mutably only between awaits.
@@ -617,9 +619,10 @@ impl CoreState {
             }
             CoreMsg::Inspect { reply, top } => {
                 let (rows, load) = self.inspect(top);
-                self.router.to_core(reply.core as usize, CoreMsg::Inspected { reply, rows, load });
+                let presence = self.broker.presence_top(super::http::inspect::PRESENCE_TOP);
+                self.router.to_core(reply.core as usize, CoreMsg::Inspected { reply, rows, load, presence });
             }
-            CoreMsg::Inspected { reply, rows, load } => self.inspected(reply.id, rows, load),
+            CoreMsg::Inspected { reply, rows, load, presence } => self.inspected(reply.id, rows, load, presence),
             CoreMsg::PresenceAnswer { conn, json } => self.answer_presence(conn, json),
             CoreMsg::PresenceDiff { ch, frame } => self.presence_diff(&ch, frame),
             CoreMsg::Deliver { .. } => unreachable!("the processor walks deliveries itself"),

@@ -2,16 +2,18 @@
 //
 //   node tests/browser/status_page.mjs TETHER_BINARY [SCREENSHOT.png]
 //
-// Starts `tether serve` (2 cores, an admin token) on 127.0.0.1 port 0, puts a small load on
-// it (WebSocket subscribers on two channels, an HTTP publisher), and drives Debian's chromium
+// Starts `tether serve` (2 cores, an admin token, presence on the demo channels) on 127.0.0.1
+// port 0, puts a small load on it (WebSocket subscribers on two channels, the first subscriber
+// of each asking for joins and leaves; an HTTP publisher), and drives Debian's chromium
 // through puppeteer-core:
 //   1. /status without the token: the page still loads (401) and explains how to pass it;
 //   2. /status#token=…: the page goes live, the token leaves the address bar, publishes/s and
 //      deliveries/s rise, the sparklines fill; a screenshot is taken under load;
 //   3. the load stops; once /metrics stands still, the page is given three more refreshes,
 //      every number it shows (read from data-value attributes) must equal /metrics read
-//      right after, and both rates must be 0; a second screenshot is taken. A silent peer
-//      was reaped for pong timeout meanwhile, so the heartbeat reaps show 1;
+//      right after (presence members and windows included), both rates must be 0, and the
+//      presence table lists both channels with their 6 members; a second screenshot is taken.
+//      A silent peer was reaped for pong timeout meanwhile, so the heartbeat reaps show 1;
 //   4. SIGTERM: the page shows the drain (close code 1012; a third screenshot), and tether
 //      exits 0.
 // Exact equality is possible because the comparison only counts when /metrics read before
@@ -99,7 +101,8 @@ async function startServer() {
     cores: 2,
     toml:
       `[admin]\ntoken = "${ADMIN}"\n\n[heartbeat]\nping_interval_ms = 1000\npong_timeout_ms = 500\n\n` +
-      `[drain]\nwindow_ms = 2000\n`,
+      `[drain]\nwindow_ms = 2000\n\n[presence]\nwindow_ms = 200\n\n` +
+      `[[channels]]\npattern = "demo.*"\npresence = true\njoin_leave = true\n`,
   });
   cleanups.push(() => server.kill());
   return server.addr;
@@ -148,6 +151,9 @@ function expected(m) {
     e[`reaped_total.${r}`] = sum(m, "tether_reaped_total", `reason="${r}"`);
   }
   for (const c of [0, 1]) e[`cores.${c}.connections`] = sum(m, "tether_connections", `core="${c}"`);
+  e["presence.members"] = sum(m, "tether_presence_members");
+  e["presence.untracked_total"] = sum(m, "tether_presence_untracked_total");
+  for (const k of ["diff", "reset"]) e[`presence.windows_total.${k}`] = sum(m, "tether_presence_windows_total", `kind="${k}"`);
   return e;
 }
 
@@ -183,6 +189,9 @@ async function shown(page) {
     out.deliver_rate = parse(document.getElementById("deliver-rate").dataset.value);
     out.samples = parse(document.getElementById("samples").dataset.value);
     out.top_rows = document.querySelectorAll("#top tbody tr").length;
+    out.presence_rows = [...document.querySelectorAll("#presence tbody tr")].map(
+      (tr) => `${tr.dataset.ch}=${tr.querySelector('td[data-field="members"]').dataset.value}`,
+    );
     out.spark_points = parse(document.getElementById("publish-spark").dataset.points || "0");
     out["broker.kind"] = document.getElementById("broker-kind").dataset.value;
     return out;
@@ -196,12 +205,12 @@ async function subscribe(wsUrl) {
   const received = { n: 0 };
   await Promise.all(
     CHANNELS.flatMap((ch) =>
-      Array.from({ length: SUBSCRIBERS_PER_CHANNEL }, () => new Promise((resolve, reject) => {
+      Array.from({ length: SUBSCRIBERS_PER_CHANNEL }, (_, k) => new Promise((resolve, reject) => {
         const ws = new WebSocket(wsUrl);
         sockets.push(ws);
         const timer = setTimeout(() => reject(new Error(`no subscribed for ${ch} within ${STEP_MS} ms`)), STEP_MS);
         ws.on("error", reject);
-        ws.on("open", () => ws.send(JSON.stringify({ op: "sub", ch })));
+        ws.on("open", () => ws.send(JSON.stringify({ op: "sub", ch, join_leave: k === 0 })));
         ws.on("message", (data) => {
           const msg = JSON.parse(data.toString());
           if (msg.op === "subscribed") {
@@ -333,6 +342,11 @@ async function main() {
     check(dom["reaped_total.pong_timeout"] === 1, `heartbeat reaps shown: ${dom["reaped_total.pong_timeout"]}`);
     check(dom.publish_rate === 0 && dom.deliver_rate === 0, `rates after the load: ${dom.publish_rate}, ${dom.deliver_rate}`);
     check(dom["broker.kind"] === "memory", `broker kind: ${dom["broker.kind"]}`);
+    check(dom["presence.members"] === CHANNELS.length * SUBSCRIBERS_PER_CHANNEL, `presence members: ${dom["presence.members"]}`);
+    check(dom["presence.windows_total.diff"] >= CHANNELS.length, `presence diffs: ${dom["presence.windows_total.diff"]}`);
+    const rows = [...dom.presence_rows].sort();
+    const listed = CHANNELS.map((ch) => `${ch}=${SUBSCRIBERS_PER_CHANNEL}`).sort();
+    check(JSON.stringify(rows) === JSON.stringify(listed), `presence table: ${rows}, want ${listed}`);
     check(dom.published_total === acked, `published ${dom.published_total}, publisher acked ${acked}`);
     compared = { want, attempt };
   }

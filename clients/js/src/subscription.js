@@ -30,6 +30,10 @@ export class Subscription {
     this.queue = [];
     this.pumping = false;
     this.active = true;
+    /** Subscribed with `"join_leave": true` on every connection. */
+    this.joinLeave = opts.joinLeave === true;
+    /** The server confirmed it on some connection (a later confirmation is a resubscription). */
+    this.wasConfirmed = false;
   }
 
   /**
@@ -68,6 +72,17 @@ export class Subscription {
       this.deliveredEpoch ??= f.epoch;
     }
     this.call('onSubscribed', { ch: f.ch, seq: f.seq, epoch: f.epoch, recovered: f.recovered === true });
+  }
+
+  /**
+   * The server confirmed the subscription on this connection (`subscribed`, or `reset`
+   * answering the `sub`). After the first time, joins and leaves while no connection was open
+   * were not seen: a `join_leave` subscription's application is told its member list may be
+   * stale (onPresenceReset with `reconnected: true`), before any diff of this connection.
+   */
+  confirmed() {
+    if (this.joinLeave && this.wasConfirmed) this.call('onPresenceReset', { ch: this.ch, reconnected: true });
+    this.wasConfirmed = true;
   }
 
   /** A `msg` or `reset` item, queued in arrival order behind what is being processed. */

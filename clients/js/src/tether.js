@@ -1,12 +1,14 @@
 // The connection: connect (to the next URL on every reconnect), resubscribe from committed
-// positions, resend the outbox, read frames, watch for silence, reconnect with full jitter by
-// close-code class. The rules are those of the Rust client (docs/protocol.md).
+// positions, resend the outbox and the presence queries, read frames, watch for silence,
+// reconnect with full jitter by close-code class. The rules are those of the Rust client
+// (docs/protocol.md).
 
 import { Backoff, Rotation, classifyClose, retryHint } from './backoff.js';
+import { Queries, answered, asked } from './presence.js';
 import { Subscription } from './subscription.js';
 import { PROBE_CHANNEL, TetherError, checkChannel, checkUrls, newId, subFrame, urlWithToken } from './wire.js';
 
-const HANDLERS = ['onMessage', 'onReset', 'onSubscribed', 'onUnsubscribed', 'onError'];
+const HANDLERS = ['onMessage', 'onReset', 'onSubscribed', 'onUnsubscribed', 'onError', 'onPresenceDiff', 'onPresenceReset'];
 
 /**
  * A reconnecting, resuming tether client for browsers and Node ≥ 20. See README.md.
@@ -52,6 +54,8 @@ export class Tether {
     this.subs = new Map();
     /** Publishes not yet acked, in publish order: id → {frame, resolve, reject, promise}. */
     this.outbox = new Map();
+    /** Presence queries waiting for their answers. */
+    this.queries = new Queries();
     this.listeners = new Map();
     this.stored = this.load();
     this.conn = null;
@@ -77,7 +81,9 @@ export class Tether {
   /**
    * Subscribes to `ch` on this and every later connection and returns the Subscription. The
    * resume point is, in order: the position kept in `storage`, then `from` (the last seq
-   * already processed, with its `epoch`), else none (live from the head).
+   * already processed, with its `epoch`), else none (live from the head). With `joinLeave`
+   * the subscription also receives the channel's joins and leaves (onPresenceDiff), and after
+   * every reconnect onPresenceReset({reconnected: true}).
    * @throws {TypeError} naming the bad argument; {Error} when `ch` is already subscribed
    */
   subscribe(ch, opts = {}) {
@@ -91,6 +97,9 @@ export class Tether {
     }
     for (const h of HANDLERS) {
       if (opts[h] != null && typeof opts[h] !== 'function') throw new TypeError(`subscribe: ${h} must be a function`);
+    }
+    if (opts.joinLeave != null && typeof opts.joinLeave !== 'boolean') {
+      throw new TypeError(`subscribe: joinLeave must be a boolean, got ${JSON.stringify(opts.joinLeave)}`);
     }
     const position = this.stored[ch] ?? (opts.from != null ? { seq: opts.from, epoch: opts.epoch } : null);
     const sub = new Subscription(this, ch, position, opts);
@@ -134,6 +143,37 @@ export class Tether {
     }
   }
 
+  /**
+   * Every member of presence channel `ch` ({client, user?, info?} each), all `next` pages
+   * followed. Needs the channel's `sub` right, not a subscription; asked again from the first
+   * page after a reconnect. Rejects with a TypeError for a bad channel name, a TetherError
+   * 'refused' (`code` 'presence_off', 'forbidden', or 'limit' with `retryAfterMs`), or the
+   * client's terminal error.
+   * @param {string} ch
+   */
+  presence(ch) {
+    return this.query(ch, 'presence');
+  }
+
+  /**
+   * How many are in presence channel `ch`: {ch, clients, users} (connections, and distinct
+   * JWT `sub`s among them). Rejects as presence().
+   * @param {string} ch
+   */
+  presenceStats(ch) {
+    return this.query(ch, 'presence_stats');
+  }
+
+  query(ch, op) {
+    try {
+      checkChannel(ch, `${op === 'presence' ? 'presence' : 'presenceStats'}: ch`);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    if (this.terminal) return Promise.reject(this.terminal);
+    return this.queries.add(ch, op, this.state === 'open' ? this.conn : null, (c, t) => this.send(c, t));
+  }
+
   /** Closes the connection with 1000 and stops; unacked publishes reject with 'shutdown'. */
   close() {
     if (this.terminal) return;
@@ -168,7 +208,8 @@ export class Tether {
       this.retry(null, url, null, 1006, String(e?.message ?? e));
       return;
     }
-    const conn = { ws, url, openedAt: null, lastSeen: Date.now(), probeAt: null, epochs: new Map(), sent: new Set(), timers: new Set() };
+    // asked: per channel, the requests sent on this connection and not yet answered (presence.js).
+    const conn = { ws, url, openedAt: null, lastSeen: Date.now(), probeAt: null, epochs: new Map(), sent: new Set(), asked: new Map(), timers: new Set() };
     this.conn = conn;
     this.later(conn, this.connectTimeoutMs, () => this.lost(conn, 'connect timed out'));
     ws.onopen = () => this.opened(conn);
@@ -185,6 +226,7 @@ export class Tether {
     this.stats.connects += 1;
     for (const sub of this.subs.values()) this.sendSub(conn, sub);
     for (const p of this.outbox.values()) this.send(conn, p.frame);
+    this.queries.resend(conn, (c, t) => this.send(c, t));
     this.emit('connected', { url: conn.url });
     this.beat(conn);
   }
@@ -266,6 +308,7 @@ export class Tether {
     this.unwatchPage?.();
     for (const p of this.outbox.values()) p.reject(err);
     this.outbox.clear();
+    this.queries.failAll(err);
     if (err.kind !== 'shutdown') this.report(err);
   }
 
@@ -279,7 +322,8 @@ export class Tether {
 
   sendSub(conn, sub) {
     conn.sent.add(sub.ch);
-    this.send(conn, subFrame(sub.ch, sub.position));
+    this.send(conn, subFrame(sub.ch, sub.position, sub.joinLeave));
+    asked(conn, sub.ch, 'sub');
   }
 
   later(conn, ms, fn) {
@@ -330,6 +374,7 @@ export class Tether {
     while (this.subs.has(ch)) ch += '_';
     conn.probeAt = Date.now();
     this.send(conn, JSON.stringify({ op: 'unsub', ch }));
+    asked(conn, ch, 'unsub');
   }
 
   // ---- inbound frames ----
@@ -356,13 +401,31 @@ export class Tether {
         if (sub && conn.sent.has(f.ch)) sub.push({ op: 'msg', seq: f.seq, epoch: conn.epochs.get(f.ch), data: f.data });
         break;
       case 'subscribed':
-      case 'reset':
+      case 'reset': {
         need(f, 'seq', 'number');
         f.epoch = String(need(f, 'epoch'));
         conn.epochs.set(f.ch, f.epoch);
+        // The answer to a `sub` (a `reset` may also come on a live subscription, with Redis).
+        const answer = answered(conn, f.ch, (x) => x === 'sub') !== undefined;
         if (!sub) break;
         if (f.op === 'subscribed') sub.subscribed(f);
         else sub.push({ op: 'reset', seq: f.seq, epoch: f.epoch, reason: f.reason, oldest: f.oldest });
+        if (answer) sub.confirmed();
+        break;
+      }
+      // Presence events are handed over as they arrive (not queued behind messages, not
+      // awaited): a handler that awaits presence() then sees the answer before any later diff.
+      case 'presence_diff':
+        if (!Array.isArray(f.joins) || !Array.isArray(f.leaves)) throw new Error('`presence_diff` frame without `joins` and `leaves` arrays');
+        if (sub && conn.sent.has(f.ch)) sub.call('onPresenceDiff', { ch: f.ch, joins: f.joins, leaves: f.leaves });
+        break;
+      case 'presence_reset':
+        if (sub && conn.sent.has(f.ch)) sub.call('onPresenceReset', { ch: f.ch, reconnected: false });
+        break;
+      case 'presence':
+      case 'presence_stats':
+        need(f, 'ch', 'string');
+        this.queries.answer(conn, f, (c, t) => this.send(c, t));
         break;
       case 'ack': {
         need(f, 'seq', 'number');
@@ -376,12 +439,15 @@ export class Tether {
       }
       case 'unsubscribed':
         // With reason 'server', a backend ended it (POST /api/unsubscribe, docs/api.md): not
-        // subscribed again. Otherwise the answer to an unsub, dropped when it was sent.
+        // subscribed again. Otherwise the answer to an unsub (the subscription was dropped
+        // when it was sent), matched to its request.
         if (sub && f.reason === 'server') {
           this.subs.delete(sub.ch);
           conn.sent.delete(sub.ch);
           sub.active = false;
           sub.call('onUnsubscribed', { ch: sub.ch, reason: 'server' });
+        } else if (typeof f.ch === 'string') {
+          answered(conn, f.ch, (x) => x === 'unsub');
         }
         break;
       case 'refreshed':
@@ -396,6 +462,7 @@ export class Tether {
   }
 
   refused(conn, f, sub) {
+    if (this.queries.refused(conn, f)) return; // a presence query's answer
     const code = String(f.code ?? '');
     const reason = String(f.reason ?? '');
     const p = typeof f.id === 'string' ? this.outbox.get(f.id) : undefined;
@@ -412,14 +479,17 @@ export class Tether {
       this.later(conn, wait, () => (p ? this.outbox.has(p.id) && this.send(conn, p.frame) : this.subs.get(sub.ch) === sub && this.sendSub(conn, sub)));
       return;
     }
-    const err = new TetherError('refused', `${code}: ${reason}`, { code, reason, ch: f.ch, id: f.id });
+    const details = { code, reason, ch: f.ch, id: f.id };
+    if (Number.isSafeInteger(f.retry_after_ms)) details.retryAfterMs = f.retry_after_ms;
+    const err = new TetherError('refused', `${code}: ${reason}`, details);
     if (p) {
       this.outbox.delete(p.id);
       p.reject(err);
       return;
     }
-    if (sub && code === 'forbidden') {
-      // The token does not (or no longer) allow it: do not resubscribe.
+    if (sub && (code === 'forbidden' || code === 'presence_off')) {
+      // The token does not (or no longer) allow it, or the channel's rule has no join_leave:
+      // do not resubscribe.
       this.subs.delete(sub.ch);
       sub.active = false;
     }
@@ -446,7 +516,10 @@ export class Tether {
   unsubscribed(sub) {
     if (this.subs.get(sub.ch) !== sub) return;
     this.subs.delete(sub.ch);
-    if (this.state === 'open' && this.conn.sent.delete(sub.ch)) this.send(this.conn, JSON.stringify({ op: 'unsub', ch: sub.ch }));
+    if (this.state === 'open' && this.conn.sent.delete(sub.ch)) {
+      this.send(this.conn, JSON.stringify({ op: 'unsub', ch: sub.ch }));
+      asked(this.conn, sub.ch, 'unsub');
+    }
   }
 
   /** A subscription's position changed: keep it in `storage`. */

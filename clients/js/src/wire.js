@@ -95,13 +95,14 @@ export function urlWithToken(url, token) {
   return fragment == null ? t : `${t}#${fragment}`;
 }
 
-/** `{"op":"sub",…}` with `from`/`epoch` when known. */
-export function subFrame(ch, pos) {
+/** `{"op":"sub",…}` with `from`/`epoch` when known, and `"join_leave":true` when asked. */
+export function subFrame(ch, pos, joinLeave = false) {
   const f = { op: 'sub', ch };
   if (pos) {
     f.from = pos.seq;
     if (pos.epoch != null) f.epoch = pos.epoch;
   }
+  if (joinLeave) f.join_leave = true;
   return JSON.stringify(f);
 }
 

@@ -1,7 +1,8 @@
 // In headless Chromium: a page using the client from clients/js/ (unbundled ES modules) keeps
 // processing a stream while the tether server is restarted (SIGTERM drain): every message is
 // processed exactly once in order within each epoch, the epoch change is surfaced as a reset,
-// and a page reload resumes from the position kept in sessionStorage.
+// and a page reload resumes from the position kept in sessionStorage; a page lists presence
+// members and follows joins and leaves.
 
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -11,6 +12,7 @@ import test from 'node:test';
 import { fileURLToPath } from 'node:url';
 
 import puppeteer from 'puppeteer-core';
+import { WebSocket } from 'ws';
 
 import { startTether, startTetherOn, waitFor } from './helpers.js';
 
@@ -145,4 +147,39 @@ test('coming back online reconnects at once instead of waiting out the backoff',
   console.log(`browser: online reconnected after ${back.at - online} ms (the backoff had said ${down.retryInMs} ms)`);
   assert.ok(down.retryInMs >= 59000, `the backoff said ${down.retryInMs} ms`);
   assert.ok(back.at - online < 2000, `reconnected ${back.at - online} ms after online`);
+});
+
+test('a page lists who is in a presence channel and follows joins and leaves', async (t) => {
+  const toml = '[presence]\nwindow_ms = 100\n[[channels]]\npattern = "room.*"\npresence = true\njoin_leave = true\n';
+  const { server, page, errors, base } = await launch(t, toml);
+  await page.goto(`${base}/example.html`);
+  // The client imported unbundled, as a page does; members kept by client id, as the README says.
+  await page.evaluate(async (wsUrl) => {
+    const { Tether } = await import('/index.js');
+    const p = (window.presenceTest = { here: {}, diffs: 0 });
+    const t = new Tether(wsUrl);
+    t.subscribe('room.w', {
+      joinLeave: true,
+      onPresenceDiff({ joins, leaves }) {
+        p.diffs += 1;
+        for (const m of leaves) delete p.here[m.client];
+        for (const m of joins) p.here[m.client] = m;
+      },
+    });
+    p.listed = (await t.presence('room.w')).length;
+    p.stats = await t.presenceStats('room.w');
+  }, server.url);
+  const state = () => page.evaluate(() => window.presenceTest);
+  await waitFor(async () => Object.keys((await state()).here).length === 1, 5000, 'its own join', () => errors.join('\n'));
+  const other = new WebSocket(server.url);
+  t.after(() => other.close());
+  await new Promise((r) => other.addEventListener('open', r, { once: true }));
+  other.send(JSON.stringify({ op: 'sub', ch: 'room.w' }));
+  await waitFor(async () => Object.keys((await state()).here).length === 2, 5000, 'the other join');
+  other.close();
+  await waitFor(async () => Object.keys((await state()).here).length === 1, 5000, 'the other leave');
+  const s = await state();
+  // Asked right after the sub: answered after it (one channel's answers in order), so the page is in.
+  assert.ok(s.listed === 1 && s.stats.clients === 1, JSON.stringify(s));
+  assert.deepEqual(errors, []);
 });

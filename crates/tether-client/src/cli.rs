@@ -1,4 +1,5 @@
-//! `tether sub` and `tether pub` (docs/clients.md, "Rust client and command-line tools"; docs/protocol.md).
+//! `tether sub` and `tether pub` (docs/clients.md, "Rust client and command-line tools"; docs/protocol.md),
+//! and what every command shares: the URL argument, stderr lines, the end on a signal.
 
 use std::fs::{File, OpenOptions};
 use std::future::Future;
@@ -10,12 +11,12 @@ use serde_json::value::RawValue;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::offsets::Position;
-use super::session::Client;
+use super::session::{Client, SubscribeOptions};
 use super::urls::check_urls;
 use super::wire::check_channel;
 use super::{Ack, ClientConfig, ClientError, Event, TokenSource};
 
-/// Arguments of `tether sub URL CH [--from N] [--offset-file F] [--append-to F]`.
+/// Arguments of `tether sub URL CH [--from N] [--offset-file F] [--append-to F] [--join-leave]`.
 #[derive(Debug, Clone)]
 pub struct SubArgs {
     /// `ws://HOST:PORT/ws`, or several separated by commas (`ws://a/ws,ws://b/ws`): each
@@ -35,6 +36,11 @@ pub struct SubArgs {
     pub append_to: Option<PathBuf>,
     /// The JWT for a server with `[auth]` (`--token`, `--token-file`; docs/security.md).
     pub token: Option<TokenSource>,
+    /// Subscribe with `"join_leave": true` and print the channel's `presence_diff` and
+    /// `presence_reset` lines on stdout beside the messages (`--join-leave`; with `append_to`,
+    /// on stdout while the messages go to the file). The server refuses it with `presence_off`
+    /// where the channel's rule has no `join_leave = true`.
+    pub join_leave: bool,
 }
 
 /// Arguments of `tether pub URL CH JSON [--id ID]`.
@@ -58,6 +64,11 @@ pub struct PubArgs {
 /// only then commits. Resets and disconnects go to stderr as JSON lines. Reconnects and
 /// resumes by itself and runs until SIGINT or SIGTERM, or until the server ends the
 /// subscription (`POST /api/unsubscribe`, docs/api.md; its line goes to stderr): then `Ok`.
+///
+/// With `join_leave`, each `presence_diff` frame is printed on stdout as received, in order
+/// with the messages, and each presence reset as `{"op":"presence_reset","ch":…}` — with
+/// `"reconnected":true` added when the client raised it after a resubscription
+/// ([`Event::PresenceReset`]).
 ///
 /// With `append_to`, the file's last complete line gives the resume point; a torn last line
 /// (no newline: the process was killed mid-write) is truncated away first. The epoch then comes
@@ -110,7 +121,7 @@ pub(super) async fn publish_once(args: &PubArgs) -> Result<Ack, ClientError> {
 
 /// A write to a closed pipe (`tether sub … | head -1`) ends the command quietly: the reader
 /// has all it wanted.
-fn quiet_on_closed_pipe(r: Result<(), ClientError>) -> Result<(), ClientError> {
+pub(super) fn quiet_on_closed_pipe(r: Result<(), ClientError>) -> Result<(), ClientError> {
     match r {
         Err(ClientError::Io(e)) if e.contains("Broken pipe") => Ok(()),
         other => other,
@@ -127,7 +138,7 @@ pub fn notice(line: &str) {
 
 /// The defaults for a command's `URL` argument (one URL, or several separated by commas) and
 /// its token.
-fn url_config(arg: &str, token: Option<TokenSource>) -> Result<ClientConfig, ClientError> {
+pub(super) fn url_config(arg: &str, token: Option<TokenSource>) -> Result<ClientConfig, ClientError> {
     let mut cfg = ClientConfig::new(arg);
     check_urls(&cfg.urls, "URL")?;
     cfg.token = token;
@@ -154,7 +165,7 @@ pub(super) async fn publish_with(cfg: ClientConfig, args: &PubArgs, data: &RawVa
         }
     }
     .await;
-    if let Err(ClientError::Refused { code, reason }) = &ack {
+    if let Err(ClientError::Refused { code, reason, .. }) = &ack {
         let (code, reason, id, ch) = (code.clone(), reason.clone(), args.id.clone(), Some(args.channel.clone()));
         lines.print(&Event::Error { code, reason, id, ch });
     }
@@ -166,7 +177,7 @@ pub(super) async fn publish_with(cfg: ClientConfig, args: &PubArgs, data: &RawVa
 /// included), so that it exits within 200 ms.
 const CLOSE_BOUND: std::time::Duration = std::time::Duration::from_millis(150);
 
-async fn close_quickly(client: Client) {
+pub(super) async fn close_quickly(client: Client) {
     let _ = tokio::time::timeout(CLOSE_BOUND, client.close()).await;
 }
 
@@ -174,12 +185,12 @@ async fn close_quickly(client: Client) {
 /// first `connected`: one is printed for every connection after a disconnect (where the
 /// client resumed).
 #[derive(Default)]
-struct Lines {
+pub(super) struct Lines {
     disconnected: bool,
 }
 
 impl Lines {
-    fn print(&mut self, ev: &Event) {
+    pub(super) fn print(&mut self, ev: &Event) {
         match ev {
             Event::Connected { .. } if !self.disconnected => return,
             Event::Connected { .. } => self.disconnected = false,
@@ -192,7 +203,7 @@ impl Lines {
     }
 }
 
-async fn shutdown_signal() {
+pub(super) async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     match signal(SignalKind::terminate()) {
         Ok(mut term) => {
@@ -207,7 +218,7 @@ async fn shutdown_signal() {
     }
 }
 
-async fn write_line<W: AsyncWrite + Unpin>(out: &mut W, text: &str) -> Result<(), ClientError> {
+pub(super) async fn write_line<W: AsyncWrite + Unpin + ?Sized>(out: &mut W, text: &str) -> Result<(), ClientError> {
     let mut line = Vec::with_capacity(text.len() + 1);
     line.extend_from_slice(text.as_bytes());
     line.push(b'\n');
@@ -244,13 +255,13 @@ pub(super) async fn run_sub_with(
     };
     let mut client = Client::connect(cfg)?;
     let ch = args.channel.as_str();
-    match file_last {
-        Some(seq) => {
-            let epoch = client.position(ch).and_then(|p| p.epoch);
-            client.subscribe_at(ch, Position { seq, epoch })?;
-        }
-        None => client.subscribe(ch, args.from)?,
+    let mut opts = SubscribeOptions { from: args.from, join_leave: args.join_leave, ..SubscribeOptions::default() };
+    if let Some(seq) = file_last {
+        opts.at = Some(Position { seq, epoch: client.position(ch).and_then(|p| p.epoch) });
     }
+    client.subscribe_with(ch, opts)?;
+    // Presence lines go with the messages, or to stdout when the messages go to a file.
+    let mut side: Option<tokio::io::Stdout> = args.append_to.as_ref().map(|_| tokio::io::stdout());
     tokio::pin!(shutdown);
     let mut lines = Lines::default();
     let result = loop {
@@ -267,9 +278,18 @@ pub(super) async fn run_sub_with(
                     break Err(e);
                 }
             }
+            Ok(ev @ (Event::PresenceDiff { .. } | Event::PresenceReset { .. })) => {
+                let out: &mut (dyn AsyncWrite + Unpin + Send) = match side.as_mut() {
+                    Some(s) => s,
+                    None => &mut out,
+                };
+                if let Err(e) = write_line(out, &presence_line(ev)).await {
+                    break quiet_on_closed_pipe(Err(e));
+                }
+            }
             Ok(Event::Error { code, reason, id, ch }) => {
                 lines.print(&Event::Error { code: code.clone(), reason: reason.clone(), id, ch });
-                break Err(ClientError::Refused { code, reason });
+                break Err(ClientError::Refused { code, reason, retry_after: None });
             }
             // The server ended the one subscription: nothing more comes.
             Ok(ev @ Event::Unsubscribed { .. }) => {
@@ -282,6 +302,26 @@ pub(super) async fn run_sub_with(
     };
     close_quickly(client).await;
     result
+}
+
+/// The stdout line of `tether sub --join-leave` for a presence event: a `presence_diff` frame
+/// as received, or `{"op":"presence_reset","ch":CH}` as the server sends it, with
+/// `"reconnected":true` for the client's own reset after a resubscription.
+fn presence_line(ev: Event) -> String {
+    #[derive(Serialize)]
+    struct Reset<'a> {
+        op: &'static str,
+        ch: &'a str,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        reconnected: bool,
+    }
+    match ev {
+        Event::PresenceDiff { raw, .. } => raw,
+        Event::PresenceReset { ch, reconnected } => {
+            serde_json::to_string(&Reset { op: "presence_reset", ch: &ch, reconnected }).unwrap_or_default()
+        }
+        _ => String::new(),
+    }
 }
 
 /// The JSON line `tether sub` and `tether pub` write on stderr for a reset, a refusal, a

@@ -1,6 +1,7 @@
-//! The tether client for ordinary tokio applications, the `tether sub` / `tether pub`
-//! command-line tools (docs/protocol.md, docs/clients.md), `tether feeds`, the admin
-//! API's command line (docs/feeds.md), and `tether api`, the server API's (docs/api.md).
+//! The tether client for ordinary tokio applications, the `tether sub` / `tether pub` /
+//! `tether presence` command-line tools (docs/protocol.md, docs/clients.md), `tether feeds`,
+//! the admin API's command line (docs/feeds.md), and `tether api`, the server API's
+//! (docs/api.md).
 //!
 //! A [`Client`] owns one background task that holds the WebSocket connection to
 //! `ws://HOST:PORT/ws`, reconnects with full-jitter backoff on the close codes of docs/protocol.md,
@@ -37,10 +38,17 @@
 //! - `urls`: the URL list: parsing, validation, and which URL each reconnect goes to.
 //! - [`offsets`]: the offset file (committed positions that survive a process restart).
 //! - `wire`: client frames out, server frames in (docs/protocol.md).
-//! - `session`: the application side: [`Client`], [`Publisher`], [`AckHandle`].
+//! - `session`: the application side: [`Client`], [`Publisher`], [`AckHandle`],
+//!   [`SubscribeOptions`].
+//! - `presence`: [`Member`], [`PresenceStats`], and the `presence` / `presence_stats` queries
+//!   waiting for their answers (matched per channel in request order).
 //! - `shared`: resume positions, counters and commands shared by both sides.
 //! - `task`: the background connection task: connect, resubscribe, outbox, dedup, reconnect.
-//! - `cli`: [`run_sub`] and [`run_pub`].
+//! - `conn`: one open connection as the task sees it: its writer, what was sent on it per
+//!   channel, and the requests it has not answered yet.
+//! - `cli`: [`run_sub`] and [`run_pub`], and what the commands share (URL argument, stderr
+//!   lines, signals).
+//! - `presence_cli`: [`run_presence`], `tether presence`.
 //! - `feeds_cli`: [`FeedsArgs`], `tether feeds` (blocking HTTP/1.1 to a node's `/feeds` admin
 //!   API; no tokio).
 //! - `api_cli`: [`ApiArgs`], `tether api` (the server API under `/api/`, docs/api.md).
@@ -50,10 +58,13 @@ pub use tether_proto::protocol::backoff;
 mod api_cli;
 mod cli;
 pub mod close;
+mod conn;
 mod ended;
 mod feeds_cli;
 mod node_http;
 pub mod offsets;
+mod presence;
+mod presence_cli;
 mod session;
 mod shared;
 mod task;
@@ -65,6 +76,8 @@ mod wire;
 mod tests_cli;
 #[cfg(test)]
 mod tests_e2e;
+#[cfg(test)]
+mod tests_presence;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -78,7 +91,9 @@ pub use cli::{notice, run_pub, run_sub, PubArgs, SubArgs};
 pub use close::{classify_close, retry_hint, CloseAction};
 pub use feeds_cli::FeedsArgs;
 pub use offsets::{OffsetStore, Position};
-pub use session::{AckHandle, Client, Publisher};
+pub use presence::{Member, PresenceStats};
+pub use presence_cli::{run_presence, PresenceArgs};
+pub use session::{AckHandle, Client, Publisher, SubscribeOptions};
 pub use token::TokenSource;
 pub use wire::{new_publish_id, valid_channel};
 
@@ -97,10 +112,14 @@ pub enum ClientError {
     /// The server answered a request with `error` (docs/protocol.md): the publish (or subscription)
     /// was refused and retrying the same request will not help.
     Refused {
-        /// The server's `code` field as text (a JSON number is rendered in decimal).
+        /// The server's `code` field as text (a JSON number is rendered in decimal):
+        /// `forbidden`, `limit`, `presence_off`, … (docs/protocol.md, "Error codes").
         code: String,
         /// The server's `reason` field.
         reason: String,
+        /// The server's `retry_after_ms`, when it sent one (a `limit` refusal: asking again
+        /// sooner is refused again).
+        retry_after: Option<Duration>,
     },
     /// The server refused the WebSocket upgrade with a non-retryable HTTP status (anything but
     /// 429, 500, 502, 503 and 504), e.g. 404 for a wrong path, 401 for a missing or invalid
@@ -133,7 +152,7 @@ impl fmt::Display for ClientError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Closed { code, reason } => write!(f, "server closed with {code}: {reason}"),
-            Self::Refused { code, reason } => write!(f, "refused by server ({code}): {reason}"),
+            Self::Refused { code, reason, .. } => write!(f, "refused by server ({code}): {reason}"),
             Self::Handshake { status, reason } => write!(f, "WebSocket upgrade refused: HTTP {status}: {reason}"),
             Self::InvalidUrl(e) => write!(f, "invalid URL: {e}"),
             Self::InvalidChannel(ch) => {
@@ -157,9 +176,10 @@ impl From<std::io::Error> for ClientError {
 
 /// What the background task reports to the application, in connection order.
 ///
-/// `Subscribed`, `Message`, `Reset` and `Error` are never dropped: while the application does
-/// not consume them the client stops reading from the socket (the server's slow-subscriber policy
-/// then applies, docs/operations.md). `Connected` and `Disconnected` are informational and are
+/// `Subscribed`, `Message`, `Reset`, `PresenceDiff`, `PresenceReset` and `Error` are never
+/// dropped: while the application does not consume them the client stops reading from the
+/// socket (the server's slow-subscriber policy then applies, docs/operations.md), except while
+/// a [`Client::presence`] or [`Client::presence_stats`] waits for its answer (see there). `Connected` and `Disconnected` are informational and are
 /// dropped when 64 events are already waiting.
 #[derive(Debug, Clone)]
 pub enum Event {
@@ -240,6 +260,36 @@ pub enum Event {
         ch: Option<String>,
         /// When the request is sent again: the server's `retry_after_ms`, or 1 s without one.
         retry_in: Duration,
+    },
+    /// Who joined and who left `ch` in one window of the server's `presence.window_ms`
+    /// (`presence_diff`, docs/protocol.md "Presence"), for a subscription made with
+    /// [`SubscribeOptions::join_leave`]. A member that joined and left within one window is in
+    /// neither list.
+    PresenceDiff {
+        /// Channel name.
+        ch: String,
+        /// Members that joined, each once.
+        joins: Vec<Member>,
+        /// Members that left, each once.
+        leaves: Vec<Member>,
+        /// The whole `presence_diff` frame text exactly as received.
+        raw: String,
+    },
+    /// The application's view of who is in `ch` may be wrong: ask again with
+    /// [`Client::presence`] and apply the [`Event::PresenceDiff`]s that follow to that answer.
+    ///
+    /// Either the server said so (`presence_reset`: more changed in one window than its
+    /// `presence.max_diff`; `reconnected` is `false`), or the client did: a `join_leave`
+    /// subscription was made again on a new connection (`reconnected` is `true`), and joins and
+    /// leaves while no connection was open were not seen. The client's reset comes right after
+    /// that subscription's [`Event::Subscribed`] (or [`Event::Reset`]) on each connection but
+    /// the first, and before any diff of that connection.
+    PresenceReset {
+        /// Channel name.
+        ch: String,
+        /// `true` when the client raised it after a resubscription, `false` for the server's
+        /// `presence_reset`.
+        reconnected: bool,
     },
     /// The connection (or a connection attempt) ended with a reconnectable code or an I/O
     /// error; the client reconnects after `retry_in`, to the next of [`ClientConfig::urls`]

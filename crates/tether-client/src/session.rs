@@ -1,5 +1,6 @@
-//! The application side of a client: [`Client`] (events, commits, subscriptions),
-//! [`Publisher`] (at-least-once publish) and [`AckHandle`].
+//! The application side of a client: [`Client`] (events, commits, subscriptions, presence),
+//! [`Publisher`] (at-least-once publish, presence from other tasks), [`AckHandle`] and
+//! [`SubscribeOptions`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -14,6 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::backoff::Backoff;
 use super::offsets::{OffsetStore, Position};
+use super::presence::{Member, PresenceStats, Query, Reply};
 use super::shared::{lock, Command, Pending, Shared};
 use super::task::Task;
 use super::urls::{check_urls, Rotation};
@@ -34,7 +36,24 @@ pub struct Client {
     save_lock: tokio::sync::Mutex<()>,
 }
 
-/// A cloneable handle for publishing from other tasks.
+/// How [`Client::subscribe_with`] subscribes. `Default` is a live subscription (or the offset
+/// file's position) without joins and leaves.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SubscribeOptions {
+    /// The last seq already processed (`Some(0)` replays from seq 1), used when the offset file
+    /// has no entry for the channel; as the `from` of [`Client::subscribe`].
+    pub from: Option<u64>,
+    /// Resume from this position, overriding any offset-file entry and `from`; as
+    /// [`Client::subscribe_at`].
+    pub at: Option<Position>,
+    /// Also receive the channel's joins and leaves (`"join_leave": true`, docs/protocol.md
+    /// "Presence"): [`Event::PresenceDiff`] and [`Event::PresenceReset`]. The server refuses the
+    /// subscription with [`Event::Error`] code `presence_off` when the channel's rule has no
+    /// `join_leave = true` (the client then does not subscribe to it again).
+    pub join_leave: bool,
+}
+
+/// A cloneable handle for publishing and asking who is in a channel from other tasks.
 #[derive(Clone)]
 pub struct Publisher {
     cmds: mpsc::UnboundedSender<Command>,
@@ -106,12 +125,7 @@ impl Client {
     /// # Errors
     /// [`ClientError::InvalidChannel`]; the terminal error once the client has stopped.
     pub fn subscribe(&self, ch: &str, from: Option<u64>) -> Result<(), ClientError> {
-        check_channel(ch)?;
-        if let Some(seq) = from {
-            let mut book = lock(&self.publisher.shared.book);
-            book.positions.entry(ch.to_string()).or_insert(Position { seq, epoch: None });
-        }
-        self.publisher.command(Command::Subscribe(ch.to_string()))
+        self.subscribe_with(ch, SubscribeOptions { from, ..SubscribeOptions::default() })
     }
 
     /// Subscribes to `ch` resuming from `pos`, overriding any offset-file entry.
@@ -119,9 +133,78 @@ impl Client {
     /// # Errors
     /// As [`subscribe`](Self::subscribe).
     pub fn subscribe_at(&self, ch: &str, pos: Position) -> Result<(), ClientError> {
+        self.subscribe_with(ch, SubscribeOptions { at: Some(pos), ..SubscribeOptions::default() })
+    }
+
+    /// Subscribes to `ch` as `opts` say: its resume point (as [`subscribe`](Self::subscribe)
+    /// and [`subscribe_at`](Self::subscribe_at)) and whether it receives joins and leaves.
+    ///
+    /// With `join_leave`, every later connection subscribes with `join_leave` again, and since
+    /// joins and leaves while no connection was open are lost, the client then raises
+    /// [`Event::PresenceReset`] with `reconnected: true` right after the resubscription's
+    /// [`Event::Subscribed`] (or [`Event::Reset`]): ask [`presence`](Self::presence) again.
+    /// Subscribing to an already subscribed channel does nothing (its `join_leave` stays).
+    ///
+    /// Keep the members keyed by `client`: a connection's id is never used again, so a diff
+    /// that an answer already reflects (it waited among the events while the answer came)
+    /// changes nothing when applied after it.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), tether_client::ClientError> {
+    /// use std::collections::HashMap;
+    /// use tether_client::{Client, ClientConfig, Event, Member, SubscribeOptions};
+    /// let by_client = |all: Vec<Member>| all.into_iter().map(|m| (m.client.clone(), m)).collect::<HashMap<_, _>>();
+    /// let mut client = Client::connect(ClientConfig::new("ws://127.0.0.1:8080/ws"))?;
+    /// client.subscribe_with("room.1", SubscribeOptions { join_leave: true, ..Default::default() })?;
+    /// let mut here = by_client(client.presence("room.1").await?); // every member, all pages
+    /// loop {
+    ///     match client.next_event().await? {
+    ///         Event::PresenceDiff { joins, leaves, .. } => {
+    ///             for m in &leaves {
+    ///                 here.remove(&m.client);
+    ///             }
+    ///             here.extend(joins.into_iter().map(|m| (m.client.clone(), m)));
+    ///         }
+    ///         Event::PresenceReset { ch, .. } => here = by_client(client.presence(&ch).await?), // ask again
+    ///         _ => {}
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`subscribe`](Self::subscribe).
+    pub fn subscribe_with(&self, ch: &str, opts: SubscribeOptions) -> Result<(), ClientError> {
         check_channel(ch)?;
-        lock(&self.publisher.shared.book).positions.insert(ch.to_string(), pos);
-        self.publisher.command(Command::Subscribe(ch.to_string()))
+        {
+            let mut book = lock(&self.publisher.shared.book);
+            match (opts.at, opts.from) {
+                (Some(pos), _) => {
+                    book.positions.insert(ch.to_string(), pos);
+                }
+                (None, Some(seq)) => {
+                    book.positions.entry(ch.to_string()).or_insert(Position { seq, epoch: None });
+                }
+                (None, None) => {}
+            }
+        }
+        self.publisher.command(Command::Subscribe { ch: ch.to_string(), join_leave: opts.join_leave })
+    }
+
+    /// See [`Publisher::presence`].
+    ///
+    /// # Errors
+    /// See [`Publisher::presence`].
+    pub async fn presence(&self, ch: &str) -> Result<Vec<Member>, ClientError> {
+        self.publisher.presence(ch).await
+    }
+
+    /// See [`Publisher::presence_stats`].
+    ///
+    /// # Errors
+    /// See [`Publisher::presence_stats`].
+    pub async fn presence_stats(&self, ch: &str) -> Result<PresenceStats, ClientError> {
+        self.publisher.presence_stats(ch).await
     }
 
     /// Stops receiving `ch` (sends `unsub`); its resume point is kept.
@@ -277,6 +360,44 @@ impl Publisher {
         data: &T,
     ) -> Result<Ack, ClientError> {
         self.send(ch, Some(id.to_string()), data).await?.await
+    }
+
+    /// Every member of `ch` (docs/protocol.md, "Presence"): asks `presence` and follows the
+    /// server's `next` pages (`presence.page_size` members each, 1000 by default) until the
+    /// last, then returns them all, in the server's order. Needs the channel's `sub` right,
+    /// not a subscription. A channel nobody is in gives an empty list.
+    ///
+    /// The request outlives a connection: after a reconnect it is asked again from the first
+    /// page. While it waits the client keeps reading the socket even when the application is
+    /// behind on [`Client::next_event`], so that the answer can come, holding up to 4,096
+    /// events more than [`ClientConfig::event_buffer`](super::ClientConfig::event_buffer); past
+    /// that it waits for the application (consume events meanwhile, e.g. from another task
+    /// with a [`Publisher`]). A member list is a snapshot: apply the [`Event::PresenceDiff`]s
+    /// of a `join_leave` subscription to it.
+    ///
+    /// # Errors
+    /// [`ClientError::InvalidChannel`]; [`ClientError::Refused`] with the server's `code`:
+    /// `presence_off` (the channel's rule has no `presence = true`), `forbidden` (the token
+    /// does not allow subscribing to `ch`), `limit` (more than
+    /// `limits.per_connection.presence_rate` requests: `retry_after` says when to ask again);
+    /// the terminal error once the client has stopped.
+    pub async fn presence(&self, ch: &str) -> Result<Vec<Member>, ClientError> {
+        check_channel(ch)?;
+        let (reply, wait) = oneshot::channel();
+        self.command(Command::Query(Query::new(ch.to_string(), Reply::Members(reply))))?;
+        wait.await.unwrap_or_else(|_| Err(self.shared.terminal_error()))
+    }
+
+    /// How many are in `ch`: `presence_stats` (connections, and distinct users among them).
+    /// Asked again after a reconnect, and read as [`presence`](Self::presence) is.
+    ///
+    /// # Errors
+    /// As [`presence`](Self::presence).
+    pub async fn presence_stats(&self, ch: &str) -> Result<PresenceStats, ClientError> {
+        check_channel(ch)?;
+        let (reply, wait) = oneshot::channel();
+        self.command(Command::Query(Query::new(ch.to_string(), Reply::Stats(reply))))?;
+        wait.await.unwrap_or_else(|_| Err(self.shared.terminal_error()))
     }
 
     /// Counters of the client this publisher belongs to.

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use super::offsets::Position;
+use super::presence::Query;
 use super::{Ack, ClientError, Event, Stats};
 
 /// Locks a std mutex; a panic elsewhere while holding it leaves plain data that is still valid.
@@ -77,9 +78,14 @@ pub(crate) struct Pending {
 }
 
 pub(crate) enum Command {
-    Subscribe(String),
+    Subscribe {
+        ch: String,
+        join_leave: bool,
+    },
     Unsubscribe(String),
     Publish(Pending),
+    /// A `presence` or `presence_stats` of the application.
+    Query(Query),
     Close(oneshot::Sender<()>),
 }
 

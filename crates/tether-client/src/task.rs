@@ -1,7 +1,8 @@
 //! The background connection task: connect, resubscribe from committed positions, resend the
-//! outbox, read frames, and reconnect with backoff (docs/protocol.md), to the next URL when
-//! there are several (`urls`). Subscriptions, resume positions and the outbox belong to the
-//! task, not to a connection, so they carry over to whichever URL answers.
+//! outbox and the presence queries, read frames, and reconnect with backoff (docs/protocol.md),
+//! to the next URL when there are several (`urls`). Subscriptions, resume positions, the outbox
+//! and the queries belong to the task, not to a connection, so they carry over to whichever URL
+//! answers.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -9,27 +10,25 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::stream::SplitSink;
-use futures::{SinkExt, StreamExt};
-use tokio::net::TcpStream;
+use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
+use tokio_tungstenite::connect_async_with_config;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
-use tokio_tungstenite::{connect_async_with_config, MaybeTlsStream, WebSocketStream};
 
 use super::close::{classify_close, retry_hint, CloseAction};
+use super::conn::{send_on, send_sub, write_loop, Conn, Ws};
 use super::ended::{abnormal, handshake_ended, read_error, Ended};
 use super::offsets::Position;
+use super::presence::{Asked, Queries, Unanswered};
 use super::shared::{is_status, lock, Command, Outq, Pending, Shared};
 use super::token::{url_with_token, TokenSource};
 use super::urls::Rotation;
-use super::wire::{need, refresh_frame, sub_frame, unsub_frame, Inbound};
+use super::wire::{need, refresh_frame, unsub_frame, Inbound};
 use super::{Ack, ClientError, Event};
-
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 /// How long a closing connection may take to flush our close frame and read the peer's.
 const CLOSE_DRAIN: Duration = Duration::from_secs(1);
@@ -37,25 +36,14 @@ const CLOSE_DRAIN: Duration = Duration::from_secs(1);
 /// that usually explains why.
 const WRITE_FAILURE_GRACE: Duration = Duration::from_secs(1);
 
-/// Per-connection channel state.
-#[derive(Default)]
-struct ChanConn {
-    /// `from` sent in this connection's `sub`.
-    from: Option<u64>,
-    /// Highest seq delivered on this connection (or the resume baseline).
-    last: Option<u64>,
-}
-
-struct Conn {
-    writes: mpsc::UnboundedSender<Message>,
-    chans: HashMap<String, ChanConn>,
-}
-
-impl Conn {
-    fn send(&self, text: String) {
-        // A closed writer means the connection is ending; the reader reports why.
-        let _ = self.writes.send(Message::text(text));
-    }
+/// One subscription of the application.
+struct Sub {
+    ch: String,
+    /// Made with `"join_leave": true` on every connection.
+    join_leave: bool,
+    /// The server confirmed it on some connection: a later confirmation is a resubscription,
+    /// and with `join_leave` the application's member list may be stale.
+    confirmed: bool,
 }
 
 /// A request to send again after an `unavailable` or `unknown_outcome` error.
@@ -69,6 +57,10 @@ enum Retry {
 /// The wait after an `unavailable` error that carried no `retry_after_ms`.
 const UNAVAILABLE_RETRY: Duration = Duration::from_secs(1);
 
+/// Events the task may hold beyond the application's channel while a presence query waits
+/// for its answer: it keeps reading so that the answer can come, within this bound.
+const QUERY_SLACK: usize = 4096;
+
 pub(crate) struct Task {
     /// Which URL each (re)connection goes to, and the backoff before it.
     rotation: Rotation,
@@ -78,7 +70,9 @@ pub(crate) struct Task {
     cmds: mpsc::UnboundedReceiver<Command>,
     events: mpsc::Sender<Event>,
     /// Subscribed channels in subscription order (resubscribed in this order).
-    subs: Vec<String>,
+    subs: Vec<Sub>,
+    /// Presence queries of the application waiting for their answers.
+    queries: Queries,
     /// Publishes not yet acked, in publish order (resent in this order).
     outbox: VecDeque<Pending>,
     /// Requests the server refused as `unavailable` (its broker cannot reach Redis), sent
@@ -111,6 +105,7 @@ impl Task {
             cmds,
             events,
             subs: Vec::new(),
+            queries: Queries::default(),
             outbox: VecDeque::new(),
             retries: Vec::new(),
             out: Outq::default(),
@@ -208,21 +203,29 @@ impl Task {
         match cmd {
             None => return Some(Ended::Shutdown(None)),
             Some(Command::Close(done)) => return Some(Ended::Shutdown(Some(done))),
-            Some(Command::Subscribe(ch)) => {
-                if !self.subs.contains(&ch) {
+            Some(Command::Subscribe { ch, join_leave }) => {
+                if !self.subscribed(&ch) {
                     if let Some(conn) = conn {
-                        self.send_sub(conn, &ch);
+                        send_sub(&self.shared, conn, &ch, join_leave);
                     }
-                    self.subs.push(ch);
+                    self.subs.push(Sub { ch, join_leave, confirmed: false });
                 }
             }
             Some(Command::Unsubscribe(ch)) => {
-                if let Some(i) = self.subs.iter().position(|s| *s == ch) {
+                if let Some(i) = self.subs.iter().position(|s| s.ch == ch) {
                     self.subs.remove(i);
                     if let Some(conn) = conn {
                         conn.chans.remove(&ch);
                         conn.send(unsub_frame(&ch));
+                        conn.asked.push(&ch, Asked::Unsub);
                     }
+                }
+            }
+            Some(Command::Query(q)) => {
+                let on = conn.map(|c| (&mut c.asked, &c.writes));
+                match on {
+                    Some((asked, writes)) => self.queries.add(q, Some((asked, &|f| send_on(writes, f)))),
+                    None => self.queries.add(q, None),
                 }
             }
             Some(Command::Publish(p)) => {
@@ -249,20 +252,30 @@ impl Task {
                     }
                 }
                 Retry::Sub(ch) => {
-                    if self.subs.contains(&ch) && !conn.chans.contains_key(&ch) {
-                        self.send_sub(conn, &ch);
+                    let join_leave = self.subs.iter().find(|s| s.ch == ch).map(|s| s.join_leave);
+                    if let Some(join_leave) = join_leave.filter(|_| !conn.chans.contains_key(&ch)) {
+                        send_sub(&self.shared, conn, &ch, join_leave);
                     }
                 }
             }
         }
     }
 
-    fn send_sub(&self, conn: &mut Conn, ch: &str) {
-        let pos = lock(&self.shared.book).positions.get(ch).cloned();
-        let from = pos.as_ref().map(|p| p.seq);
-        let epoch = pos.as_ref().and_then(|p| p.epoch.as_deref());
-        conn.send(sub_frame(ch, from, epoch));
-        conn.chans.insert(ch.to_string(), ChanConn { from, last: None });
+    fn subscribed(&self, ch: &str) -> bool {
+        self.subs.iter().any(|s| s.ch == ch)
+    }
+
+    /// The server confirmed the subscription of `ch` (`subscribed`, or `reset` answering the
+    /// `sub`): after the first time, a `join_leave` subscription's member list may be stale
+    /// (the client did not see the joins and leaves while it was away), and the application is
+    /// told so (docs/clients.md).
+    fn confirmed(&mut self, ch: &str) {
+        if let Some(s) = self.subs.iter_mut().find(|s| s.ch == ch) {
+            if s.join_leave && s.confirmed {
+                self.out.push_data(Event::PresenceReset { ch: ch.to_string(), reconnected: true });
+            }
+            s.confirmed = true;
+        }
     }
 
     /// One open connection to `url`, from resubscribe to close.
@@ -271,13 +284,15 @@ impl Task {
         let (writes, queued) = mpsc::unbounded_channel();
         let mut writer: JoinHandle<()> = tokio::spawn(write_loop(sink, queued));
         let mut writer_done = false;
-        let mut conn = Conn { writes, chans: HashMap::new() };
-        for ch in self.subs.clone() {
-            self.send_sub(&mut conn, &ch);
+        let mut conn = Conn { writes, chans: HashMap::new(), asked: Unanswered::default() };
+        for s in &self.subs {
+            send_sub(&self.shared, &mut conn, &s.ch, s.join_leave);
         }
         for p in &self.outbox {
             conn.send(p.frame.clone());
         }
+        let writes = conn.writes.clone();
+        self.queries.resend(&mut conn.asked, &|f| send_on(&writes, f));
         let url = tether_proto::redact::redact_url(url);
         self.out.push_status(Event::Connected { url }, &self.shared.counters);
 
@@ -292,7 +307,9 @@ impl Task {
         self.retries.clear();
         let ended = loop {
             let next_retry = self.retries.iter().map(|(at, _)| *at).min();
-            let reading = self.out.data == 0;
+            // Behind the application, reading stops (the server's queue policy takes over),
+            // except that a presence query's answer must still be able to arrive.
+            let reading = self.out.data == 0 || (!self.queries.is_empty() && self.out.data < QUERY_SLACK);
             if !reading {
                 // Time spent waiting for the application is not the server's silence.
                 last_seen = Instant::now();
@@ -383,13 +400,16 @@ impl Task {
     fn text(&mut self, text: &str, conn: &mut Conn) -> Result<(), ClientError> {
         let f = Inbound::parse(text)?;
         let op = f.op.as_str();
+        if op == "error" && self.queries.refused_by(&f, &mut conn.asked) {
+            return Ok(());
+        }
         let counters = &self.shared.counters;
         match op {
             "msg" => {
                 let ch = need(op, f.ch, "ch")?;
                 let seq = need(op, f.seq, "seq")?;
                 let data = need(op, f.data, "data")?;
-                if !self.subs.contains(&ch) {
+                if !self.subscribed(&ch) {
                     return Ok(()); // in flight when we unsubscribed
                 }
                 let st = conn.chans.entry(ch.clone()).or_default();
@@ -429,7 +449,9 @@ impl Task {
                     }
                 }
                 let recovered = f.recovered;
-                self.out.push_data(Event::Subscribed { ch, seq, epoch, recovered });
+                conn.asked.answer(&ch, |a| a == Asked::Sub);
+                self.out.push_data(Event::Subscribed { ch: ch.clone(), seq, epoch, recovered });
+                self.confirmed(&ch);
             }
             "reset" => {
                 let ch = need(op, f.ch, "ch")?;
@@ -438,8 +460,28 @@ impl Task {
                 let reason = f.reason.unwrap_or_default();
                 let oldest = f.oldest.unwrap_or(0);
                 conn.chans.entry(ch.clone()).or_default().last = Some(seq);
-                self.out.push_data(Event::Reset { ch, seq, epoch, reason, oldest });
+                // The answer to a `sub` whose resume point is gone, or (Redis) a live reset.
+                let answer = conn.asked.answer(&ch, |a| a == Asked::Sub).is_some();
+                self.out.push_data(Event::Reset { ch: ch.clone(), seq, epoch, reason, oldest });
+                if answer {
+                    self.confirmed(&ch);
+                }
             }
+            "presence_diff" => {
+                let ch = need(op, f.ch, "ch")?;
+                let joins = need(op, f.joins, "joins")?;
+                let leaves = need(op, f.leaves, "leaves")?;
+                if self.subscribed(&ch) {
+                    self.out.push_data(Event::PresenceDiff { ch, joins, leaves, raw: text.to_string() });
+                }
+            }
+            "presence_reset" => {
+                let ch = need(op, f.ch, "ch")?;
+                if self.subscribed(&ch) {
+                    self.out.push_data(Event::PresenceReset { ch, reconnected: false });
+                }
+            }
+            "presence" | "presence_stats" => self.queries.answered(f, &mut conn.asked, &conn.writes)?,
             "ack" => {
                 let id = need(op, f.id, "id")?;
                 let seq = need(op, f.seq, "seq")?;
@@ -456,13 +498,17 @@ impl Task {
             // Ended by the server (docs/api.md): not subscribed again after a reconnect.
             "unsubscribed" if f.reason.as_deref() == Some("server") => {
                 if let Some(ch) = f.ch {
-                    self.subs.retain(|s| *s != ch);
+                    self.subs.retain(|s| s.ch != ch);
                     conn.chans.remove(&ch);
                     self.out.push_data(Event::Unsubscribed { ch });
                 }
             }
             // The answer to an `unsub` (its channel was dropped from `subs` when it was sent).
-            "unsubscribed" => {}
+            "unsubscribed" => {
+                if let Some(ch) = &f.ch {
+                    conn.asked.answer(ch, |a| a == Asked::Unsub);
+                }
+            }
             "refreshed" => {
                 if let Some(t) = self.refreshing.take() {
                     self.held_token = Some(t);
@@ -482,7 +528,7 @@ impl Task {
                     }
                     self.retries.push((at, Retry::Pub(id)));
                     true
-                } else if let Some(ch) = f.ch.clone().filter(|ch| self.subs.contains(ch)) {
+                } else if let Some(ch) = f.ch.clone().filter(|ch| self.subscribed(ch)) {
                     conn.chans.remove(&ch);
                     self.retries.push((at, Retry::Sub(ch)));
                     true
@@ -501,12 +547,15 @@ impl Task {
                 let pending = f.id.as_ref().and_then(|id| self.outbox.iter().position(|p| p.id == *id));
                 match pending.and_then(|i| self.outbox.remove(i)) {
                     Some(p) => {
-                        let _ = p.reply.send(Err(ClientError::Refused { code, reason }));
+                        let retry_after = f.retry_after_ms.map(Duration::from_millis);
+                        let _ = p.reply.send(Err(ClientError::Refused { code, reason, retry_after }));
                     }
                     None => {
-                        if let Some(ch) = f.ch.as_ref().filter(|_| code == "forbidden") {
-                            // The token does not (or no longer) allow it: do not resubscribe.
-                            self.subs.retain(|s| s != ch);
+                        let final_refusal = matches!(code.as_str(), "forbidden" | "presence_off");
+                        if let Some(ch) = f.ch.as_ref().filter(|_| final_refusal) {
+                            // The token does not (or no longer) allow it, or the channel's rule
+                            // has no join_leave: do not resubscribe.
+                            self.subs.retain(|s| s.ch != *ch);
                             conn.chans.remove(ch);
                         }
                         self.out.push_data(Event::Error { code, reason, id: f.id, ch: f.ch })
@@ -527,6 +576,7 @@ impl Task {
         };
         *lock(&self.shared.terminal) = Some(err.clone());
         self.shared.room.close();
+        self.queries.fail_all(&err);
         for p in self.outbox.drain(..) {
             let _ = p.reply.send(Err(err.clone()));
         }
@@ -539,7 +589,8 @@ impl Task {
                 Command::Close(d) => {
                     let _ = d.send(());
                 }
-                Command::Subscribe(_) | Command::Unsubscribe(_) => {}
+                // A dropped query's caller gets the terminal error, set above.
+                Command::Subscribe { .. } | Command::Unsubscribe(_) | Command::Query(_) => {}
             }
         }
         if let Some(done) = done {
@@ -554,22 +605,4 @@ impl Task {
             }
         }
     }
-}
-
-async fn write_loop(mut sink: SplitSink<Ws, Message>, mut queued: mpsc::UnboundedReceiver<Message>) {
-    while let Some(m) = queued.recv().await {
-        if sink.feed(m).await.is_err() {
-            return;
-        }
-        // Batch whatever else is queued into the same flush.
-        while let Ok(m) = queued.try_recv() {
-            if sink.feed(m).await.is_err() {
-                return;
-            }
-        }
-        if sink.flush().await.is_err() {
-            return;
-        }
-    }
-    let _ = sink.flush().await;
 }

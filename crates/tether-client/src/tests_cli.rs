@@ -117,6 +117,7 @@ async fn sub_command_appends_each_seq_exactly_once_across_a_cut() {
             offset_file: None,
             append_to: Some(path.clone()),
             token: None,
+            join_leave: false,
         };
         let end = run_sub_with(fast(&url), args, std::future::pending()).await;
         assert_eq!(end, Err(ClientError::Closed { code: 1008, reason: "done".into() }));
@@ -198,6 +199,7 @@ async fn sub_command_takes_a_url_list_and_resumes_on_the_next() {
             offset_file: None,
             append_to: Some(path.clone()),
             token: None,
+            join_leave: false,
         };
         let end = run_sub_until(args, std::future::pending()).await;
         assert_eq!(end, Err(ClientError::Closed { code: 1008, reason: "done".into() }));

@@ -208,7 +208,7 @@ async fn outbox_is_resent_in_order_with_the_same_ids_after_a_cut() {
         assert_eq!(a2.seq, 2);
         assert_eq!(a2.raw, format!(r#"{{"op":"ack","id":"{}","ch":"c","seq":2}}"#, a2.id));
         let e3 = h3.await.expect_err("refused");
-        assert_eq!(e3, ClientError::Refused { code: "too_large".into(), reason: "64 KiB".into() });
+        assert_eq!(e3, ClientError::Refused { code: "too_large".into(), reason: "64 KiB".into(), retry_after: None });
         c.close().await;
         assert_eq!(server.await.expect("server"), a2.id);
     })

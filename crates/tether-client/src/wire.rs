@@ -1,10 +1,13 @@
 //! Wire protocol v1 frames as the client sees them (docs/protocol.md): `sub`, `unsub`, `pub`,
-//! `refresh` out; `subscribed`, `msg`, `reset`, `ack`, `error`, `refreshed` in.
+//! `refresh` out (`presence` and `presence_stats` are `presence`'s); `subscribed`, `msg`,
+//! `reset`, `ack`, `error`, `refreshed`, `presence`, `presence_stats`, `presence_diff`,
+//! `presence_reset` in.
 
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use super::presence::Member;
 use super::ClientError;
 
 pub use tether_proto::protocol::valid_channel;
@@ -31,6 +34,8 @@ struct Sub<'a> {
     from: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     epoch: Option<&'a str>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    join_leave: bool,
 }
 
 #[derive(Serialize)]
@@ -41,15 +46,15 @@ struct Pub<'a, T: ?Sized> {
     data: &'a T,
 }
 
-/// `{"op":"sub","ch":…}` plus `from`/`epoch` when known.
-pub(crate) fn sub_frame(ch: &str, from: Option<u64>, epoch: Option<&str>) -> String {
-    let sub = Sub { op: "sub", ch, from, epoch };
+/// `{"op":"sub","ch":…}` plus `from`/`epoch` when known, and `"join_leave":true` when asked.
+pub(crate) fn sub_frame(ch: &str, from: Option<u64>, epoch: Option<&str>, join_leave: bool) -> String {
+    let sub = Sub { op: "sub", ch, from, epoch, join_leave };
     serde_json::to_string(&sub).unwrap_or_default()
 }
 
 /// `{"op":"unsub","ch":…}`.
 pub(crate) fn unsub_frame(ch: &str) -> String {
-    let unsub = Sub { op: "unsub", ch, from: None, epoch: None };
+    let unsub = Sub { op: "unsub", ch, from: None, epoch: None, join_leave: false };
     serde_json::to_string(&unsub).unwrap_or_default()
 }
 
@@ -84,8 +89,18 @@ pub(crate) struct Inbound {
     #[serde(default, deserialize_with = "opaque_text")]
     pub code: Option<String>,
     /// On an `unavailable` or `unknown_outcome` error: wait this long (milliseconds) before
-    /// sending it again (with the same id).
+    /// sending it again (with the same id); on a `limit` error, before asking again.
     pub retry_after_ms: Option<u64>,
+    /// A `presence` page's members.
+    pub members: Option<Vec<Member>>,
+    /// A `presence` page's cursor for the next page, when more follow.
+    pub next: Option<String>,
+    /// A `presence_diff`'s joins and leaves.
+    pub joins: Option<Vec<Member>>,
+    pub leaves: Option<Vec<Member>>,
+    /// A `presence_stats`'s counts.
+    pub clients: Option<u64>,
+    pub users: Option<u64>,
 }
 
 fn present_raw<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
@@ -139,8 +154,9 @@ mod tests {
 
     #[test]
     fn outbound_frames() {
-        assert_eq!(sub_frame("n", None, None), r#"{"op":"sub","ch":"n"}"#);
-        assert_eq!(sub_frame("n", Some(0), Some("e")), r#"{"op":"sub","ch":"n","from":0,"epoch":"e"}"#);
+        assert_eq!(sub_frame("n", None, None, false), r#"{"op":"sub","ch":"n"}"#);
+        assert_eq!(sub_frame("n", Some(0), Some("e"), false), r#"{"op":"sub","ch":"n","from":0,"epoch":"e"}"#);
+        assert_eq!(sub_frame("n", None, None, true), r#"{"op":"sub","ch":"n","join_leave":true}"#);
         assert_eq!(unsub_frame("n"), r#"{"op":"unsub","ch":"n"}"#);
         assert_eq!(refresh_frame("a.b.c"), r#"{"op":"refresh","token":"a.b.c"}"#);
         let data: Box<RawValue> = serde_json::from_str(r#"{"x": [1, 2]}"#).expect("json");
@@ -160,6 +176,14 @@ mod tests {
         assert_eq!(s.epoch.as_deref(), Some("17"));
         let e = Inbound::parse(r#"{"op":"error","code":"bad_channel","reason":"x"}"#).expect("e");
         assert_eq!(e.code.as_deref(), Some("bad_channel"));
+        let d = Inbound::parse(r#"{"op":"presence_diff","ch":"r","joins":[{"client":"a","info":[1]}],"leaves":[]}"#)
+            .expect("diff");
+        let joins = d.joins.expect("joins");
+        assert_eq!((joins[0].client.as_str(), joins[0].info.as_deref().map(RawValue::get)), ("a", Some("[1]")));
+        assert!(
+            Inbound::parse(r#"{"op":"presence","ch":"r","members":[{"user":"u"}]}"#).is_err(),
+            "a member has a client"
+        );
         assert!(Inbound::parse("[1]").is_err());
         assert!(Inbound::parse(r#"{"ch":"n"}"#).is_err());
     }

@@ -214,6 +214,10 @@ impl Broker for MemoryBroker {
         self.presences.next_due_ms()
     }
 
+    fn presence_top(&self, n: usize) -> Vec<crate::server::bus::PresenceRow> {
+        self.presences.top(n)
+    }
+
     fn on_due(&mut self, out: &mut dyn Outbox, now_ms: u64) {
         let max_diff = self.shared.config.presence.max_diff;
         let (homes, metrics) = (&self.homes, &self.shared.metrics[out.me()]);

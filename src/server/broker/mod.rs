@@ -129,6 +129,13 @@ pub trait Broker {
     /// Does the timed work due at `now_ms` (closes presence windows, sending their frames
     /// through `out`).
     fn on_due(&mut self, _out: &mut dyn Outbox, _now_ms: u64) {}
+
+    /// Up to `n` of the presence channels homed on this core, those with the most members
+    /// first (`GET /status.json`); none for a broker that keeps no presence at the cores (the
+    /// Redis broker keeps it in Redis: ask `GET /api/presence_stats/{ch}` there).
+    fn presence_top(&self, _n: usize) -> Vec<super::bus::PresenceRow> {
+        Vec::new()
+    }
 }
 
 /// Builds the broker of `shared.config.broker` for every core, index = core

@@ -10,12 +10,14 @@
 //! Each frame is encoded once for every `join_leave` subscriber on every core, so a reconnect
 //! herd of N members costs each member one frame per window, not N.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
 
 use crate::protocol::presence::{self, Member};
+use crate::server::bus::PresenceRow;
 use crate::server::conn::ConnId;
 
 /// A member's key at its home: its core and its connection id there. Ordered, so a page of
@@ -236,6 +238,25 @@ impl Presences {
         (r, opened)
     }
 
+    /// Up to `n` channels with the most members, most first (ties by name): one pass over the
+    /// channels with a heap of at most `n` entries, for the status page.
+    pub fn top(&self, n: usize) -> Vec<PresenceRow> {
+        let mut heap: BinaryHeap<Reverse<(usize, &Arc<str>)>> = BinaryHeap::with_capacity(n.min(1024) + 1);
+        for (ch, p) in self.channels.iter().filter(|(_, p)| !p.is_empty()) {
+            heap.push(Reverse((p.len(), ch)));
+            if heap.len() > n {
+                heap.pop();
+            }
+        }
+        heap.into_sorted_vec()
+            .into_iter()
+            .filter_map(|Reverse((_, ch))| {
+                let (members, users) = self.channels.get(ch)?.stats();
+                Some(PresenceRow { ch: ch.to_string(), members, users })
+            })
+            .collect()
+    }
+
     /// When the next window closes (ms on the core's clock).
     pub fn next_due_ms(&self) -> Option<u64> {
         self.closing.front().map(|(due, _)| *due)
@@ -360,5 +381,20 @@ mod tests {
         assert_eq!(out, ["a"], "b's join and leave cancelled out");
         assert!(ps.get("b").is_none(), "an idle channel is forgotten");
         assert_eq!(ps.members(), 2);
+    }
+
+    #[test]
+    fn top_lists_the_largest_channels_first_and_at_most_n() {
+        let mut ps = Presences::default();
+        for (ch, n) in [("one", 1u32), ("three", 3), ("two", 2), ("four", 4)] {
+            let ch: Arc<str> = ch.into();
+            for i in 0..n {
+                ps.change(&ch, 0, 500, |p| p.join((0, i, 1), m(&format!("{ch}{i}"), Some("u")), 10));
+            }
+        }
+        let row = |ch: &str, members| PresenceRow { ch: ch.into(), members, users: 1 };
+        assert_eq!(ps.top(2), [row("four", 4), row("three", 3)]);
+        assert_eq!(ps.top(10).len(), 4);
+        assert!(ps.top(0).is_empty());
     }
 }

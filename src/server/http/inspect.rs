@@ -1,13 +1,13 @@
 //! `GET /connections?top=N` and the per-core part of `GET /status.json`: the connections with
-//! the largest outbound queues and each core's summed queues, gathered from every core over
-//! the bus.
+//! the largest outbound queues, each core's summed queues and its largest presence channels,
+//! gathered from every core over the bus.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use crate::http;
 use crate::http::Request;
-use crate::server::bus::{ConnRef, ConnRow, CoreLoad, CoreMsg};
+use crate::server::bus::{ConnRef, ConnRow, CoreLoad, CoreMsg, PresenceRow};
 use crate::server::conn::ConnId;
 use crate::server::core::{CoreState, Gathering};
 use crate::tick::TICK_MS;
@@ -20,6 +20,11 @@ pub enum Gather {
     /// `GET /status.json` (docs/http.md): the rows, the cores' loads and the counters.
     Status,
 }
+
+/// Presence channels `GET /status.json` lists: the ones with the most members. Each core
+/// sends at most this many (a bounded heap over its homes' presence channels), so a refresh
+/// costs one pass over the presence channels and nothing per connection or member.
+pub const PRESENCE_TOP: usize = 10;
 
 /// The `top` query parameter of `/connections` and `/status.json`: rows wanted, default 10,
 /// at most 10,000 (a value that is not a number counts as absent).
@@ -91,6 +96,7 @@ impl CoreState {
             top,
             rows: Vec::new(),
             loads: Vec::with_capacity(cores),
+            presence: Vec::new(),
         });
         for core in 0..cores {
             self.router.to_core(core, CoreMsg::Inspect { reply: ConnRef { core: self.me as u16, id }, top });
@@ -98,11 +104,12 @@ impl CoreState {
     }
 
     /// One core's rows for the gathering of `id`; the last one completes it.
-    pub fn inspected(&mut self, id: ConnId, rows: Vec<ConnRow>, load: CoreLoad) {
+    pub fn inspected(&mut self, id: ConnId, rows: Vec<ConnRow>, load: CoreLoad, presence: Vec<PresenceRow>) {
         let Some(i) = self.inspects.iter().position(|g| g.conn == id) else { return };
         let g = &mut self.inspects[i];
         g.rows.extend(rows);
         g.loads.push(load);
+        g.presence.extend(presence);
         g.missing -= 1;
         if g.missing > 0 {
             return;
@@ -114,7 +121,9 @@ impl CoreState {
             Gather::Connections => self.answer_inspect(id, g.rows),
             Gather::Status => {
                 g.loads.sort_by_key(|l| l.core);
-                self.answer_status(id, g.rows, g.loads);
+                g.presence.sort_by(|a, b| b.members.cmp(&a.members).then_with(|| a.ch.cmp(&b.ch)));
+                g.presence.truncate(PRESENCE_TOP);
+                self.answer_status(id, g.rows, g.loads, g.presence);
             }
         }
     }

@@ -4,8 +4,9 @@
 //!
 //! The assets are compiled into the binary (`include_str!`: no CDN, no external font, no
 //! build step) and hold no data. The data is `/status.json`: the counters of `/metrics`, read
-//! from the same per-core atomics, plus each core's summed queues and the top connections by
-//! queued bytes, gathered from every core over the bus like `/connections`. It is guarded
+//! from the same per-core atomics, plus each core's summed queues, the top connections by
+//! queued bytes and the presence channels with the most members, gathered from every core over
+//! the bus like `/connections`. It is guarded
 //! like `/connections` (`admin.token`, or with no token only local peers).
 //!
 //! A browser cannot attach `Authorization` to a navigation, so a refused `GET /status` is
@@ -23,7 +24,7 @@ use super::auth::Guarded;
 use super::inspect::Gather;
 use crate::http;
 use crate::http::{Method, Request};
-use crate::server::bus::{ConnRow, CoreLoad};
+use crate::server::bus::{ConnRow, CoreLoad, PresenceRow};
 use crate::server::conn::ConnId;
 use crate::server::core::CoreState;
 use crate::server::Shared;
@@ -133,10 +134,11 @@ impl CoreState {
         self.send(id, resp, keep_alive);
     }
 
-    /// Every core answered the `GET /status.json` of `id`: its top connections and loads.
-    pub fn answer_status(&mut self, id: ConnId, top: Vec<ConnRow>, loads: Vec<CoreLoad>) {
+    /// Every core answered the `GET /status.json` of `id`: its top connections, loads and
+    /// presence channels.
+    pub fn answer_status(&mut self, id: ConnId, top: Vec<ConnRow>, loads: Vec<CoreLoad>, presence: Vec<PresenceRow>) {
         let Some(keep_alive) = self.session(id).and_then(|s| s.awaiting()) else { return };
-        let body = status_json(&self.shared, self.clock.now_ms(), top, &loads);
+        let body = status_json(&self.shared, self.clock.now_ms(), top, &loads, presence);
         let headers = [("Cache-Control", "no-store")];
         self.send(id, http::response(StatusCode::OK, "application/json", &body, &headers, keep_alive), keep_alive);
         self.serve_pending(id);
@@ -146,9 +148,15 @@ impl CoreState {
 /// The body of `GET /status.json` (its fields are listed in docs/http.md). Counters and
 /// gauges are read from the same per-core atomics as `/metrics` (`*_total` keys are the
 /// `tether_*_total` counters), `uptime_ms` is the process's clock in milliseconds (the page
-/// divides counter deltas by its deltas for the rates), and `loads` has one entry per core
-/// in core order.
-pub fn status_json(shared: &Shared, uptime_ms: u64, top: Vec<ConnRow>, loads: &[CoreLoad]) -> Vec<u8> {
+/// divides counter deltas by its deltas for the rates), `loads` has one entry per core
+/// in core order, and `presence` lists the presence channels with the most members, most first.
+pub fn status_json(
+    shared: &Shared,
+    uptime_ms: u64,
+    top: Vec<ConnRow>,
+    loads: &[CoreLoad],
+    presence: Vec<PresenceRow>,
+) -> Vec<u8> {
     let m = &shared.metrics;
     let gauge = |v: i64| v.max(0) as u64;
     let cores: Vec<Value> = m
@@ -204,6 +212,15 @@ pub fn status_json(shared: &Shared, uptime_ms: u64, top: Vec<ConnRow>, loads: &[
             "kind": cfg.broker.kind.as_str(),
             "up": shared.broker.up.load(Relaxed),
             "pubsub_up": shared.broker.pubsub_up.load(Relaxed),
+        },
+        "presence": {
+            "members": sum(&|c| gauge(c.presence_members.load(Relaxed))),
+            "untracked_total": sum(&|c| c.presence_untracked.load(Relaxed)),
+            "windows_total": {
+                "diff": sum(&|c| c.presence_frames[0].load(Relaxed)),
+                "reset": sum(&|c| c.presence_frames[1].load(Relaxed)),
+            },
+            "channels": presence,
         },
         "cores": cores,
         "top": top,

@@ -310,7 +310,10 @@ mod tests {
         assert_eq!(route(Method::Get, "/publish").err().map(|e| e.2), Some(Some("POST")));
         assert_eq!(route(Method::Post, "/channels").err().map(|e| e.2), Some(Some("GET, HEAD")));
         assert_eq!(route(Method::Delete, "/history/a").err().map(|e| e.2), Some(Some("GET, HEAD")));
-        for unknown in ["", "/", "/history/", "/history/a/b", "/nope", "/presence/a"] {
+        assert!(matches!(route(Method::Get, "/presence/a.b"), Ok(Route::Presence("a.b", false))));
+        assert!(matches!(route(Method::Get, "/presence_stats/a.b"), Ok(Route::Presence("a.b", true))));
+        assert_eq!(route(Method::Post, "/presence/a").err().map(|e| e.2), Some(Some("GET, HEAD")));
+        for unknown in ["", "/", "/history/", "/history/a/b", "/nope", "/presence/", "/presence_stats/a/b"] {
             assert_eq!(route(Method::Get, unknown).err().map(|e| e.0), Some(StatusCode::NOT_FOUND), "{unknown}");
         }
     }

@@ -115,10 +115,20 @@
     body.replaceChildren(...rows);
   }
 
-  function renderTop(top) {
-    const body = document.querySelector("#top tbody");
-    const rows = top.map((r) => {
+  // Replaces the rows of table `id` with one per item (`fill(tr, item)` adds its cells), and
+  // shows the "#<id>-empty" line when there is none.
+  function fillTable(id, items, fill) {
+    const rows = items.map((item) => {
       const tr = document.createElement("tr");
+      fill(tr, item);
+      return tr;
+    });
+    document.querySelector("#" + id + " tbody").replaceChildren(...rows);
+    document.getElementById(id + "-empty").hidden = rows.length > 0;
+  }
+
+  function renderTop(top) {
+    fillTable("top", top, (tr, r) => {
       tr.dataset.id = r.id;
       cell(tr, "id", r.id).textContent = r.id;
       cell(tr, "peer", r.peer).textContent = r.peer;
@@ -129,10 +139,17 @@
       subs.className = "subs";
       const names = r.subscriptions.slice(0, 8).join(", ");
       subs.textContent = r.subscriptions.length > 8 ? names + ", … (" + r.subscriptions.length + ")" : names;
-      return tr;
     });
-    body.replaceChildren(...rows);
-    document.getElementById("top-empty").hidden = rows.length > 0;
+  }
+
+  // The presence channels with the most members (at most 10, largest first).
+  function renderPresence(channels) {
+    fillTable("presence", channels, (tr, p) => {
+      tr.dataset.ch = p.ch;
+      cell(tr, "ch", p.ch).textContent = p.ch;
+      cell(tr, "members", p.members);
+      cell(tr, "users", p.users);
+    });
   }
 
   // Rates from two samples: the counter's growth over the server's clock, per second. The
@@ -182,6 +199,7 @@
     for (const el of document.querySelectorAll("[data-key]")) show(el, get(s, el.dataset.key));
     renderCores(s.cores);
     renderTop(s.top);
+    renderPresence(s.presence.channels);
     renderRates(s);
     previous = s;
     samples += 1;
