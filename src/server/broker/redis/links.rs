@@ -176,8 +176,11 @@ pub(super) async fn pubsub_link(ctx: Rc<Ctx>, mut ctl: UnboundedReceiver<Ctl>) {
         for ch in &names {
             ctx.to_channel(ch, ChanEvent::Linked);
         }
-        // Revocations made while this link was down reached this node by no message.
-        tokio::task::spawn_local(super::api::load_revocations(ctx.clone()));
+        // Revocations made while this link was down reached this node by no message. With the
+        // command link down there is nothing to read them with: its coming up reads them.
+        if ctx.cmd.borrow().is_some() {
+            tokio::task::spawn_local(super::api::load_revocations(ctx.clone()));
+        }
         // After the `Linked`s: a `sub` that saw the node ready reaches its channel task behind
         // them, so it is answered from the relinked channel, not refused.
         ctx.shared.broker.pubsub_up.store(true, Relaxed);
