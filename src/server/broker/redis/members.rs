@@ -134,7 +134,7 @@ async fn apply(
     }
     let (ttl, cmd) = (ctx.shared.config.presence.member_ttl_ms.to_string(), ctx.publish_command);
     for (ch, ops) in by_ch {
-        let max = ctx.shared.config.channel_rule(&ch).presence_max_members.to_string();
+        let max = ctx.shared.config.channel_rule(&ch).max_members().to_string();
         let (keys, topic) = (keys(ctx, &ch), ctx.keys.topic(&ch));
         for chunk in ops.chunks(PER_CALL) {
             let mut args: Vec<&str> = vec![cmd, &topic, &ttl, &max];
@@ -215,7 +215,7 @@ pub async fn answer(ctx: Rc<Ctx>, ch: Arc<str>, conn: ConnRef, query: PresenceQu
             }
         }
     };
-    ctx.to_core(conn.core as usize, CoreMsg::PresenceAnswer { conn: conn.id, json });
+    ctx.to_core(conn.core as usize, CoreMsg::PresenceAnswer { conn: conn.id, ch, json });
 }
 
 fn unavailable(ch: &str, e: &redis::RedisError) -> Vec<u8> {

@@ -203,13 +203,15 @@ impl Window {
     }
 
     /// Closes the window: its `presence_diff` frame, `presence_reset` past `max_diff`
-    /// changes, or `None` when they cancelled out. Returns whether it was a reset too.
-    pub fn close(&mut self, ch: &str, max_diff: usize) -> Option<(Bytes, bool)> {
+    /// changes or when the diff's members would take more than `max_bytes`, or `None` when
+    /// they cancelled out. Returns whether it was a reset too.
+    pub fn close(&mut self, ch: &str, max_diff: usize, max_bytes: usize) -> Option<(Bytes, bool)> {
         if self.changes.is_empty() {
             return None;
         }
         let changes = std::mem::take(&mut self.changes);
-        if changes.len() > max_diff {
+        let bytes: usize = changes.values().map(|(_, json)| json.len() + 1).sum();
+        if changes.len() > max_diff || bytes > max_bytes {
             return Some((presence_reset_frame(ch), true));
         }
         let mut sorted: Vec<(String, (bool, Box<str>))> = changes.into_iter().collect();
@@ -250,17 +252,17 @@ mod tests {
         ] {
             w.add(Change::parse(p).unwrap());
         }
-        let (frame, reset) = w.close("room", 10).unwrap();
+        let (frame, reset) = w.close("room", 10, usize::MAX).unwrap();
         assert!(!reset);
         assert_eq!(
             text(&frame),
             serde_json::json!({"op":"presence_diff","ch":"room","joins":[{"client":"a"}],"leaves":[{"client":"c"}]})
         );
-        assert!(w.close("room", 10).is_none());
+        assert!(w.close("room", 10, usize::MAX).is_none());
         for i in 0..3 {
             w.add(Change::parse(format!(r#"P J {{"client":"{i}"}}"#).as_bytes()).unwrap());
         }
-        let (frame, reset) = w.close("room", 2).unwrap();
+        let (frame, reset) = w.close("room", 2, usize::MAX).unwrap();
         assert!(reset);
         assert_eq!(text(&frame), serde_json::json!({"op":"presence_reset","ch":"room"}));
     }
