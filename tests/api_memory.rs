@@ -148,7 +148,9 @@ async fn unsubscribe_disconnect_and_revoke_reach_the_users_connections() {
     assert_eq!(v["closed"], 1, "{v}");
     assert_eq!(closed(&mut c).await.0, 4003);
     assert_eq!(upgrade_status(s.addr, &carol_old).await, 401);
-    let carol_new = token("carol", None, Some(now_s() + 2));
+    // Issued in the second after the revocation's (within jwt_leeway_ms, 2 s: an `iat` further
+    // ahead is refused as not yet valid).
+    let carol_new = token("carol", None, Some(now_s() + 1));
     let mut c = subscriber(s.addr, &carol_new, "news").await;
     tung::send(&mut c, json!({"op": "refresh", "token": carol_old})).await;
     assert_eq!(closed(&mut c).await.0, 4003, "a revoked token is refused at refresh");

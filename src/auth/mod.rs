@@ -319,6 +319,12 @@ impl Verifier {
         if c.nbf.is_some_and(|nbf| nbf > now_ms.saturating_add(self.leeway_ms)) {
             return Err(AuthError::NotYetValid);
         }
+        // An `iat` far in the future is refused too: a revocation of a user's tokens "issued
+        // until now" compares `iat`, which such a token would escape. An issuer's clock a
+        // little ahead of this one's is tolerated (IAT_SKEW_MS beyond the leeway).
+        if c.iat.is_some_and(|iat| iat > now_ms.saturating_add(self.leeway_ms + IAT_SKEW_MS)) {
+            return Err(AuthError::NotYetValid);
+        }
         if c.sub.is_empty() || c.sub.len() > MAX_SUB_BYTES {
             return Err(AuthError::Claims);
         }
@@ -341,6 +347,10 @@ impl Verifier {
         Ok(Verified { grant, exp_ms: c.exp, jti, iat_s })
     }
 }
+
+/// How far (milliseconds) beyond `auth.jwt_leeway_ms` a token's `iat` may be ahead of this
+/// server's clock: a token issued later than that is refused as not yet valid.
+pub const IAT_SKEW_MS: u64 = 60_000;
 
 /// Milliseconds since the Unix epoch by the wall clock (token times are wall-clock times;
 /// zero if the clock is before 1970).

@@ -74,6 +74,8 @@ fn refusals_name_what_failed() {
         (format!("{}.{rest}", b64(&json!({"alg":"HS512"}))), AuthError::Algorithm),
         (hs(json!({"sub":"alice","exp":T0 - 1})), AuthError::Expired),
         (hs(json!({"sub":"alice","exp":T0 + 60,"nbf":T0 + 5})), AuthError::NotYetValid),
+        // Issued in the future: it would escape a revocation of the user's tokens until now.
+        (hs(json!({"sub":"alice","exp":T0 + 600,"iat":T0 + 61})), AuthError::NotYetValid),
         (hs(json!({"sub":"alice"})), AuthError::Claims),
         (hs(json!({"exp":T0 + 60})), AuthError::Claims),
         (hs(json!({"sub":"","exp":T0 + 60})), AuthError::Claims),
@@ -90,7 +92,7 @@ fn refusals_name_what_failed() {
 }
 
 #[test]
-fn leeway_applies_to_exp_and_nbf_in_milliseconds() {
+fn leeway_applies_to_exp_nbf_and_iat_in_milliseconds() {
     let v = verifier(&Auth { jwt_leeway_ms: 1500, ..hs_auth() });
     let expired = hs(json!({"sub":"a","exp":T0 - 1}));
     assert!(v.verify(&expired, NOW_MS).is_ok(), "1 s late, 1.5 s leeway");
@@ -98,6 +100,10 @@ fn leeway_applies_to_exp_and_nbf_in_milliseconds() {
     let early = hs(json!({"sub":"a","exp":T0 + 60,"nbf":T0 + 1}));
     assert!(v.verify(&early, NOW_MS).is_ok());
     assert_eq!(v.verify(&early, NOW_MS - 501).map(|_| ()), Err(AuthError::NotYetValid));
+    // An issuer's clock ahead by up to the leeway + IAT_SKEW_MS is tolerated in `iat`.
+    let ahead = hs(json!({"sub":"a","exp":T0 + 600,"iat":T0 + 61}));
+    assert!(v.verify(&ahead, NOW_MS).is_ok(), "61 s ahead, 1.5 s leeway + 60 s");
+    assert_eq!(v.verify(&ahead, NOW_MS - 501).map(|_| ()), Err(AuthError::NotYetValid));
     // Fractional NumericDates (RFC 7519 §2) are read to the millisecond.
     let frac = hs(json!({"sub":"a","exp":(T0 as f64) + 0.25}));
     assert_eq!(verifier(&hs_auth()).verify(&frac, NOW_MS).map(|g| g.exp_ms), Ok(NOW_MS + 250));
