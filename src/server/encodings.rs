@@ -72,11 +72,14 @@ impl<'a> Batch<'a> {
 
 /// Makes message `p` in encoding `enc` (called at most once per message and encoding for the
 /// whole process, by [`Published::encoded`]).
-fn make(enc: Encoding, p: &Published, _ctx: &Ctx) -> Bytes {
+fn make(enc: Encoding, p: &Published, ctx: &Ctx) -> Bytes {
     match enc {
         Encoding::Plain => p.frame().clone(),
-        // Until permessage-deflate is negotiated no session takes this encoding; the plain
-        // frame is a valid answer for one that does.
-        Encoding::Deflate => p.frame().clone(),
+        // Under `compression.min_bytes`, or not smaller compressed: the plain frame itself.
+        Encoding::Deflate => {
+            let deflated = ctx.deflate.deflate_frame(p.frame());
+            ctx.stats.deflate.count(p.frame().len(), deflated.as_ref().map(|f| f.len()));
+            deflated.unwrap_or_else(|| p.frame().clone())
+        }
     }
 }
