@@ -231,7 +231,8 @@ impl Deflate {
         let d = slot.get_or_insert_with(|| Box::new(Decompress::new(false)));
         d.reset(false);
         let cap = limit.saturating_add(1);
-        let mut out: Vec<u8> = Vec::with_capacity(deflated.len().saturating_mul(4).clamp(64, cap));
+        // A first guess of 4× the input, never past the bound (grown by doubling up to it).
+        let mut out: Vec<u8> = Vec::with_capacity(deflated.len().saturating_mul(4).max(64).min(cap));
         loop {
             let read = d.total_in() as usize;
             let status = d

@@ -160,6 +160,9 @@ fn rsv1_misuse_is_1002_and_a_bomb_is_1009() {
     let mut junk = encode_client_frame(0x1, true, &[0xff; 40], [1, 2, 3, 4]);
     junk[0] |= 0x40;
     assert_eq!(u16::from(Decoder::new().decode_with(&junk, 1 << 20, true, Some(&d)).unwrap_err().code), 1007);
+    // A bound below the first guess of the output buffer.
+    let small = client_deflated(&big, &[b'a'; 40], true);
+    assert_eq!(u16::from(Decoder::new().decode_with(&small, 10, true, Some(&d)).unwrap_err().code), 1009);
     // Invalid UTF-8 after inflating.
     let bad = client_deflated(&d, &[0xC3u8; 64], true);
     assert_eq!(u16::from(Decoder::new().decode_with(&bad, 1 << 20, true, Some(&d)).unwrap_err().code), 1007);
