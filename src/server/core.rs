@@ -25,6 +25,7 @@ use slab::Slab;
 use super::broker::{Broker, PublishResult, Request};
 use super::bus::{ConnRef, ConnRow, CoreLoad, CoreMsg, Endpoint, PresenceRow, Router};
 use super::conn::{session_config, Conn, ConnId, IoFlags};
+use super::encodings::Batch;
 use super::local::LocalChannels;
 use super::metrics::CoreMetrics;
 use super::reactor::Reactor;
@@ -33,11 +34,12 @@ use super::timer::TimerWheel;
 use super::{io as sock, Shared};
 use crate::auth::grants::Grants;
 use crate::protocol;
-use crate::session::queue::Frame;
+use crate::published::Encoding;
 use crate::session::replay::Fetch;
 use crate::session::{Ctx, Event, Events, HandshakeFailure, Overflow, ReapReason, Session, SessionConfig, State};
 use crate::tick::{heartbeat_slack, heartbeat_slot, Tick, TICK_MS};
 use crate::ws::codec::{self, CloseCode};
+use crate::ws::deflate::Deflate;
 
 /// Size of the per-core read buffer. Reads never go to per-connection memory.
 pub const SCRATCH_BYTES: usize = 64 * 1024;
@@ -113,6 +115,9 @@ pub struct Clock {
     pub last_sweep: Tick,
     /// The sessions' limits in ticks.
     pub cfg: SessionConfig,
+    /// The core's permessage-deflate compressor and inflater, lent to every session (none is
+    /// held per connection).
+    pub deflate: Deflate,
     /// The heartbeat grid in ticks ([`heartbeat_slack`]): ping times and pong deadlines are
     /// filed on its multiples.
     pub heartbeat_slack: Tick,
@@ -239,6 +244,7 @@ impl CoreState {
                 last_sweep: 0,
                 heartbeat_slack: heartbeat_slack(session_cfg.ping_interval, session_cfg.pong_timeout),
                 cfg: session_cfg,
+                deflate: Deflate::new(cfg.compression.deflate()),
             },
             reactor,
             drain: Drain::default(),
@@ -281,7 +287,12 @@ impl CoreState {
     /// [`CoreState::with_session`] at a tick the caller read once for many sessions (a
     /// fan-out chunk), sparing a clock read per delivery.
     pub fn with_session_at<R>(&mut self, id: ConnId, now: Tick, f: impl FnOnce(&mut Session, &Ctx) -> R) -> Option<R> {
-        let ctx = Ctx { now, cfg: &self.clock.cfg, stats: &self.shared.metrics[self.me].session };
+        let ctx = Ctx {
+            now,
+            cfg: &self.clock.cfg,
+            stats: &self.shared.metrics[self.me].session,
+            deflate: &self.clock.deflate,
+        };
         let c = conn(&mut self.conns.slab, id)?;
         let r = f(&mut c.session, &ctx);
         arm(&mut self.clock.wheel, self.clock.heartbeat_slack, id, c);
@@ -497,14 +508,15 @@ impl CoreState {
         }
     }
 
-    /// Queues `frames` (messages of local channel `chan`, in seq order) on `id` under `policy`
-    /// at tick `now` (a fan-out delivery); returns how many were queued. The session is visited
+    /// Queues the frames of `batch` (messages of local channel `chan`, in seq order), in the
+    /// encoding `id` takes, on `id` under `policy` at tick `now` (a fan-out delivery); returns
+    /// how many were queued. The session is visited
     /// once for all of them. An overflow that closes the connection is logged.
-    pub fn deliver_to(&mut self, id: ConnId, now: Tick, frames: &[Frame], chan: u32, policy: Overflow) -> u64 {
+    pub fn deliver_to(&mut self, id: ConnId, now: Tick, batch: &mut Batch, chan: u32, policy: Overflow) -> u64 {
         let r = self.with_session_at(id, now, |s, ctx| {
             let open = s.state().can_write();
             let mut queued = 0;
-            for f in frames {
+            for f in batch.frames(s.encoding(), ctx) {
                 queued += u64::from(s.enqueue(ctx, f.clone(), chan, Some(policy)));
             }
             (queued, open && !s.state().can_write())
@@ -536,6 +548,9 @@ impl CoreState {
             }
             if s.drain_scheduled() {
                 metrics.session.drain_remaining.fetch_sub(1, Relaxed);
+            }
+            if s.encoding() == Encoding::Deflate {
+                metrics.session.deflate_connections.fetch_sub(1, Relaxed);
             }
         } else if why == ReapReason::HandshakeTimeout {
             metrics.reaped(why);

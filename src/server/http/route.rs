@@ -22,7 +22,7 @@ use crate::server::conn::{ConnId, IoFlags};
 use crate::server::core::CoreState;
 use crate::server::metrics;
 use crate::session::{HandshakeFailure, State};
-use crate::ws::handshake;
+use crate::ws::{deflate, handshake};
 
 /// `Retry-After` (seconds) sent with 503 answers to upgrades refused for capacity or rate.
 const RETRY_AFTER_S: &str = "1";
@@ -343,11 +343,18 @@ impl CoreState {
             let e = HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "max_connections reached");
             return self.refuse(id, req, e, HandshakeFailure::OverCapacity, &retry);
         }
+        // RFC 7692 §5: the first acceptable permessage-deflate offer, or none (declined: the
+        // connection goes on uncompressed, never refused for its offers).
+        let deflate = match &req.ws_extensions {
+            Some(offers) if self.clock.deflate.enabled() => deflate::negotiate(offers),
+            _ => None,
+        };
         let m = self.metrics();
         m.upgraded.fetch_add(1, Relaxed);
         m.connections.fetch_add(1, Relaxed);
         let pending = self.with_session(id, |s, ctx| {
-            s.upgrade(ctx, handshake::switching_protocols(&accept), echo, &mut rand::rng());
+            let response = handshake::switching_protocols(&accept, deflate.as_ref().map(|a| a.response.as_str()));
+            s.upgrade(ctx, response, echo, deflate.is_some(), &mut rand::rng());
             s.has_pending_input()
         });
         if let Some(v) = verified {

@@ -61,8 +61,10 @@ use self::replay::Replay;
 pub use self::stats::{HandshakeFailure, Limit, SessionStats};
 pub use self::token::{token_due, MAX_TOKEN_TICKS, NO_GRANT};
 use crate::protocol::close::{CloseCode, CloseReason};
+use crate::published::Encoding;
 use crate::tick::{reached, Tick};
 use crate::ws::codec::{self, Decoder, Violation};
+use crate::ws::deflate::Deflate;
 
 /// Drain closes carry `retry_after_ms` drawn uniformly from 0 to this, in milliseconds.
 pub const DRAIN_RETRY_SPREAD_MS: u64 = 3000;
@@ -173,6 +175,9 @@ pub struct Ctx<'a> {
     pub cfg: &'a SessionConfig,
     /// The core's session counters (relaxed atomics; counting is not I/O).
     pub stats: &'a SessionStats,
+    /// The core's permessage-deflate compressor and inflater (RFC 7692), lent to the sessions
+    /// that negotiated it; none is held per connection.
+    pub deflate: &'a Deflate,
 }
 
 /// One connection's protocol state: its lifecycle, counters, deadline and a queue of shared
@@ -262,6 +267,16 @@ impl Session {
     /// Whether it is an `/echo` connection (data frames echoed, not parsed as requests).
     pub fn is_echo(&self) -> bool {
         self.flags.has(Flags::ECHO)
+    }
+
+    /// The encoding this connection takes fan-out messages in: [`Encoding::Deflate`] when
+    /// permessage-deflate was negotiated at the upgrade (RFC 7692), else [`Encoding::Plain`].
+    pub fn encoding(&self) -> Encoding {
+        if self.flags.has(Flags::DEFLATE) {
+            Encoding::Deflate
+        } else {
+            Encoding::Plain
+        }
     }
 
     /// Whether the drain scheduled this connection's close and it has not gone out yet.
