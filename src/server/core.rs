@@ -498,9 +498,24 @@ impl CoreState {
     }
 
     /// Queues `frames` (messages of local channel `chan`, in seq order) on `id` under `policy`
-    /// at tick `now` (a fan-out delivery); returns how many were queued. The session is visited
+    /// at tick `now` (a fan-out delivery), or their SSE `events` when `id` is an SSE stream;
+    /// returns how many were queued. The session is visited
     /// once for all of them. An overflow that closes the connection is logged.
-    pub fn deliver_to(&mut self, id: ConnId, now: Tick, frames: &[Frame], chan: u32, policy: Overflow) -> u64 {
+    pub fn deliver_to(
+        &mut self,
+        id: ConnId,
+        now: Tick,
+        frames: &[Frame],
+        events: &mut super::processor::SseEvents,
+        chan: u32,
+        policy: Overflow,
+    ) -> u64 {
+        let frames = if self.session(id).is_some_and(|s| s.is_sse()) {
+            let epoch = self.local.chans.get(chan as usize).and_then(|c| c.epoch.clone());
+            events.of(frames, epoch.as_deref())
+        } else {
+            frames
+        };
         let r = self.with_session_at(id, now, |s, ctx| {
             let open = s.state().can_write();
             let mut queued = 0;
@@ -528,6 +543,9 @@ impl CoreState {
         let why = s.reap_reason().unwrap_or(ReapReason::Eof);
         if s.is_upgraded() {
             metrics.connections.fetch_sub(1, Relaxed);
+            if s.is_sse() {
+                metrics.sse_connections.fetch_sub(1, Relaxed);
+            }
             self.shared.open.fetch_sub(1, Relaxed);
             metrics.reaped(why);
             super::events::reaped(self.me, c.fd, why);

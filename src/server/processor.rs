@@ -151,6 +151,25 @@ fn handle_feed_publishes(core: &Rc<RefCell<CoreState>>) {
     st.shared.doorbells[st.me].ring();
 }
 
+/// The SSE events of a batch of deliveries ([`crate::sse::msg_from_frame`]), made the first
+/// time a subscriber of the batch is an SSE stream and then shared by this core's SSE
+/// subscribers as the frames are by its WebSocket ones: a channel without SSE subscribers
+/// costs nothing.
+#[derive(Default)]
+pub struct SseEvents(Option<Vec<Frame>>);
+
+impl SseEvents {
+    /// The events of `frames` (messages of a channel whose epoch is `epoch`).
+    pub fn of(&mut self, frames: &[Frame], epoch: Option<&str>) -> &[Frame] {
+        self.0.get_or_insert_with(|| {
+            // No epoch only before the channel's first subscription answer, when no
+            // subscriber is active; an id with "-" would resume as a reset, never as a gap.
+            let epoch = epoch.unwrap_or("-");
+            frames.iter().filter_map(|f| crate::sse::msg_from_frame(f, epoch)).map(Frame::from).collect()
+        })
+    }
+}
+
 /// Queues `frames` (consecutive messages of `ch`, in seq order) to every local subscriber of
 /// `ch`, in chunks of [`CHUNK`] subscribers: each subscriber takes all of them at once, so its
 /// session is visited once per batch, not once per message. Each frame is shared by the
@@ -166,6 +185,7 @@ async fn deliver(core: &Rc<RefCell<CoreState>>, ch: &str, frames: &[Bytes]) {
         .map(|f| if subs.saturating_mul(64) >= f.len() { Frame::local(f) } else { Frame::from(f.clone()) })
         .collect();
     core.borrow_mut().active_chan = Some(chan);
+    let mut events = SseEvents::default();
     let mut pos = 0;
     loop {
         let done = {
@@ -184,7 +204,7 @@ async fn deliver(core: &Rc<RefCell<CoreState>>, ch: &str, frames: &[Bytes]) {
                 if *id == ConnId::DEAD {
                     continue;
                 }
-                n += st.deliver_to(*id, now, &frames, chan, policy);
+                n += st.deliver_to(*id, now, &frames, &mut events, chan, policy);
             }
             st.metrics().delivered.fetch_add(n, Relaxed);
             pos = end;

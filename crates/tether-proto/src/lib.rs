@@ -16,6 +16,9 @@
 //!   §5–§7).
 //! - [`protocol`]: the pub/sub wire protocol v1 (docs/protocol.md): client ops in, server
 //!   frames out, the close-code contract and the reconnect backoff.
+//! - [`sse`]: Server-Sent Events (WHATWG HTML §9.2): the `GET /sse` response head, message,
+//!   reset, error and close events (each message's encoded once and shared), heartbeat
+//!   comments, and the positions (`Last-Event-ID`, `from=`) a client resumes from.
 //! - [`tick`]: the session's time base (a [`tick::Tick`] of 10 ms, passed in, never read) and
 //!   the heartbeat grid a core files pings on.
 //! - [`session`]: one connection's decisions (quinn-proto's shape: `handle_*` in, `poll_*`
@@ -36,5 +39,6 @@ pub mod http;
 pub mod protocol;
 pub mod redact;
 pub mod session;
+pub mod sse;
 pub mod tick;
 pub mod ws;
