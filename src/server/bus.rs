@@ -24,6 +24,7 @@ use super::broker::{Control, HistoryPage, Outbox, PublishResult, Request, Resume
 use super::{ConnId, Shared};
 use crate::auth::revoke::Revocation;
 use crate::protocol::RequestError;
+use crate::published::Published;
 
 /// Capacity of each core-to-core queue, in messages.
 pub const QUEUE_CAPACITY: usize = 8192;
@@ -75,14 +76,15 @@ pub enum CoreMsg {
         /// How the resume point, if any, resolved.
         resume: Resume,
     },
-    /// Deliver the encoded frame of message `seq` of `ch` to local subscribers.
+    /// Deliver message `seq` of `ch` to local subscribers, each in its encoding.
     Deliver {
         /// Channel name.
         ch: Arc<str>,
         /// The message's seq.
         seq: u64,
-        /// The complete `msg` frame, shared by every subscriber.
-        frame: Bytes,
+        /// The message: its plain `msg` frame and the encodings made of it, shared by every
+        /// core and subscriber.
+        msg: Arc<Published>,
     },
     /// The answer to a [`Request::Fetch`]: frames after `after`, or `evicted = Some(oldest)`
     /// when that part of history is gone meanwhile.
@@ -517,7 +519,10 @@ mod tests {
         let n = QUEUE_CAPACITY + 10;
         let mut spilled = 0;
         for seq in 0..n as u64 {
-            spilled += a.send(1, BusMsg::Core(CoreMsg::Deliver { ch: "c".into(), seq, frame: Bytes::new() }));
+            spilled += a.send(
+                1,
+                BusMsg::Core(CoreMsg::Deliver { ch: "c".into(), seq, msg: Arc::new(Published::new(Bytes::new())) }),
+            );
         }
         assert_eq!(spilled, 10);
         assert!(a.has_spill());

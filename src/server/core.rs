@@ -25,6 +25,7 @@ use slab::Slab;
 use super::broker::{Broker, PublishResult, Request};
 use super::bus::{ConnRef, ConnRow, CoreLoad, CoreMsg, Endpoint, PresenceRow, Router};
 use super::conn::{session_config, Conn, ConnId, IoFlags};
+use super::encodings::Batch;
 use super::local::LocalChannels;
 use super::metrics::CoreMetrics;
 use super::reactor::Reactor;
@@ -33,7 +34,6 @@ use super::timer::TimerWheel;
 use super::{io as sock, Shared};
 use crate::auth::grants::Grants;
 use crate::protocol;
-use crate::session::queue::Frame;
 use crate::session::replay::Fetch;
 use crate::session::{Ctx, Event, Events, HandshakeFailure, Overflow, ReapReason, Session, SessionConfig, State};
 use crate::tick::{heartbeat_slack, heartbeat_slot, Tick, TICK_MS};
@@ -497,29 +497,15 @@ impl CoreState {
         }
     }
 
-    /// Queues `frames` (messages of local channel `chan`, in seq order) on `id` under `policy`
-    /// at tick `now` (a fan-out delivery), or their SSE `events` when `id` is an SSE stream;
-    /// returns how many were queued. The session is visited
+    /// Queues the frames of `batch` (messages of local channel `chan`, in seq order), in the
+    /// encoding `id` takes (an SSE stream's events among them), on `id` under `policy` at tick `now` (a fan-out delivery); returns
+    /// how many were queued. The session is visited
     /// once for all of them. An overflow that closes the connection is logged.
-    pub fn deliver_to(
-        &mut self,
-        id: ConnId,
-        now: Tick,
-        frames: &[Frame],
-        events: &mut super::processor::SseEvents,
-        chan: u32,
-        policy: Overflow,
-    ) -> u64 {
-        let frames = if self.session(id).is_some_and(|s| s.is_sse()) {
-            let epoch = self.local.chans.get(chan as usize).and_then(|c| c.epoch.clone());
-            events.of(frames, epoch.as_deref())
-        } else {
-            frames
-        };
+    pub fn deliver_to(&mut self, id: ConnId, now: Tick, batch: &mut Batch, chan: u32, policy: Overflow) -> u64 {
         let r = self.with_session_at(id, now, |s, ctx| {
             let open = s.state().can_write();
             let mut queued = 0;
-            for f in frames {
+            for f in batch.frames(s.encoding(), ctx) {
                 queued += u64::from(s.enqueue(ctx, f.clone(), chan, Some(policy)));
             }
             (queued, open && !s.state().can_write())

@@ -34,6 +34,8 @@
 //!   connections, and the API requests gathering answers from other cores.
 //! - [`feed_port`]: the feeds thread's entry into the broker path (bounded, answered per
 //!   publish).
+//! - [`encodings`]: a batch of fan-out messages in the encodings this core's subscribers
+//!   take (plain, permessage-deflate), one local copy per encoding, made when first needed.
 //! - [`events`]: log lines about connections (handshake failures, reaps, overflow closes,
 //!   drain progress), rate-limited per core.
 //! - [`broker`]: the home side of channels behind the [`broker::Broker`] trait (seq, epoch,
@@ -61,6 +63,7 @@ pub mod bus;
 pub mod conn;
 pub mod control;
 pub mod core;
+pub mod encodings;
 pub mod events;
 pub mod feed_port;
 pub mod flush;

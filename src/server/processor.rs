@@ -8,15 +8,15 @@ use std::cell::RefCell;
 use std::future::poll_fn;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
-
-use bytes::Bytes;
 
 use super::bus::{BusMsg, CoreMsg};
 use super::conn::ConnId;
 use super::core::CoreState;
-use crate::session::queue::Frame;
+use super::encodings::Batch;
+use crate::published::Published;
 
 /// Subscribers a delivery visits before the processor yields.
 pub const CHUNK: usize = 1024;
@@ -51,7 +51,7 @@ fn recv(core: &Rc<RefCell<CoreState>>) -> Option<BusMsg> {
 
 /// Runs the processor of one core until the runtime stops.
 pub async fn run(core: Rc<RefCell<CoreState>>) {
-    let mut frames: Vec<Bytes> = Vec::with_capacity(BATCH);
+    let mut frames: Vec<Arc<Published>> = Vec::with_capacity(BATCH);
     let (me, shared) = {
         let st = core.borrow();
         (st.me, st.shared.clone())
@@ -96,14 +96,14 @@ pub async fn run(core: Rc<RefCell<CoreState>>) {
                 let Some(msg) = next.take().or_else(|| recv(&core)) else { break };
                 handled += 1;
                 match msg {
-                    BusMsg::Core(CoreMsg::Deliver { ch, seq: _, frame }) => {
+                    BusMsg::Core(CoreMsg::Deliver { ch, seq: _, msg }) => {
                         // The deliveries of the same channel that follow join this one (the
                         // first message of another kind or channel is kept for next).
-                        frames.push(frame);
+                        frames.push(msg);
                         while frames.len() < BATCH && handled < PASS {
                             match recv(&core) {
-                                Some(BusMsg::Core(CoreMsg::Deliver { ch: c, seq: _, frame })) if c == ch => {
-                                    frames.push(frame);
+                                Some(BusMsg::Core(CoreMsg::Deliver { ch: c, seq: _, msg })) if c == ch => {
+                                    frames.push(msg);
                                     handled += 1;
                                 }
                                 other => {
@@ -151,41 +151,19 @@ fn handle_feed_publishes(core: &Rc<RefCell<CoreState>>) {
     st.shared.doorbells[st.me].ring();
 }
 
-/// The SSE events of a batch of deliveries ([`crate::sse::msg_from_frame`]), made the first
-/// time a subscriber of the batch is an SSE stream and then shared by this core's SSE
-/// subscribers as the frames are by its WebSocket ones: a channel without SSE subscribers
-/// costs nothing.
-#[derive(Default)]
-pub struct SseEvents(Option<Vec<Frame>>);
-
-impl SseEvents {
-    /// The events of `frames` (messages of a channel whose epoch is `epoch`).
-    pub fn of(&mut self, frames: &[Frame], epoch: Option<&str>) -> &[Frame] {
-        self.0.get_or_insert_with(|| {
-            // No epoch only before the channel's first subscription answer, when no
-            // subscriber is active; an id with "-" would resume as a reset, never as a gap.
-            let epoch = epoch.unwrap_or("-");
-            frames.iter().filter_map(|f| crate::sse::msg_from_frame(f, epoch)).map(Frame::from).collect()
-        })
-    }
-}
-
-/// Queues `frames` (consecutive messages of `ch`, in seq order) to every local subscriber of
+/// Queues `msgs` (consecutive messages of `ch`, in seq order) to every local subscriber of
 /// `ch`, in chunks of [`CHUNK`] subscribers: each subscriber takes all of them at once, so its
 /// session is visited once per batch, not once per message. Each frame is shared by the
-/// subscribers of this core as one copy made here.
-async fn deliver(core: &Rc<RefCell<CoreState>>, ch: &str, frames: &[Bytes]) {
+/// subscribers of this core as one copy made here per encoding taken ([`Batch`]).
+async fn deliver(core: &Rc<RefCell<CoreState>>, ch: &str, msgs: &[Arc<Published>]) {
     let Some(chan) = core.borrow().local.find(ch) else { return };
     // A copy of this core's own, counted without atomics (queue::Frame: a `Bytes` clone per
     // subscriber took a quarter of the server's time at 7.5 M deliveries/s on 2 cores). Made
     // when it costs at most 64 bytes of copying per local subscriber.
-    let subs = core.borrow().local.chans.get(chan as usize).map_or(0, |c| c.subs.len());
-    let frames: Vec<Frame> = frames
-        .iter()
-        .map(|f| if subs.saturating_mul(64) >= f.len() { Frame::local(f) } else { Frame::from(f.clone()) })
-        .collect();
+    let (subs, epoch) =
+        core.borrow().local.chans.get(chan as usize).map_or((0, None), |c| (c.subs.len(), c.epoch.clone()));
+    let mut batch = Batch::new(msgs, subs).with_epoch(epoch);
     core.borrow_mut().active_chan = Some(chan);
-    let mut events = SseEvents::default();
     let mut pos = 0;
     loop {
         let done = {
@@ -204,7 +182,7 @@ async fn deliver(core: &Rc<RefCell<CoreState>>, ch: &str, frames: &[Bytes]) {
                 if *id == ConnId::DEAD {
                     continue;
                 }
-                n += st.deliver_to(*id, now, &frames, &mut events, chan, policy);
+                n += st.deliver_to(*id, now, &mut batch, chan, policy);
             }
             st.metrics().delivered.fetch_add(n, Relaxed);
             pos = end;

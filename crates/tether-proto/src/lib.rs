@@ -14,6 +14,8 @@
 //! - [`ws`]: RFC 6455 pieces: [`ws::handshake`] (the upgrade check on a parsed request,
 //!   §4.2) and [`ws::codec`] (frame decoding and encoding, fragments, UTF-8, close codes,
 //!   §5–§7).
+//! - [`published`]: one published message in every encoding a subscriber may take (plain,
+//!   permessage-deflate), each made at most once for the whole process, lazily.
 //! - [`protocol`]: the pub/sub wire protocol v1 (docs/protocol.md): client ops in, server
 //!   frames out, the close-code contract and the reconnect backoff.
 //! - [`sse`]: Server-Sent Events (WHATWG HTML §9.2): the `GET /sse` response head, message,
@@ -37,6 +39,7 @@
 pub mod duration;
 pub mod http;
 pub mod protocol;
+pub mod published;
 pub mod redact;
 pub mod session;
 pub mod sse;

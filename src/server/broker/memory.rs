@@ -12,6 +12,7 @@ use super::presence::{member_key, parse_cursor, Announcement, Joined, Presences}
 use super::{Broker, Outbox, PresenceQuery, PublishResult, Request, Resume};
 use crate::protocol::presence::{presence_json, presence_stats_json};
 use crate::protocol::{self, codes, RequestError};
+use crate::published::Published;
 use crate::server::bus::{ConnRef, CoreMsg};
 use crate::server::Shared;
 use crate::session::Limit;
@@ -139,11 +140,9 @@ impl Broker for MemoryBroker {
                     Some(frame) => {
                         metrics.published.fetch_add(1, Relaxed);
                         if let Some(c) = self.homes.get(&ch) {
+                            let msg = Arc::new(Published::new(frame));
                             for core in c.interested() {
-                                out.to_core(
-                                    core,
-                                    CoreMsg::Deliver { ch: name.clone(), seq: p.seq, frame: frame.clone() },
-                                );
+                                out.to_core(core, CoreMsg::Deliver { ch: name.clone(), seq: p.seq, msg: msg.clone() });
                             }
                         }
                     }

@@ -28,9 +28,13 @@ impl Flags {
     /// Decoding stopped after [`MESSAGES_PER_TURN`](super::MESSAGES_PER_TURN) messages with
     /// input left: [`Session::poll_turn_ended`](super::Session::poll_turn_ended).
     pub const TURN_ENDED: Flags = Flags(128);
+    /// permessage-deflate was negotiated at the upgrade (RFC 7692, no context takeover either
+    /// way): fan-out frames are taken in [`Encoding::Deflate`](crate::published::Encoding),
+    /// and data frames with RSV1 are inflated.
+    pub const DEFLATE: Flags = Flags(256);
     /// A Server-Sent Events stream (`GET /sse`), not a WebSocket: deliveries are events,
     /// heartbeats are comment lines, the end is an `event: close` and FIN (`session/sse.rs`).
-    pub const SSE: Flags = Flags(256);
+    pub const SSE: Flags = Flags(512);
 
     /// The top two bits: requests counted against the per-connection op rates while no
     /// [`super::limits::Limiter`] exists ([`Flags::free_ops`]).

@@ -64,6 +64,7 @@ use self::replay::Replay;
 pub use self::stats::{HandshakeFailure, Limit, SessionStats};
 pub use self::token::{token_due, MAX_TOKEN_TICKS, NO_GRANT};
 use crate::protocol::close::{CloseCode, CloseReason};
+use crate::published::Encoding;
 use crate::tick::{reached, Tick};
 use crate::ws::codec::{self, Decoder, Violation};
 
@@ -270,6 +271,19 @@ impl Session {
     /// Whether it is an `/echo` connection (data frames echoed, not parsed as requests).
     pub fn is_echo(&self) -> bool {
         self.flags.has(Flags::ECHO)
+    }
+
+    /// The encoding this connection takes fan-out messages in: [`Encoding::Sse`] for an SSE
+    /// stream, [`Encoding::Deflate`] when permessage-deflate was negotiated at the upgrade
+    /// (RFC 7692), else [`Encoding::Plain`].
+    pub fn encoding(&self) -> Encoding {
+        if self.flags.has(Flags::SSE) {
+            Encoding::Sse
+        } else if self.flags.has(Flags::DEFLATE) {
+            Encoding::Deflate
+        } else {
+            Encoding::Plain
+        }
     }
 
     /// Whether the drain scheduled this connection's close and it has not gone out yet.

@@ -39,6 +39,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::thread::{unavailable, Ctx};
 use crate::protocol::ResetReason;
+use crate::published::Published;
 use crate::server::broker::home::REPLAY_BATCH;
 use crate::server::broker::Resume;
 use crate::server::bus::{ConnRef, CoreMsg};
@@ -412,11 +413,11 @@ impl Chan {
 
     fn deliver(&mut self, seq: u64, data: Bytes) {
         self.last = seq;
-        let frame = frame(&self.name, seq, &data);
+        let msg = Arc::new(Published::new(frame(&self.name, seq, &data)));
         self.last_data = data;
         for (core, n) in self.interest.iter().enumerate() {
             if *n > 0 {
-                let msg = CoreMsg::Deliver { ch: self.name.clone(), seq, frame: frame.clone() };
+                let msg = CoreMsg::Deliver { ch: self.name.clone(), seq, msg: msg.clone() };
                 self.ctx.to_core(core, msg);
             }
         }
