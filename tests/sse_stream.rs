@@ -202,6 +202,11 @@ async fn requests_are_refused_before_the_stream_with_a_reason() {
     }
     let ok = SseReader::open(srv.addr, &q("ch=ok.a"), &[("Origin", "https://app.example")]).await;
     assert_eq!(ok.status, 200, "{}", ok.head);
+    assert_eq!(
+        header(&ok.head, "access-control-allow-origin"),
+        Some("https://app.example"),
+        "CORS for a page's EventSource"
+    );
     let bearer = SseReader::open(srv.addr, "/sse?ch=ok.b", &[("Authorization", &format!("Bearer {tok}"))]).await;
     assert_eq!(bearer.status, 200, "{}", bearer.head);
     // The reader sends Accept: text/event-stream; a client that accepts only JSON gets 406.

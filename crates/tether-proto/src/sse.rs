@@ -40,13 +40,17 @@ pub const RETRY_FLOOR_MS: u64 = 1000;
 /// on its own, so chunked framing would add bytes to every event and say nothing a proxy
 /// needs; EventSource, `curl -N` and HTTP/1.1 proxies read a close-delimited body as it comes.
 /// `Cache-Control: no-cache` keeps caches from storing it, `X-Accel-Buffering: no` tells
-/// nginx not to buffer it.
-pub fn response_head() -> Vec<u8> {
-    crate::http::stream_head(
-        crate::http::StatusCode::OK,
-        "text/event-stream",
-        &[("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")],
-    )
+/// nginx not to buffer it. With `origin` (the request's `Origin`, already admitted by the
+/// server's allow-list) it carries `Access-Control-Allow-Origin` naming it and
+/// `Vary: Origin`: a page's EventSource on another origin makes a CORS request (Fetch §3.2;
+/// no preflight: EventSource sets no header of its own choosing but `Last-Event-ID`).
+pub fn response_head(origin: Option<&str>) -> Vec<u8> {
+    let mut headers = vec![("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")];
+    if let Some(o) = origin {
+        headers.push(("Access-Control-Allow-Origin", o));
+        headers.push(("Vary", "Origin"));
+    }
+    crate::http::stream_head(crate::http::StatusCode::OK, "text/event-stream", &headers)
 }
 
 /// Appends `data:` lines holding `json`, then the blank line that dispatches the event.
@@ -189,7 +193,8 @@ pub fn close_event(code: CloseCode, reason: &str, retry_ms: Option<u64>) -> Byte
 pub struct Position {
     /// Channel name (1–128 bytes of `[A-Za-z0-9._:-]`; it may itself hold colons).
     pub ch: String,
-    /// The epoch the seq belongs to (opaque, as the server sent it).
+    /// The epoch the seq belongs to (opaque, as the server sent it); empty for a position
+    /// without one (`from=ch::12`, a `sub` with `from` and no `epoch`).
     pub epoch: String,
     /// The last seq the client has.
     pub seq: u64,
@@ -201,8 +206,8 @@ impl Position {
     ///
     /// # Errors
     /// A short reason, for a 400: longer than [`MAX_EVENT_ID_BYTES`], not three parts, an
-    /// invalid channel name, an empty or over-long epoch (more than [`MAX_EPOCH_BYTES`], or
-    /// with characters outside `[A-Za-z0-9._-]`), or a seq that is not a decimal `u64`.
+    /// invalid channel name, an over-long epoch (more than [`MAX_EPOCH_BYTES`], or with
+    /// characters outside `[A-Za-z0-9._-]`), or a seq that is not a decimal `u64`.
     pub fn parse(s: &str) -> Result<Position, &'static str> {
         if s.len() > MAX_EVENT_ID_BYTES {
             return Err("longer than 256 bytes");
@@ -215,8 +220,7 @@ impl Position {
             return Err("invalid channel name");
         }
         let epoch_ok = |e: &str| {
-            !e.is_empty()
-                && e.len() <= MAX_EPOCH_BYTES
+            e.len() <= MAX_EPOCH_BYTES
                 && e.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
         };
         if !epoch_ok(epoch) {

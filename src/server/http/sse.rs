@@ -57,7 +57,7 @@ impl CoreState {
         }
         self.metrics().sse_connections.fetch_add(1, Relaxed);
         let pending = self.with_session(id, |s, ctx| {
-            s.start_sse(ctx, &mut rand::rng());
+            s.start_sse(ctx, req.origin.as_deref(), &mut rand::rng());
             s.has_pending_input()
         });
         if let Some(v) = verified {
@@ -69,7 +69,7 @@ impl CoreState {
             sock::set_user_timeout(fd, Duration::from_millis(self.shared.config.heartbeat.pong_timeout_ms));
         }
         for (ch, pos) in subs {
-            let (from, epoch) = pos.map_or((None, None), |p| (Some(p.seq), Some(p.epoch)));
+            let (from, epoch) = pos.map_or((None, None), |p| (Some(p.seq), Some(p.epoch).filter(|e| !e.is_empty())));
             self.client_sub(id, &ch, from, epoch, false);
         }
         self.flush(id);

@@ -22,15 +22,16 @@ use crate::protocol::close::{CloseCode, CloseReason};
 
 impl Session {
     /// Starts the stream of a `GET /sse` request the server admitted: queues the `200` head
-    /// ([`crate::sse::response_head`]), becomes an open SSE stream (counted in the connection
+    /// ([`crate::sse::response_head`], naming `origin` for CORS when the request had one),
+    /// becomes an open SSE stream (counted in the connection
     /// gauge until torn down) and schedules its first heartbeat as an upgrade does. Bytes the
     /// client sent behind its request head stay in the input: feed them with
     /// `handle_bytes(ctx, &[], …)`, which ends the stream.
-    pub fn start_sse(&mut self, ctx: &Ctx, rng: &mut impl Rng) {
+    pub fn start_sse(&mut self, ctx: &Ctx, origin: Option<&str>, rng: &mut impl Rng) {
         self.state = State::Open;
         self.flags.set(Flags::UPGRADED);
         self.flags.set(Flags::SSE);
-        self.queue.push(bytes::Bytes::from(crate::sse::response_head()), NO_CHAN);
+        self.queue.push(bytes::Bytes::from(crate::sse::response_head(origin)), NO_CHAN);
         self.first_ping(ctx, rng);
     }
 

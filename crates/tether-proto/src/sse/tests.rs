@@ -67,9 +67,10 @@ fn close_event_names_the_code_and_sets_a_floor_on_retry() {
 fn positions_parse_from_the_right() {
     let p = Position::parse("a:b:c:0123abcd:42").unwrap();
     assert_eq!((p.ch.as_str(), p.epoch.as_str(), p.seq), ("a:b:c", "0123abcd", 42));
-    for bad in ["", "c", "c:e", "c:e:", "c::1", ":e:1", "c:e:-1", "c:e:1x", "c:e:99999999999999999999999", "c d:e:1"] {
+    for bad in ["", "c", "c:e", "c:e:", ":e:1", "c:e:-1", "c:e:1x", "c:e:99999999999999999999999", "c d:e:1"] {
         assert!(Position::parse(bad).is_err(), "{bad:?}");
     }
+    assert_eq!(Position::parse("c::1").unwrap().epoch, "", "a position without an epoch");
     let huge = format!("c:e:{}", "1".repeat(10_000));
     assert_eq!(Position::parse(&huge), Err("longer than 256 bytes"));
     let long_epoch = format!("c:{}:1", "e".repeat(MAX_EPOCH_BYTES + 1));
@@ -78,7 +79,10 @@ fn positions_parse_from_the_right() {
 
 #[test]
 fn the_head_has_no_length_and_closes() {
-    let head = String::from_utf8(response_head()).unwrap();
+    let head = String::from_utf8(response_head(None)).unwrap();
+    assert!(!head.contains("Access-Control"));
+    let cors = String::from_utf8(response_head(Some("https://app.example"))).unwrap();
+    assert!(cors.contains("Access-Control-Allow-Origin: https://app.example\r\nVary: Origin\r\n"), "{cors}");
     assert!(head.starts_with("HTTP/1.1 200 OK\r\n"));
     for h in [
         "Content-Type: text/event-stream\r\n",

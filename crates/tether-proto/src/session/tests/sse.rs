@@ -7,7 +7,7 @@ impl Sim {
     /// An SSE stream started at `now`, its head already written.
     fn stream(&self, now: Tick, rng: &mut StdRng) -> Session {
         let mut s = Session::new(now, &self.cfg);
-        s.start_sse(&self.at(now), rng);
+        s.start_sse(&self.at(now), None, rng);
         let head = write_all(&mut s, now);
         assert!(head.starts_with(b"HTTP/1.1 200 OK\r\n"));
         s
