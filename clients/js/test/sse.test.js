@@ -4,10 +4,13 @@
 //   same port and resumes by Last-Event-ID exactly once: every seq once, in order, none missed,
 //   no reset;
 // - the client with transport 'sse' does the same for two channels, whose positions it sends
-//   as from= on each new stream.
+//   as from= on each new stream;
+// - with transport 'auto' behind a proxy that refuses WebSocket upgrades, the client falls back
+//   to SSE after two failed attempts and receives (memory broker).
 
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import http from 'node:http';
 import net from 'node:net';
 import test from 'node:test';
 
@@ -133,5 +136,42 @@ test("the client's SSE transport resumes two channels exactly once across a drai
   assert.deepEqual(s.resets, []);
   assert.deepEqual(s.connected, ['sse', 'sse']);
   assert.equal(s.refused, 'transport', 'publish is refused over SSE');
+  assert.deepEqual(errors, []);
+});
+
+test("transport 'auto' falls back to Server-Sent Events when WebSockets cannot open", async (t) => {
+  const ctx = await launch(t, '');
+  const { page, errors } = ctx;
+  // A proxy that passes plain HTTP to the server and refuses every WebSocket upgrade, as an
+  // old corporate proxy does.
+  const proxy = http.createServer((req, res) => {
+    const up = http.request({ host: '127.0.0.1', port: ctx.server.port, path: req.url, method: req.method, headers: req.headers }, (r) => {
+      res.writeHead(r.statusCode, r.headers);
+      r.pipe(res);
+    });
+    up.on('error', () => res.destroy());
+    req.pipe(up);
+  });
+  proxy.on('upgrade', (_req, socket) => socket.end('HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n'));
+  await new Promise((r) => proxy.listen(0, '127.0.0.1', r));
+  t.after(() => proxy.close());
+  proxy.unref();
+  await page.goto(`${ctx.base}/blank.html`);
+  await page.evaluate(async (wsUrl) => {
+    const { Tether } = await import('/index.js');
+    const s = (window.sseTest = { seqs: [], connected: [], disconnected: 0 });
+    const c = new Tether(wsUrl, { transport: 'auto', backoff: { baseMs: 50, capMs: 200 } });
+    c.on('connected', (e) => s.connected.push(e.transport));
+    c.on('disconnected', () => (s.disconnected += 1));
+    c.subscribe('news', { onMessage: (m) => s.seqs.push(m.seq), onSubscribed: () => (s.subscribed = true) });
+  }, `ws://127.0.0.1:${proxy.address().port}/ws`);
+  const state = () => page.evaluate(() => window.sseTest);
+  await waitFor(async () => (await state()).subscribed, 10000, 'the subscription over SSE', async () => JSON.stringify(await state()) + errors.join('\n'));
+  const seqs = (await publish(ctx.server, ['news'], 5, 'auto')).news;
+  await waitFor(async () => (await state()).seqs.length === 5, 5000, 'the messages over SSE');
+  const s = await state();
+  assert.deepEqual(s.seqs, seqs);
+  assert.deepEqual(s.connected, ['sse'], 'two WebSocket attempts failed, then SSE');
+  assert.equal(s.disconnected, 2);
   assert.deepEqual(errors, []);
 });
