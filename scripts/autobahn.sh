@@ -13,7 +13,7 @@
 #   --cases LIST      comma-separated case patterns to run            (default "*")
 #   --exclude LIST    comma-separated case patterns to skip           (default "9.*,12.*,13.*":
 #                     9.* are the large-message performance cases, 12.*/13.* permessage-deflate,
-#                     which tether does not offer)
+#                     ~20 min in all: tests/autobahn_conformance.rs runs a subset of them)
 #   --full            run every case (--exclude '')
 #   --out DIR         report directory (default: a new temporary one); DIR/index.html is the report
 #   --agent NAME      the server's name in the report                 (default "server")

@@ -14,9 +14,11 @@
 //! - `validate`: the range and shape checks behind [`Config::validate`].
 //! - `broker`: the `[broker]` section (memory or Redis).
 //! - `io`: the `[io]` section (the send path).
+//! - `compression`: the `[compression]` section (permessage-deflate).
 //! - `toml_error`: turning a `toml` parse or type error into a [`ConfigError`] with a key path.
 
 mod broker;
+mod compression;
 pub mod feed_def;
 mod feeds;
 mod io;
@@ -26,6 +28,7 @@ mod toml_error;
 mod validate;
 
 pub use broker::{Broker, BrokerKind};
+pub use compression::Compression;
 pub use feed_def::{DesiredState, FeedDef};
 pub use feeds::{FeedStoreKind, Feeds};
 pub use io::{Io, Readiness, SendBatch};
@@ -105,6 +108,8 @@ pub struct Config {
     pub io: Io,
     /// How presence works where a `[[channels]]` rule turns it on (`[presence]`).
     pub presence: Presence,
+    /// permessage-deflate (`[compression]`, RFC 7692): offered, what is compressed, how hard.
+    pub compression: Compression,
 }
 
 /// Handshake, header, message and outbound-queue limits (`[limits]`).
@@ -388,6 +393,7 @@ impl Default for Config {
             feeds: Feeds::default(),
             io: Io::default(),
             presence: Presence::default(),
+            compression: Compression::default(),
         }
     }
 }

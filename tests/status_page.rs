@@ -190,6 +190,17 @@ fn pairs(s: &Value, m: &Metrics) -> Vec<(String, f64, f64)> {
             &[&label],
         );
     }
+    let z = &s["compression"];
+    pair("compression.deflate_connections".into(), &z["deflate_connections"], "tether_deflate_connections", &[]);
+    for (key, metric, label, k) in [
+        ("messages_total", "tether_deflate_messages_total", "result", "compressed"),
+        ("messages_total", "tether_deflate_messages_total", "result", "plain"),
+        ("bytes_total", "tether_deflate_bytes_total", "form", "plain"),
+        ("bytes_total", "tether_deflate_bytes_total", "form", "deflated"),
+    ] {
+        let label = format!("{label}=\"{k}\"");
+        pair(format!("compression.{key}.{k}"), &z[key][k], metric, &[&label]);
+    }
     out
 }
 

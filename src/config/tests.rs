@@ -126,6 +126,11 @@ fn presence_keys_are_checked_by_name() {
             "channels[0].presence_max_members",
         ),
         ("[presence]\nwindow = 5", "presence.window"),
+        ("[compression]\nlevel = 0", "compression.level"),
+        ("[compression]\nlevel = 10", "compression.level"),
+        ("[compression]\nmin_bytes = 2000000", "compression.min_bytes"),
+        ("[compression]\nenabled = \"yes\"", "compression.enabled"),
+        ("[compression]\nlevels = 6", "compression.levels"),
     ] {
         assert_eq!(err(toml).key, key, "{toml}");
     }

@@ -34,10 +34,12 @@ use super::timer::TimerWheel;
 use super::{io as sock, Shared};
 use crate::auth::grants::Grants;
 use crate::protocol;
+use crate::published::Encoding;
 use crate::session::replay::Fetch;
 use crate::session::{Ctx, Event, Events, HandshakeFailure, Overflow, ReapReason, Session, SessionConfig, State};
 use crate::tick::{heartbeat_slack, heartbeat_slot, Tick, TICK_MS};
 use crate::ws::codec::{self, CloseCode};
+use crate::ws::deflate::Deflate;
 
 /// Size of the per-core read buffer. Reads never go to per-connection memory.
 pub const SCRATCH_BYTES: usize = 64 * 1024;
@@ -113,6 +115,9 @@ pub struct Clock {
     pub last_sweep: Tick,
     /// The sessions' limits in ticks.
     pub cfg: SessionConfig,
+    /// The core's permessage-deflate compressor and inflater, lent to every session (none is
+    /// held per connection).
+    pub deflate: Deflate,
     /// The heartbeat grid in ticks ([`heartbeat_slack`]): ping times and pong deadlines are
     /// filed on its multiples.
     pub heartbeat_slack: Tick,
@@ -239,6 +244,7 @@ impl CoreState {
                 last_sweep: 0,
                 heartbeat_slack: heartbeat_slack(session_cfg.ping_interval, session_cfg.pong_timeout),
                 cfg: session_cfg,
+                deflate: Deflate::new(cfg.compression.deflate()),
             },
             reactor,
             drain: Drain::default(),
@@ -281,7 +287,12 @@ impl CoreState {
     /// [`CoreState::with_session`] at a tick the caller read once for many sessions (a
     /// fan-out chunk), sparing a clock read per delivery.
     pub fn with_session_at<R>(&mut self, id: ConnId, now: Tick, f: impl FnOnce(&mut Session, &Ctx) -> R) -> Option<R> {
-        let ctx = Ctx { now, cfg: &self.clock.cfg, stats: &self.shared.metrics[self.me].session };
+        let ctx = Ctx {
+            now,
+            cfg: &self.clock.cfg,
+            stats: &self.shared.metrics[self.me].session,
+            deflate: &self.clock.deflate,
+        };
         let c = conn(&mut self.conns.slab, id)?;
         let r = f(&mut c.session, &ctx);
         arm(&mut self.clock.wheel, self.clock.heartbeat_slack, id, c);
@@ -540,6 +551,9 @@ impl CoreState {
             }
             if s.drain_scheduled() {
                 metrics.session.drain_remaining.fetch_sub(1, Relaxed);
+            }
+            if s.encoding() == Encoding::Deflate {
+                metrics.session.deflate_connections.fetch_sub(1, Relaxed);
             }
         } else if why == ReapReason::HandshakeTimeout {
             metrics.reaped(why);

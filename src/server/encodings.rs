@@ -83,7 +83,7 @@ impl<'a> Batch<'a> {
 
 /// Makes message `p` in encoding `enc` (called at most once per message and encoding for the
 /// whole process, by [`Published::encoded`]); `epoch` is its channel's, for an SSE event id.
-fn make(enc: Encoding, p: &Published, epoch: Option<&str>, _ctx: &Ctx) -> Bytes {
+fn make(enc: Encoding, p: &Published, epoch: Option<&str>, ctx: &Ctx) -> Bytes {
     match enc {
         // No epoch only before the channel's first subscription answer on this core, when no
         // subscriber of it is active; an id with "-" would resume as a reset, never a gap.
@@ -92,8 +92,11 @@ fn make(enc: Encoding, p: &Published, epoch: Option<&str>, _ctx: &Ctx) -> Bytes 
             crate::sse::msg_from_frame(p.frame(), epoch.unwrap_or("-")).unwrap_or_else(|| crate::sse::HEARTBEAT.clone())
         }
         Encoding::Plain => p.frame().clone(),
-        // Until permessage-deflate is negotiated no session takes this encoding; the plain
-        // frame is a valid answer for one that does.
-        Encoding::Deflate => p.frame().clone(),
+        // Under `compression.min_bytes`, or not smaller compressed: the plain frame itself.
+        Encoding::Deflate => {
+            let deflated = ctx.deflate.deflate_frame(p.frame());
+            ctx.stats.deflate.count(p.frame().len(), deflated.as_ref().map(|f| f.len()));
+            deflated.unwrap_or_else(|| p.frame().clone())
+        }
     }
 }

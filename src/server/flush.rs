@@ -55,7 +55,12 @@ impl CoreState {
     /// before anything more is sent; `None`: nothing was sent yet.
     fn flush_at(&mut self, id: ConnId, now: Tick, mut first: Option<io::Result<usize>>) {
         let mut fetch = None;
-        let ctx = Ctx { now, cfg: &self.clock.cfg, stats: &self.shared.metrics[self.me].session };
+        let ctx = Ctx {
+            now,
+            cfg: &self.clock.cfg,
+            stats: &self.shared.metrics[self.me].session,
+            deflate: &self.clock.deflate,
+        };
         let Some(c) = conn(&mut self.conns.slab, id) else { return };
         c.io.clear(IoFlags::DIRTY);
         if first.is_none() && c.io.has(IoFlags::WANT_WRITE) {

@@ -7,7 +7,9 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 
-use crate::session::stats::{SessionStats, CLOSE_CODES, FAILURE_NAMES, LIMIT_NAMES, OVERFLOW_POLICIES, QUEUE_BUCKETS};
+use crate::session::stats::{
+    DeflateStats, SessionStats, CLOSE_CODES, FAILURE_NAMES, LIMIT_NAMES, OVERFLOW_POLICIES, QUEUE_BUCKETS,
+};
 use crate::session::ReapReason;
 
 /// One core's counters. Aligned so two cores never share a cache line.
@@ -124,6 +126,34 @@ pub fn render(cores: &[CoreMetrics], draining: bool) -> String {
         "gauge",
         "Open long-lived connections by transport (websocket, sse); they sum to tether_connections.",
         by_transport,
+    );
+    counter(
+        &mut out,
+        "tether_deflate_connections",
+        "gauge",
+        "Open WebSocket connections that negotiated permessage-deflate.",
+        per_core(&|m| m.session.deflate_connections.load(Relaxed).max(0) as u64),
+    );
+    let deflate = |label: &str, values: fn(&DeflateStats) -> [(&'static str, u64); 2]| {
+        let label = label.to_owned();
+        cores.iter().enumerate().flat_map(move |(i, m)| {
+            let label = label.clone();
+            values(&m.session.deflate).map(move |(k, v)| (format!("core=\"{i}\",{label}=\"{k}\""), v))
+        })
+    };
+    counter(
+        &mut out,
+        "tether_deflate_messages_total",
+        "counter",
+        "Messages some subscriber took with permessage-deflate, once each: sent compressed, or plain (under min_bytes or not smaller).",
+        deflate("result", |d| [("compressed", d.compressed.load(Relaxed)), ("plain", d.skipped.load(Relaxed))]),
+    );
+    counter(
+        &mut out,
+        "tether_deflate_bytes_total",
+        "counter",
+        "Frame bytes of the compressed messages, once each: as they would have gone plain, and as they went.",
+        deflate("form", |d| [("plain", d.plain_bytes.load(Relaxed)), ("deflated", d.deflated_bytes.load(Relaxed))]),
     );
     counter(
         &mut out,

@@ -2,7 +2,8 @@
 // processing a stream while the tether server is restarted (SIGTERM drain): every message is
 // processed exactly once in order within each epoch, the epoch change is surfaced as a reset,
 // and a page reload resumes from the position kept in sessionStorage; a page lists presence
-// members and follows joins and leaves.
+// members and follows joins and leaves; Chromium negotiates permessage-deflate (RFC 7692) and
+// receives a compressed message.
 
 import assert from 'node:assert/strict';
 import test from 'node:test';
@@ -132,5 +133,40 @@ test('a page lists who is in a presence channel and follows joins and leaves', a
   const s = await state();
   // Asked right after the sub: answered after it (one channel's answers in order), so the page is in.
   assert.ok(s.listed === 1 && s.stats.clients === 1, JSON.stringify(s));
+  assert.deepEqual(errors, []);
+});
+
+test('Chromium negotiates permessage-deflate and receives a compressed snapshot', async (t) => {
+  const { server, page, errors, base } = await launch(t);
+  // A page of the test's static server (its 404), so the socket has an ordinary origin.
+  await page.goto(`${base}/blank`);
+  // The browser offers permessage-deflate by itself; the page sees what the server answered.
+  const extensions = await page.evaluate((url) => new Promise((resolve, reject) => {
+    const ws = new WebSocket(url);
+    window.deflateTest = { got: null };
+    ws.onerror = () => reject(new Error('WebSocket error'));
+    ws.onopen = () => ws.send(JSON.stringify({ op: 'sub', ch: 'md.book' }));
+    ws.onmessage = (e) => {
+      const m = JSON.parse(e.data);
+      if (m.op === 'subscribed') resolve(ws.extensions);
+      if (m.op === 'msg') window.deflateTest.got = e.data;
+    };
+  }), server.url);
+  assert.equal(extensions, 'permessage-deflate; server_no_context_takeover; client_no_context_takeover');
+  // A ~1 KiB order book (over compression.min_bytes): it goes out compressed.
+  const level = (i, side) => [(97321.5 + side * (0.5 + i * 0.5)).toFixed(2), ((i * 7919) % 100000 / 1e4).toFixed(5)];
+  const book = { type: 'snapshot', symbol: 'BTC-USD', bids: [], asks: [] };
+  for (let i = 0; i < 20; i++) {
+    book.bids.push(level(i, -1));
+    book.asks.push(level(i, 1));
+  }
+  assert.ok(JSON.stringify(book).length > 700);
+  const seq = await server.publish('md.book', book);
+  const text = await waitFor(() => page.evaluate(() => window.deflateTest.got), 5000, 'the snapshot in the page', () => errors.join('\n'));
+  const m = JSON.parse(text);
+  assert.equal(m.seq, seq);
+  assert.deepEqual(m.data, book);
+  assert.equal(await server.metric('tether_deflate_messages_total', 'result="compressed"'), 1);
+  assert.equal(await server.metric('tether_deflate_connections'), 1);
   assert.deepEqual(errors, []);
 });

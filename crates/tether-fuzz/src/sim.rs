@@ -11,6 +11,7 @@ use rand::SeedableRng;
 use super::{MAX_BODY_BYTES, MAX_HEAD_BYTES, MAX_MESSAGE_BYTES};
 use tether_proto::http::{HttpError, Method, Request};
 use tether_proto::session::{queue, Ctx, Event, Events, Inbound, Session, SessionConfig, SessionStats, State};
+use tether_proto::ws::deflate::Deflate;
 use tether_proto::ws::handshake;
 
 /// What happened on one simulated connection, in order. Equal for every split of the same
@@ -30,6 +31,7 @@ pub(super) struct Transcript {
 pub(super) struct Sim {
     cfg: SessionConfig,
     stats: SessionStats,
+    deflate: Deflate,
     rng: StdRng,
 }
 
@@ -51,11 +53,11 @@ impl Sim {
             rates: Default::default(),
             token_refresh_grace: 0,
         };
-        Sim { cfg, stats: SessionStats::default(), rng: StdRng::seed_from_u64(0) }
+        Sim { cfg, stats: SessionStats::default(), deflate: Deflate::default(), rng: StdRng::seed_from_u64(0) }
     }
 
     fn ctx(&self) -> Ctx<'_> {
-        Ctx { now: 0, cfg: &self.cfg, stats: &self.stats }
+        Ctx { now: 0, cfg: &self.cfg, stats: &self.stats, deflate: &self.deflate }
     }
 
     /// A fresh connection speaking HTTP (it has no socket: the session never touches one).
@@ -66,8 +68,14 @@ impl Sim {
     /// A fresh connection already upgraded (its `101` written).
     pub(super) fn open_session(&mut self) -> Session {
         let mut s = self.http_session();
-        let response = handshake::switching_protocols("fuzz");
-        s.upgrade(&Ctx { now: 0, cfg: &self.cfg, stats: &self.stats }, response, false, &mut self.rng);
+        let response = handshake::switching_protocols("fuzz", None);
+        s.upgrade(
+            &Ctx { now: 0, cfg: &self.cfg, stats: &self.stats, deflate: &self.deflate },
+            response,
+            false,
+            false,
+            &mut self.rng,
+        );
         write_all(&mut s, &mut Vec::new());
         s
     }
@@ -106,8 +114,14 @@ impl Sim {
                         match handshake::check_upgrade(&req) {
                             Ok(accept) => {
                                 t.events.push(format!("upgrade {accept}"));
-                                let ctx = Ctx { now: 0, cfg: &self.cfg, stats: &self.stats };
-                                s.upgrade(&ctx, handshake::switching_protocols(&accept), false, &mut self.rng);
+                                let ctx = Ctx { now: 0, cfg: &self.cfg, stats: &self.stats, deflate: &self.deflate };
+                                s.upgrade(
+                                    &ctx,
+                                    handshake::switching_protocols(&accept, None),
+                                    false,
+                                    false,
+                                    &mut self.rng,
+                                );
                                 // Frames sent right behind the head (`server::http::route` upgrade).
                                 s.handle_bytes(&self.ctx(), &[], ops);
                             }

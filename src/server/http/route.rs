@@ -23,7 +23,7 @@ use crate::server::conn::{ConnId, IoFlags};
 use crate::server::core::CoreState;
 use crate::server::metrics;
 use crate::session::{HandshakeFailure, State};
-use crate::ws::handshake;
+use crate::ws::{deflate, handshake};
 
 /// `Retry-After` (seconds) sent with 503 answers to upgrades refused for capacity or rate.
 const RETRY_AFTER_S: &str = "1";
@@ -306,8 +306,15 @@ impl CoreState {
         if !self.admit_capacity(id, req) {
             return;
         }
+        // RFC 7692 §5: the first acceptable permessage-deflate offer, or none (declined: the
+        // connection goes on uncompressed, never refused for its offers).
+        let deflate = match &req.ws_extensions {
+            Some(offers) if self.clock.deflate.enabled() => deflate::negotiate(offers),
+            _ => None,
+        };
         let pending = self.with_session(id, |s, ctx| {
-            s.upgrade(ctx, handshake::switching_protocols(&accept), echo, &mut rand::rng());
+            let response = handshake::switching_protocols(&accept, deflate.as_ref().map(|a| a.response.as_str()));
+            s.upgrade(ctx, response, echo, deflate.is_some(), &mut rand::rng());
             s.has_pending_input()
         });
         if let Some(v) = verified {

@@ -227,6 +227,17 @@ pub fn status_json(
             },
             "channels": presence,
         },
+        "compression": {
+            "deflate_connections": sum(&|c| gauge(c.session.deflate_connections.load(Relaxed))),
+            "messages_total": {
+                "compressed": sum(&|c| c.session.deflate.compressed.load(Relaxed)),
+                "plain": sum(&|c| c.session.deflate.skipped.load(Relaxed)),
+            },
+            "bytes_total": {
+                "plain": sum(&|c| c.session.deflate.plain_bytes.load(Relaxed)),
+                "deflated": sum(&|c| c.session.deflate.deflated_bytes.load(Relaxed)),
+            },
+        },
         "cores": cores,
         "top": top,
     });

@@ -74,6 +74,9 @@ pub struct Request {
     pub ws_key: Option<String>,
     /// `Sec-WebSocket-Version` (RFC 6455 §4.2.1), as sent.
     pub ws_version: Option<String>,
+    /// `Sec-WebSocket-Extensions` (RFC 6455 §9.1), every header's value joined with `, ` in
+    /// order (the offers of all headers, first preferred); `ws::deflate::negotiate` reads it.
+    pub ws_extensions: Option<String>,
     /// `Expect` (RFC 9110 §10.1.1), comma lists combined; `crate::http::expectation` reads it.
     pub expect: Option<String>,
     /// The credentials of `Authorization: Bearer <credentials>` (RFC 6750 §2.1; the scheme is
@@ -207,6 +210,7 @@ pub fn parse_request(buf: &[u8], max_head_bytes: usize) -> Result<Option<Request
         connection_upgrade: false,
         ws_key: None,
         ws_version: None,
+        ws_extensions: None,
         expect: None,
         bearer: None,
         accept: None,
@@ -268,6 +272,8 @@ pub fn parse_request(buf: &[u8], max_head_bytes: usize) -> Result<Option<Request
             combine(&mut req.ws_key, utf8(value)?);
         } else if name.eq_ignore_ascii_case("sec-websocket-version") {
             combine(&mut req.ws_version, utf8(value)?);
+        } else if name.eq_ignore_ascii_case("sec-websocket-extensions") {
+            combine(&mut req.ws_extensions, utf8(value)?);
         } else if name.eq_ignore_ascii_case("expect") {
             combine(&mut req.expect, utf8(value)?);
         } else if name.eq_ignore_ascii_case("accept") {

@@ -106,13 +106,18 @@ impl Session {
     }
 
     /// RFC 6455 §4.2.2: queues the 101 `response`, becomes a WebSocket connection (an `/echo`
-    /// one with `echo`) and schedules its first heartbeat. Frames the client sent right behind
-    /// its request head stay in the input: feed them with `handle_bytes(ctx, &[], …)`.
-    pub fn upgrade(&mut self, ctx: &Ctx, response: Vec<u8>, echo: bool, rng: &mut impl Rng) {
+    /// one with `echo`; one that negotiated permessage-deflate, RFC 7692, with `deflate`) and
+    /// schedules its first heartbeat. Frames the client sent right behind its request head stay
+    /// in the input: feed them with `handle_bytes(ctx, &[], …)`.
+    pub fn upgrade(&mut self, ctx: &Ctx, response: Vec<u8>, echo: bool, deflate: bool, rng: &mut impl Rng) {
         self.state = State::Open;
         self.flags.set(Flags::UPGRADED);
         if echo {
             self.flags.set(Flags::ECHO);
+        }
+        if deflate {
+            self.flags.set(Flags::DEFLATE);
+            ctx.stats.deflate_connections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         self.queue.push(Bytes::from(response), NO_CHAN);
         self.first_ping(ctx, rng);

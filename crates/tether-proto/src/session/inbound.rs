@@ -32,7 +32,8 @@ impl Session {
                 self.flags.set(Flags::TURN_ENDED);
                 break;
             }
-            match self.decoder.decode(&buf[pos..], ctx.cfg.max_message_bytes, true) {
+            let inflate = self.flags.has(Flags::DEFLATE).then_some(ctx.deflate);
+            match self.decoder.decode_with(&buf[pos..], ctx.cfg.max_message_bytes, true, inflate) {
                 Ok((0, None)) => break,
                 Ok((n, None)) => pos += n,
                 Ok((n, Some(m))) => {
@@ -57,6 +58,21 @@ impl Session {
         }
     }
 
+    /// Echoes a data message on `/echo`, compressed when permessage-deflate was negotiated
+    /// and it pays (the same rules as fan-out: `compression.min_bytes`, smaller than plain).
+    fn echo(&mut self, ctx: &Ctx, opcode: OpCode, payload: &[u8]) {
+        let frame = if self.flags.has(Flags::DEFLATE) {
+            let deflated = ctx.deflate.deflate_message(opcode, payload);
+            let plain = codec::header_len(payload.len()) + payload.len();
+            ctx.stats.deflate.count(plain, deflated.as_ref().map(|f| f.len()));
+            deflated
+        } else {
+            None
+        };
+        let frame = frame.unwrap_or_else(|| codec::encode_frame(opcode, payload));
+        self.queue.push(frame, NO_CHAN);
+    }
+
     fn on_message(&mut self, ctx: &Ctx, m: Message, events: &mut Events) {
         if self.state == State::ClosingByUs {
             // Our close is out: only the peer's close matters now (RFC 6455 §7.1.2).
@@ -69,8 +85,8 @@ impl Session {
         match m {
             // `/echo` is a conformance endpoint: not bounded by the queue limits; the I/O
             // owner stops reading while an echo waits for the socket instead.
-            Message::Text(p) if echo => self.queue.push(codec::text_frame(&p), NO_CHAN),
-            Message::Binary(p) if echo => self.queue.push(codec::encode_frame(OpCode::Data(Data::Binary), &p), NO_CHAN),
+            Message::Text(p) if echo => self.echo(ctx, OpCode::Data(Data::Text), &p),
+            Message::Binary(p) if echo => self.echo(ctx, OpCode::Data(Data::Binary), &p),
             Message::Text(p) => match protocol::parse_client_op(&p) {
                 Ok(op) => match self.admit_op(ctx, &op) {
                     Ok(()) => events.push_request(Inbound::Op(op)),

@@ -67,6 +67,7 @@ use crate::protocol::close::{CloseCode, CloseReason};
 use crate::published::Encoding;
 use crate::tick::{reached, Tick};
 use crate::ws::codec::{self, Decoder, Violation};
+use crate::ws::deflate::Deflate;
 
 /// Drain closes carry `retry_after_ms` drawn uniformly from 0 to this, in milliseconds.
 pub const DRAIN_RETRY_SPREAD_MS: u64 = 3000;
@@ -177,6 +178,9 @@ pub struct Ctx<'a> {
     pub cfg: &'a SessionConfig,
     /// The core's session counters (relaxed atomics; counting is not I/O).
     pub stats: &'a SessionStats,
+    /// The core's permessage-deflate compressor and inflater (RFC 7692), lent to the sessions
+    /// that negotiated it; none is held per connection.
+    pub deflate: &'a Deflate,
 }
 
 /// One connection's protocol state: its lifecycle, counters, deadline and a queue of shared

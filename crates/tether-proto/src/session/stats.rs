@@ -147,6 +147,44 @@ pub struct SessionStats {
     /// Connections still to be closed by the drain on this core (gauge): the core adds those it
     /// schedules, each drain close (or teardown of a scheduled one) takes one away.
     pub drain_remaining: AtomicI64,
+    /// Open WebSocket connections that negotiated permessage-deflate (gauge): the upgrade adds
+    /// one, the server's teardown takes it away.
+    pub deflate_connections: AtomicI64,
+    /// permessage-deflate (RFC 7692) outbound, counted where a message is compressed (once
+    /// for the whole process per message, or per `/echo` frame).
+    pub deflate: DeflateStats,
+}
+
+/// What compressing outbound messages did (each message counted once, on the core that
+/// compressed it for every core).
+#[derive(Debug, Default)]
+pub struct DeflateStats {
+    /// Messages sent compressed.
+    pub compressed: AtomicU64,
+    /// Messages some subscriber took compressed that went plain instead (under
+    /// `compression.min_bytes`, or not smaller compressed).
+    pub skipped: AtomicU64,
+    /// Frame bytes of the compressed messages as they would have gone plain.
+    pub plain_bytes: AtomicU64,
+    /// Frame bytes of the compressed messages as they went (header included).
+    pub deflated_bytes: AtomicU64,
+}
+
+impl DeflateStats {
+    /// Counts one message that some subscriber takes compressed: `deflated` is its
+    /// compressed frame's length, `None` when it went plain.
+    pub fn count(&self, plain: usize, deflated: Option<usize>) {
+        match deflated {
+            Some(n) => {
+                self.compressed.fetch_add(1, Relaxed);
+                self.plain_bytes.fetch_add(plain as u64, Relaxed);
+                self.deflated_bytes.fetch_add(n as u64, Relaxed);
+            }
+            None => {
+                self.skipped.fetch_add(1, Relaxed);
+            }
+        }
+    }
 }
 
 impl SessionStats {

@@ -22,10 +22,12 @@ use tungstenite::protocol::frame::coding::{Control, Data};
 use tungstenite::protocol::frame::FrameHeader;
 
 pub use encode::{
-    close_frame, decode_server_frame, encode_client_frame, encode_frame, encode_frame_into, header_len, ping_frame,
-    pong_frame, text_frame, text_frame_with, text_payload,
+    close_frame, decode_server_frame, deflated_frame, encode_client_frame, encode_frame, encode_frame_into, header_len,
+    ping_frame, pong_frame, text_frame, text_frame_with, text_payload,
 };
 use mask::apply_mask;
+
+use super::deflate::Deflate;
 pub use tungstenite::protocol::frame::coding::{CloseCode, OpCode};
 use utf8::Utf8Carry;
 
@@ -34,8 +36,9 @@ const MAX_CONTROL_PAYLOAD: usize = 125;
 
 /// Why the connection must be failed: close code to send (RFC 6455 §7.4.1) and a short static reason.
 ///
-/// Codes produced by this module: 1002 protocol error (§5 framing rules), 1007 invalid UTF-8
-/// (§8.1), 1009 message too big (the configured `max_message_bytes`).
+/// Codes produced by this module: 1002 protocol error (§5 framing rules; RSV1 misused, RFC
+/// 7692 §6.1), 1007 invalid UTF-8 (§8.1) or invalid DEFLATE data, 1009 message too big (the
+/// configured `max_message_bytes`, also after inflating).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Violation {
     /// Close code for the close frame that fails the connection: 1002, 1007 or 1009.
@@ -50,7 +53,9 @@ impl Violation {
     }
 
     const RESERVED_OPCODE: Self = Self::protocol("reserved opcode");
-    const RSV_SET: Self = Self::protocol("RSV bit set without a negotiated extension");
+    pub(super) const RSV_SET: Self = Self::protocol("RSV bit set without a negotiated extension");
+    const RSV1_MISPLACED: Self = Self::protocol("RSV1 on a control or continuation frame");
+    pub(super) const BAD_DEFLATE: Self = Violation { code: CloseCode::Invalid, reason: "invalid compressed data" };
     const LENGTH_TOP_BIT: Self = Self::protocol("64-bit payload length has its top bit set");
     const UNMASKED: Self = Self::protocol("client frame is not masked");
     const FRAGMENTED_CONTROL: Self = Self::protocol("fragmented control frame");
@@ -63,7 +68,7 @@ impl Violation {
     /// the fuzz oracle, which tells it apart from other violations.
     pub const BAD_CLOSE_CODE: Self = Self::protocol("close code not allowed on the wire");
     const INVALID_UTF8: Self = Violation { code: CloseCode::Invalid, reason: "invalid UTF-8 in text" };
-    const MESSAGE_TOO_BIG: Self = Violation { code: CloseCode::Size, reason: "message too big" };
+    pub(super) const MESSAGE_TOO_BIG: Self = Violation { code: CloseCode::Size, reason: "message too big" };
 }
 
 /// One complete client message or control frame, payload unmasked.
@@ -95,6 +100,9 @@ pub const MAX_MESSAGE_BYTES: usize = u32::MAX as usize;
 #[derive(Debug)]
 struct Assembly {
     text: bool,
+    /// RSV1 was set on the first frame (RFC 7692 §6.1): `buf` holds DEFLATE data, inflated
+    /// and UTF-8-checked when the final frame arrives.
+    deflated: bool,
     buf: Vec<u8>,
 }
 
@@ -150,19 +158,30 @@ impl Decoder {
         max_message_bytes: usize,
         require_mask: bool,
     ) -> Result<(usize, Option<Message>), Violation> {
-        let result = self.decode_frame(input, max_message_bytes.min(MAX_MESSAGE_BYTES), require_mask);
+        self.decode_with(input, max_message_bytes, require_mask, None)
+    }
+
+    /// [`Decoder::decode`] on a connection that negotiated permessage-deflate when `inflate`
+    /// is given (RFC 7692 §6): RSV1 on the first frame of a data message marks it compressed;
+    /// it is inflated (into at most `max_message_bytes`, else 1009) and UTF-8-checked once
+    /// complete. RSV1 without the extension, or on a control or continuation frame, is 1002.
+    pub fn decode_with(
+        &mut self,
+        input: &[u8],
+        max_message_bytes: usize,
+        require_mask: bool,
+        inflate: Option<&Deflate>,
+    ) -> Result<(usize, Option<Message>), Violation> {
+        let rules = Rules { max_message_bytes: max_message_bytes.min(MAX_MESSAGE_BYTES), require_mask, inflate };
+        let result = self.decode_frame(input, rules);
         if result.is_err() {
             *self = Decoder::default();
         }
         result
     }
 
-    fn decode_frame(
-        &mut self,
-        input: &[u8],
-        max_message_bytes: usize,
-        require_mask: bool,
-    ) -> Result<(usize, Option<Message>), Violation> {
+    fn decode_frame(&mut self, input: &[u8], rules: Rules) -> Result<(usize, Option<Message>), Violation> {
+        let Rules { max_message_bytes, require_mask, inflate } = rules;
         let mut cursor = Cursor::new(input);
         let (header, len) = match FrameHeader::parse(&mut cursor) {
             Ok(Some(parsed)) => parsed,
@@ -171,7 +190,7 @@ impl Decoder {
             Err(_) => return Err(Violation::RESERVED_OPCODE),
         };
         let start = cursor.position() as usize;
-        if header.rsv1 || header.rsv2 || header.rsv3 {
+        if (header.rsv1 && inflate.is_none()) || header.rsv2 || header.rsv3 {
             return Err(Violation::RSV_SET);
         }
         if len >> 63 != 0 {
@@ -188,17 +207,21 @@ impl Decoder {
                 if len > MAX_CONTROL_PAYLOAD as u64 {
                     return Err(Violation::CONTROL_TOO_LONG);
                 }
+                if header.rsv1 {
+                    return Err(Violation::RSV1_MISPLACED);
+                }
                 Kind::Control(control)
             }
             OpCode::Data(Data::Continue) => match &self.assembly {
-                Some(assembly) => Kind::Data { text: assembly.text },
+                Some(_) if header.rsv1 => return Err(Violation::RSV1_MISPLACED),
+                Some(assembly) => Kind::Data { text: assembly.text, deflated: assembly.deflated },
                 None => return Err(Violation::STRAY_CONTINUATION),
             },
             OpCode::Data(data @ (Data::Text | Data::Binary)) => {
                 if self.assembly.is_some() {
                     return Err(Violation::INTERLEAVED_MESSAGE);
                 }
-                Kind::Data { text: data == Data::Text }
+                Kind::Data { text: data == Data::Text, deflated: header.rsv1 }
             }
             OpCode::Data(Data::Reserved(_)) | OpCode::Control(Control::Reserved(_)) => {
                 return Err(Violation::RESERVED_OPCODE)
@@ -217,7 +240,7 @@ impl Decoder {
             None => return Err(Violation::MESSAGE_TOO_BIG),
         };
         if input.len() < total {
-            if let Kind::Data { text: true } = kind {
+            if let Kind::Data { text: true, deflated: false } = kind {
                 self.check_partial_text(&input[start..], header.mask)?;
             }
             return Ok((0, None));
@@ -226,7 +249,13 @@ impl Decoder {
         let checked = (std::mem::take(&mut self.checked) as usize).min(payload.len());
         let message = match kind {
             Kind::Control(control) => Some(control_message(control, payload, header.mask)?),
-            Kind::Data { text } => self.absorb(text, header.is_final, payload, header.mask, checked)?,
+            Kind::Data { text, deflated: false } => {
+                self.absorb(text, header.is_final, payload, header.mask, checked)?
+            }
+            Kind::Data { text, deflated: true } => {
+                let inflate = inflate.ok_or(Violation::RSV_SET)?;
+                self.absorb_deflated(text, header.is_final, payload, header.mask, max_message_bytes, inflate)?
+            }
         };
         Ok((total, message))
     }
@@ -249,13 +278,8 @@ impl Decoder {
             }
             return Ok(Some(data_message(text, buf)));
         }
-        let assembly = self.assembly.get_or_insert_with(|| Box::new(Assembly { text, buf: Vec::new() }));
-        let offset = assembly.buf.len();
-        assembly.buf.extend_from_slice(payload);
-        if let Some(mask) = mask {
-            apply_mask(&mut assembly.buf[offset..], mask, 0);
-        }
-        if text {
+        let offset = self.gather(text, false, payload, mask);
+        if let (true, Some(assembly)) = (text, &self.assembly) {
             self.utf8.feed(&assembly.buf[offset + checked..]).map_err(|_| Violation::INVALID_UTF8)?;
         }
         if !is_final {
@@ -268,6 +292,47 @@ impl Decoder {
             self.finish_text(&[])?;
         }
         Ok(Some(data_message(text, assembly.buf)))
+    }
+
+    /// Appends a fragment's payload, unmasked, to the message in progress (started here if
+    /// none is); returns where it starts.
+    fn gather(&mut self, text: bool, deflated: bool, payload: &[u8], mask: Option<[u8; 4]>) -> usize {
+        let assembly = self.assembly.get_or_insert_with(|| Box::new(Assembly { text, deflated, buf: Vec::new() }));
+        let offset = assembly.buf.len();
+        assembly.buf.extend_from_slice(payload);
+        if let Some(mask) = mask {
+            apply_mask(&mut assembly.buf[offset..], mask, 0);
+        }
+        offset
+    }
+
+    /// [`Decoder::absorb`] for a compressed message: the DEFLATE data is gathered as it is
+    /// (bounded by `max` like any message) and inflated, into at most `max` bytes, once the
+    /// final frame is in; text is UTF-8-checked after inflating.
+    fn absorb_deflated(
+        &mut self,
+        text: bool,
+        is_final: bool,
+        payload: &[u8],
+        mask: Option<[u8; 4]>,
+        max: usize,
+        inflate: &Deflate,
+    ) -> Result<Option<Message>, Violation> {
+        let deflated = if is_final && self.assembly.is_none() {
+            unmasked_copy(payload, mask)
+        } else {
+            self.gather(text, true, payload, mask);
+            if !is_final {
+                return Ok(None);
+            }
+            let Some(assembly) = self.assembly.take() else { return Ok(None) };
+            assembly.buf
+        };
+        let buf = inflate.inflate(deflated, max)?;
+        if text {
+            self.finish_text(&buf)?;
+        }
+        Ok(Some(data_message(text, buf)))
     }
 
     /// Checks the last text bytes of a message and that no code point is left open.
@@ -303,11 +368,23 @@ impl Decoder {
     }
 }
 
+/// What [`Decoder::decode_with`] was asked to enforce.
+#[derive(Clone, Copy)]
+struct Rules<'a> {
+    max_message_bytes: usize,
+    require_mask: bool,
+    inflate: Option<&'a Deflate>,
+}
+
 /// What the frame at the front of the input is, once its header has passed the §5 checks.
 #[derive(Clone, Copy)]
 enum Kind {
     Control(Control),
-    Data { text: bool },
+    /// `deflated`: a permessage-deflate message (RSV1 on its first frame).
+    Data {
+        text: bool,
+        deflated: bool,
+    },
 }
 
 fn unmasked_copy(payload: &[u8], mask: Option<[u8; 4]>) -> Vec<u8> {

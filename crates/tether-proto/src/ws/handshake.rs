@@ -52,14 +52,20 @@ pub fn check_upgrade(req: &Request) -> Result<String, HttpError> {
     Ok(tungstenite::handshake::derive_accept_key(key.as_bytes()))
 }
 
-/// The full `101 Switching Protocols` response head (RFC 6455 §4.2.2), ending in CRLFCRLF.
-/// No subprotocol or extension is negotiated.
-pub fn switching_protocols(accept: &str) -> Vec<u8> {
+/// The full `101 Switching Protocols` response head (RFC 6455 §4.2.2), ending in CRLFCRLF,
+/// with `Sec-WebSocket-Extensions: <extensions>` when an extension was negotiated (§9.1; the
+/// value from `ws::deflate::negotiate`). No subprotocol is negotiated.
+pub fn switching_protocols(accept: &str, extensions: Option<&str>) -> Vec<u8> {
     const HEAD: &str = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n";
-    let mut out = Vec::with_capacity(HEAD.len() + 22 + accept.len() + 4);
+    let ext_len = extensions.map_or(0, |e| 28 + e.len());
+    let mut out = Vec::with_capacity(HEAD.len() + 22 + accept.len() + 4 + ext_len);
     out.extend_from_slice(HEAD.as_bytes());
     out.extend_from_slice(b"Sec-WebSocket-Accept: ");
     out.extend_from_slice(accept.as_bytes());
+    if let Some(e) = extensions {
+        out.extend_from_slice(b"\r\nSec-WebSocket-Extensions: ");
+        out.extend_from_slice(e.as_bytes());
+    }
     out.extend_from_slice(b"\r\n\r\n");
     out
 }

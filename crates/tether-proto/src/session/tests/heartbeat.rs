@@ -9,7 +9,7 @@ fn first_ping_lands_between_half_and_one_and_a_half_intervals() {
     let mut seen = std::collections::BTreeSet::new();
     for seed in 0..200 {
         let mut s = Session::new(500, &sim.cfg);
-        s.upgrade(&sim.at(500), Vec::new(), false, &mut StdRng::seed_from_u64(seed));
+        s.upgrade(&sim.at(500), Vec::new(), false, false, &mut StdRng::seed_from_u64(seed));
         seen.insert(s.poll_timeout());
     }
     assert_eq!(seen.into_iter().collect::<Vec<_>>(), (504..=510).collect::<Vec<_>>());
@@ -22,7 +22,7 @@ fn first_pings_of_a_burst_spread_over_the_whole_interval() {
     let mut buckets = [0u32; 20];
     for _ in 0..1000 {
         let mut s = Session::new(0, &sim.cfg);
-        s.upgrade(&sim.at(0), Vec::new(), false, &mut rng);
+        s.upgrade(&sim.at(0), Vec::new(), false, false, &mut rng);
         let d = s.poll_timeout();
         assert!((500..1500).contains(&d), "first ping at {d}");
         buckets[((d - 500) / 50) as usize] += 1;

@@ -46,21 +46,22 @@ fn cfg() -> SessionConfig {
 struct Sim {
     cfg: SessionConfig,
     m: SessionStats,
+    deflate: crate::ws::deflate::Deflate,
 }
 
 impl Sim {
     fn new(cfg: SessionConfig) -> Sim {
-        Sim { cfg, m: SessionStats::default() }
+        Sim { cfg, m: SessionStats::default(), deflate: Default::default() }
     }
 
     fn at(&self, now: Tick) -> Ctx<'_> {
-        Ctx { now, cfg: &self.cfg, stats: &self.m }
+        Ctx { now, cfg: &self.cfg, stats: &self.m, deflate: &self.deflate }
     }
 
     /// A session upgraded at `now`, its 101 response already written.
     fn open(&self, now: Tick, rng: &mut StdRng) -> Session {
         let mut s = Session::new(now, &self.cfg);
-        s.upgrade(&self.at(now), b"HTTP/1.1 101 Switching Protocols\r\n\r\n".to_vec(), false, rng);
+        s.upgrade(&self.at(now), b"HTTP/1.1 101 Switching Protocols\r\n\r\n".to_vec(), false, false, rng);
         write_all(&mut s, now);
         s
     }

@@ -49,6 +49,16 @@ fn put_header(out: &mut Vec<u8>, first: u8, mask_bit: u8, len: usize) {
     out.extend_from_slice(&h[..n]);
 }
 
+/// One server data frame of a permessage-deflate message: FIN and RSV1 set ("Per-Message
+/// Compressed", RFC 7692 §6), unmasked, carrying the `deflated` payload (already stripped of
+/// its `00 00 ff ff` tail, §7.2.1).
+pub fn deflated_frame(opcode: OpCode, deflated: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(header_len(deflated.len()) + deflated.len());
+    put_header(&mut out, 0xC0 | u8::from(opcode), 0, deflated.len());
+    out.extend_from_slice(deflated);
+    Bytes::from(out)
+}
+
 /// Appends one server frame to `out`: FIN set, RSV clear, unmasked (servers never mask, §5.1).
 ///
 /// Reserves the whole frame up front, so `out` grows at most once.

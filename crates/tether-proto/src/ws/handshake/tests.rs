@@ -106,7 +106,7 @@ fn case_and_spacing_of_a_valid_upgrade() {
 
 #[test]
 fn switching_protocols_head() {
-    let out = switching_protocols(SAMPLE_ACCEPT);
+    let out = switching_protocols(SAMPLE_ACCEPT, None);
     assert_eq!(
         std::str::from_utf8(&out).unwrap(),
         "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
