@@ -40,7 +40,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub use tether_client as client;
-pub use tether_proto::{http, protocol, published, session, tick, ws};
+pub use tether_proto::{http, protocol, published, session, sse, tick, ws};
 
 pub mod auth;
 pub mod config;

@@ -23,6 +23,8 @@ const LAYERS: &[&str] = &[
     "http",
     "ws",
     "protocol",
+    // Server-Sent Events: the stream's wire form (events, heartbeats, positions).
+    "sse",
     "redact",
     "duration",
     "tick",
@@ -180,7 +182,7 @@ fn named_modules(code: &str) -> Vec<String> {
 /// The modules of the `tether-proto` crate: its `crate::` paths may name only these (it cannot
 /// see the server's modules at all; a path to one would not compile, and is reported here
 /// as unlisted if it appears in a macro).
-const PROTO_MODULES: &[&str] = &["http", "ws", "protocol", "redact", "duration", "tick", "published", "session"];
+const PROTO_MODULES: &[&str] = &["http", "ws", "protocol", "sse", "redact", "duration", "tick", "published", "session"];
 
 /// Crates that do IO (a runtime, sockets, the OS): none may be a dependency of `tether-proto`.
 const IO_CRATES: &[&str] = &["monoio", "tokio", "mio", "socket2", "libc"];

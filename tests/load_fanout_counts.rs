@@ -106,6 +106,7 @@ fn fanout_counts_one_drop_and_one_swap_per_subscriber() {
         non_readers: 0,
         non_reader_rcvbuf: 4096,
         non_reader_mss: 1460,
+        sse: false,
         common: common(),
     };
     let report = tether_load::fanout::run(args).expect("fanout runs");
@@ -142,6 +143,7 @@ fn fanout_spreads_subscribers_over_urls_and_publishes_on_publish_url() {
         non_readers: 0,
         non_reader_rcvbuf: 4096,
         non_reader_mss: 1460,
+        sse: false,
         common: common(),
     };
     let report = tether_load::fanout::run(args).expect("fanout runs");
@@ -155,7 +157,13 @@ fn fanout_spreads_subscribers_over_urls_and_publishes_on_publish_url() {
 }
 
 #[test]
-fn fanout_without_faults_reports_no_loss_over_http_publish() {
+fn fanout_without_faults_reports_no_loss_over_http_publish_to_websocket_and_sse_subscribers() {
+    for sse in [false, true] {
+        fanout_without_faults(sse);
+    }
+}
+
+fn fanout_without_faults(sse: bool) {
     let server = start_server(false);
     let args = FanoutArgs {
         urls: vec![format!("ws://{}/ws", server.local_addr())],
@@ -171,13 +179,14 @@ fn fanout_without_faults_reports_no_loss_over_http_publish() {
         non_readers: 0,
         non_reader_rcvbuf: 4096,
         non_reader_mss: 1460,
+        sse,
         common: common(),
     };
     let report = tether_load::fanout::run(args).expect("fanout runs");
     let field = |k: &str| report.get(k).and_then(|v| v.as_u64()).unwrap_or(u64::MAX);
     assert_eq!(field("published"), 30);
     // 4 subscribers, 2 per channel, 15 messages per channel.
-    assert_eq!(field("deliveries"), 60, "{}", report.to_json_line());
+    assert_eq!(field("deliveries"), 60, "sse={sse}: {}", report.to_json_line());
     assert_eq!(field("lost"), 0);
     assert_eq!(field("reordered"), 0);
     assert_eq!(field("errors"), 0);
@@ -202,6 +211,7 @@ fn raw_mode_counts_what_an_echo_endpoint_returns() {
         non_readers: 0,
         non_reader_rcvbuf: 4096,
         non_reader_mss: 1460,
+        sse: false,
         common: common(),
     };
     let report = tether_load::fanout::run(args).expect("raw fanout runs");

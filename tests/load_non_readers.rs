@@ -41,6 +41,7 @@ fn fanout_with_non_readers(url: String) -> Report {
         non_readers: 2,
         non_reader_rcvbuf: 4096,
         non_reader_mss: 1460,
+        sse: false,
         common: tether_load::CommonArgs {
             threads: 1,
             concurrency: 16,

@@ -37,6 +37,14 @@ export interface TetherOptions {
   /** The WebSocket class; required where there is no global one (Node 20: `import { WebSocket } from "ws"`). */
   WebSocket?: new (url: string) => WebSocket;
   /**
+   * 'websocket' (default); 'sse': stream over Server-Sent Events (GET /sse, receive only:
+   * publish and presence queries are refused with code 'transport'); 'auto': WebSocket, and
+   * Server-Sent Events from the second WebSocket in a row that fails to open.
+   */
+  transport?: 'websocket' | 'sse' | 'auto';
+  /** The EventSource class for 'sse' and 'auto'; default the global one (browsers). */
+  EventSource?: new (url: string) => EventSource;
+  /**
    * Most messages one subscription may hold received but not yet processed; past it the client
    * closes the socket (reported as a `disconnected` with code 4000), works the backlog off, then
    * reconnects and resumes from the committed seq. Default 10000.
@@ -200,7 +208,7 @@ export declare class Tether {
   constructor(urls: string | string[], opts?: TetherOptions);
   readonly state: 'connecting' | 'open' | 'waiting' | 'backlogged' | 'stopped' | 'closed';
   readonly stats: { connects: number; duplicatesDropped: number; gaps: number };
-  on(event: 'connected', fn: (e: { url: string }) => void): () => void;
+  on(event: 'connected', fn: (e: { url: string; transport: 'websocket' | 'sse' }) => void): () => void;
   on(event: 'disconnected', fn: (e: Disconnected) => void): () => void;
   on(event: 'error', fn: (e: TetherError) => void): () => void;
   /** @throws TypeError for a bad channel name or option; Error when already subscribed. */

@@ -509,7 +509,7 @@ impl CoreState {
     }
 
     /// Queues the frames of `batch` (messages of local channel `chan`, in seq order), in the
-    /// encoding `id` takes, on `id` under `policy` at tick `now` (a fan-out delivery); returns
+    /// encoding `id` takes (an SSE stream's events among them), on `id` under `policy` at tick `now` (a fan-out delivery); returns
     /// how many were queued. The session is visited
     /// once for all of them. An overflow that closes the connection is logged.
     pub fn deliver_to(&mut self, id: ConnId, now: Tick, batch: &mut Batch, chan: u32, policy: Overflow) -> u64 {
@@ -540,6 +540,9 @@ impl CoreState {
         let why = s.reap_reason().unwrap_or(ReapReason::Eof);
         if s.is_upgraded() {
             metrics.connections.fetch_sub(1, Relaxed);
+            if s.is_sse() {
+                metrics.sse_connections.fetch_sub(1, Relaxed);
+            }
             self.shared.open.fetch_sub(1, Relaxed);
             metrics.reaped(why);
             super::events::reaped(self.me, c.fd, why);

@@ -15,6 +15,10 @@ use crate::session::Ctx;
 /// Consecutive messages of one channel, and this core's copies of them per encoding.
 pub struct Batch<'a> {
     msgs: &'a [Arc<Published>],
+    /// The channel's epoch as this core knows it (`LocalChannel::epoch`), which SSE event ids
+    /// name; the same on every core for a given message, so whichever core makes the event
+    /// first makes it right for all.
+    epoch: Option<Arc<str>>,
     /// Local subscribers of the channel: a local copy is made when it costs at most 64 bytes
     /// of copying per subscriber (else the shared `Bytes` is queued).
     subs: usize,
@@ -25,7 +29,13 @@ impl<'a> Batch<'a> {
     /// The batch of `msgs` (one channel, in seq order) for a channel with `subs` local
     /// subscribers.
     pub fn new(msgs: &'a [Arc<Published>], subs: usize) -> Batch<'a> {
-        Batch { msgs, subs, frames: Default::default() }
+        Batch { msgs, epoch: None, subs, frames: Default::default() }
+    }
+
+    /// The batch of a channel whose epoch is `epoch` (for [`Encoding::Sse`]).
+    pub fn with_epoch(mut self, epoch: Option<Arc<str>>) -> Batch<'a> {
+        self.epoch = epoch;
+        self
     }
 
     /// The frames of the batch in encoding `enc`, made (and the encoding, if no core made it
@@ -33,10 +43,11 @@ impl<'a> Batch<'a> {
     /// the plain copy.
     pub fn frames(&mut self, enc: Encoding, ctx: &Ctx) -> &[Frame] {
         if self.frames[enc.index()].is_none() {
+            let epoch = self.epoch.clone();
             let made: Vec<Frame> = (0..self.msgs.len())
                 .map(|i| {
                     let p = &self.msgs[i];
-                    let bytes = p.encoded(enc, |p| make(enc, p, ctx));
+                    let bytes = p.encoded(enc, |p| make(enc, p, epoch.as_deref(), ctx));
                     if enc != Encoding::Plain && p.is_plain(bytes) {
                         self.plain(i)
                     } else {
@@ -71,9 +82,15 @@ impl<'a> Batch<'a> {
 }
 
 /// Makes message `p` in encoding `enc` (called at most once per message and encoding for the
-/// whole process, by [`Published::encoded`]).
-fn make(enc: Encoding, p: &Published, ctx: &Ctx) -> Bytes {
+/// whole process, by [`Published::encoded`]); `epoch` is its channel's, for an SSE event id.
+fn make(enc: Encoding, p: &Published, epoch: Option<&str>, ctx: &Ctx) -> Bytes {
     match enc {
+        // No epoch only before the channel's first subscription answer on this core, when no
+        // subscriber of it is active; an id with "-" would resume as a reset, never a gap.
+        // Published frames are `msg` frames; were one not, a comment line keeps the stream whole.
+        Encoding::Sse => {
+            crate::sse::msg_from_frame(p.frame(), epoch.unwrap_or("-")).unwrap_or_else(|| crate::sse::HEARTBEAT.clone())
+        }
         Encoding::Plain => p.frame().clone(),
         // Under `compression.min_bytes`, or not smaller compressed: the plain frame itself.
         Encoding::Deflate => {

@@ -31,6 +31,10 @@ pub struct LocalChannel {
     /// `join_leave`), from the request on (an entry whose subscription is not active yet gets
     /// nothing); `None` (8 bytes per channel) until one asks.
     pub join_leave: Option<Box<HashSet<ConnId>>>,
+    /// The channel's epoch as this core last heard it from the home (a subscription's answer,
+    /// a `reset`): the epoch of the deliveries that follow, which SSE event ids name
+    /// (`id: CH:EPOCH:SEQ`). `None` until the first answer.
+    pub epoch: Option<Arc<str>>,
 }
 
 impl LocalChannel {
@@ -70,6 +74,7 @@ impl LocalChannels {
             overflow,
             presence,
             join_leave: None,
+            epoch: None,
         }) as u32;
         self.by_name.insert(name, i);
         i

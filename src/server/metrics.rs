@@ -16,8 +16,10 @@ use crate::session::ReapReason;
 #[repr(align(128))]
 #[derive(Default)]
 pub struct CoreMetrics {
-    /// Upgraded WebSocket connections open now (gauge).
+    /// Long-lived connections open now (gauge): upgraded WebSockets and SSE streams.
     pub connections: AtomicI64,
+    /// The SSE streams among [`CoreMetrics::connections`] (gauge); the rest are WebSockets.
+    pub sse_connections: AtomicI64,
     /// TCP connections accepted (counter).
     pub accepted: AtomicU64,
     /// WebSocket connections upgraded (counter).
@@ -108,8 +110,22 @@ pub fn render(cores: &[CoreMetrics], draining: bool) -> String {
         &mut out,
         "tether_connections",
         "gauge",
-        "Open upgraded WebSocket connections.",
+        "Open long-lived connections: upgraded WebSockets and SSE streams.",
         per_core(&|m| m.connections.load(Relaxed).max(0) as u64),
+    );
+    let by_transport = cores.iter().enumerate().flat_map(|(i, m)| {
+        let (all, sse) = (m.connections.load(Relaxed).max(0), m.sse_connections.load(Relaxed).max(0));
+        [
+            (format!("core=\"{i}\",transport=\"websocket\""), (all - sse).max(0) as u64),
+            (format!("core=\"{i}\",transport=\"sse\""), sse as u64),
+        ]
+    });
+    counter(
+        &mut out,
+        "tether_connections_by_transport",
+        "gauge",
+        "Open long-lived connections by transport (websocket, sse); they sum to tether_connections.",
+        by_transport,
     );
     counter(
         &mut out,

@@ -183,7 +183,11 @@ impl CoreState {
             }
             return;
         }
-        self.local.chans[chan as usize].pending -= 1;
+        let lc = &mut self.local.chans[chan as usize];
+        lc.pending -= 1;
+        if lc.epoch.as_deref() != Some(epoch) {
+            lc.epoch = Some(epoch.into());
+        }
         let pos = self.local.add(chan, id);
         let first = match &resume {
             Resume::Live => protocol::subscribed_json(ch, head, epoch, None),
@@ -227,6 +231,7 @@ impl CoreState {
         let ids: Vec<ConnId> =
             self.local.chans[chan as usize].subs.iter().copied().filter(|id| *id != ConnId::DEAD).collect();
         let epoch: Arc<str> = epoch.into();
+        self.local.chans[chan as usize].epoch = Some(epoch.clone());
         for id in ids {
             let fetch = self.with_session(id, |s, ctx| {
                 s.cancel_replay(chan);

@@ -18,6 +18,7 @@ pub mod raw_http;
 pub mod redis;
 pub mod redis_cluster;
 pub mod server;
+pub mod sse;
 pub mod traffic;
 pub mod tung;
 pub mod upstream;

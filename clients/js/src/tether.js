@@ -5,6 +5,7 @@
 
 import { Backoff, Rotation, classifyClose, retryHint } from './backoff.js';
 import { Queries, answered, asked } from './presence.js';
+import { SseSocket } from './sse.js';
 import { Subscription } from './subscription.js';
 import { PROBE_CHANNEL, TetherError, checkChannel, checkUrls, newId, subFrame, urlWithToken } from './wire.js';
 
@@ -24,10 +25,22 @@ export class Tether {
    */
   constructor(urls, opts = {}) {
     this.urls = checkUrls(urls);
+    this.transport = opts.transport ?? 'websocket';
+    if (!['websocket', 'sse', 'auto'].includes(this.transport)) {
+      throw new TypeError(`transport must be 'websocket', 'sse' or 'auto', got ${JSON.stringify(opts.transport)}`);
+    }
     this.WebSocket = opts.WebSocket ?? globalThis.WebSocket;
-    if (typeof this.WebSocket !== 'function') {
+    if (this.transport !== 'sse' && typeof this.WebSocket !== 'function') {
       throw new TypeError('WebSocket: no global WebSocket here: pass one, e.g. `import { WebSocket } from "ws"`');
     }
+    this.EventSource = opts.EventSource ?? globalThis.EventSource;
+    if (this.transport !== 'websocket' && typeof this.EventSource !== 'function') {
+      throw new TypeError(`EventSource: transport '${this.transport}' needs one, and there is no global EventSource here: pass one`);
+    }
+    // Server-Sent Events from the start ('sse'), or after WebSockets failed to open twice in a
+    // row ('auto'); then until the client is closed.
+    this.useSse = this.transport === 'sse';
+    this.failedOpens = 0;
     const token = opts.token;
     if (token != null && !(typeof token === 'function' || (typeof token === 'string' && token !== ''))) {
       throw new TypeError('token: expected a non-empty string or a function returning one (or a promise of one)');
@@ -124,6 +137,7 @@ export class Tether {
         throw new TypeError(`publish: id must be a string of 1-128 bytes, got ${JSON.stringify(id)}`);
       }
       if (this.terminal) return Promise.reject(this.terminal);
+      if (this.useSse) return Promise.reject(overSse('publish'));
       const pending = this.outbox.get(id);
       if (pending) return pending.promise;
       let json;
@@ -171,6 +185,7 @@ export class Tether {
       return Promise.reject(e);
     }
     if (this.terminal) return Promise.reject(this.terminal);
+    if (this.useSse) return Promise.reject(overSse(op));
     return this.queries.add(ch, op, this.state === 'open' ? this.conn : null, (c, t) => this.send(c, t));
   }
 
@@ -203,13 +218,13 @@ export class Tether {
     }
     let ws;
     try {
-      ws = new this.WebSocket(target);
+      ws = this.useSse ? new SseSocket(this.EventSource, target, () => [...this.subs.values()]) : new this.WebSocket(target);
     } catch (e) {
       this.retry(null, url, null, 1006, String(e?.message ?? e));
       return;
     }
     // asked: per channel, the requests sent on this connection and not yet answered (presence.js).
-    const conn = { ws, url, openedAt: null, lastSeen: Date.now(), probeAt: null, epochs: new Map(), sent: new Set(), asked: new Map(), timers: new Set() };
+    const conn = { ws, url, sse: this.useSse, openedAt: null, lastSeen: Date.now(), probeAt: null, epochs: new Map(), sent: new Set(), asked: new Map(), timers: new Set() };
     this.conn = conn;
     this.later(conn, this.connectTimeoutMs, () => this.lost(conn, 'connect timed out'));
     ws.onopen = () => this.opened(conn);
@@ -224,11 +239,13 @@ export class Tether {
     conn.openedAt = conn.lastSeen = Date.now();
     this.state = 'open';
     this.stats.connects += 1;
+    if (!conn.sse) this.failedOpens = 0;
     for (const sub of this.subs.values()) this.sendSub(conn, sub);
     for (const p of this.outbox.values()) this.send(conn, p.frame);
     this.queries.resend(conn, (c, t) => this.send(c, t));
-    this.emit('connected', { url: conn.url });
-    this.beat(conn);
+    this.emit('connected', { url: conn.url, transport: conn.sse ? 'sse' : 'websocket' });
+    // A page cannot see SSE comments either, but EventSource reports a dead stream itself.
+    if (!conn.sse) this.beat(conn);
   }
 
   /** The connection ended with `code` (1006: no close frame). */
@@ -237,6 +254,7 @@ export class Tether {
     this.clearTimers(conn);
     this.conn = null;
     const up = conn.openedAt == null ? null : Date.now() - conn.openedAt;
+    if (up == null && !conn.sse && this.transport === 'auto' && ++this.failedOpens >= 2) this.fallBack();
     if (classifyClose(code) === 'stop') {
       const why = `the server closed the connection with ${code}${reason ? `: ${reason}` : ''}`;
       this.emit('disconnected', { code, reason, willRetry: false, retryInMs: null, url: conn.url });
@@ -244,6 +262,18 @@ export class Tether {
       return;
     }
     this.retry(conn, conn.url, up, code, reason);
+  }
+
+  /**
+   * WebSockets failed to open twice in a row ('auto'): stream over Server-Sent Events from now
+   * on. What needs a WebSocket (publishes, presence queries) is refused from then on.
+   */
+  fallBack() {
+    this.useSse = true;
+    const err = overSse('publish');
+    for (const p of this.outbox.values()) p.reject(err);
+    this.outbox.clear();
+    this.queries.failAll(overSse('presence'));
   }
 
   /** Waits the backoff (the close reason's `retry_after_ms` as its floor), then reconnects. */
@@ -589,6 +619,11 @@ export class Tether {
       w.document.removeEventListener('visibilitychange', wake);
     };
   }
+}
+
+/** The refusal of `what` on a client that streams over Server-Sent Events (receive only). */
+function overSse(what) {
+  return new TetherError('refused', `${what}: this client streams over Server-Sent Events, which carry nothing to the server (use a WebSocket)`, { code: 'transport' });
 }
 
 /** `f[name]`, or a protocol error naming the `op` and the field missing or of another type. */

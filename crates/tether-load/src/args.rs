@@ -121,6 +121,10 @@ pub struct FanoutArgs {
     /// with which code. Not in raw mode.
     #[arg(long, default_value_t = 0)]
     pub non_readers: usize,
+    /// Subscribe over Server-Sent Events (`GET /sse?ch=…` on the URL's server) instead of
+    /// WebSockets; the publisher is unchanged. Not with `--raw` or `--non-readers`.
+    #[arg(long)]
+    pub sse: bool,
     /// `SO_RCVBUF` of each non-reader in bytes, set before connect so the advertised window
     /// stays small (the kernel doubles the value and enforces a floor).
     #[arg(long, default_value_t = 4096)]

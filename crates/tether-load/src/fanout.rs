@@ -41,6 +41,7 @@ use super::nonreader::{self, NonReaderTally};
 use super::publish::{self, Mode};
 use super::report::{round3, Errors, Latency, Report};
 use super::seq::{SeqTally, SeqTracker};
+use super::sse::{SseConn, SubConn};
 use super::wire::{scan_str, scan_u64, ConnError, SynOpts, WsConn};
 use super::{now_ns, run_id, run_split, thread_count, wait_until};
 
@@ -78,6 +79,9 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
     }
     if args.raw.is_none() && args.rate <= 0.0 {
         return Err("--rate must be above 0 (except in --raw mode)".into());
+    }
+    if args.sse && (args.raw.is_some() || args.non_readers > 0) {
+        return Err("--sse subscribes to tether's GET /sse: not with --raw or --non-readers".into());
     }
     if args.raw.is_some() && args.non_readers > 0 {
         return Err("--non-readers needs tether mode (not --raw)".into());
@@ -122,7 +126,8 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
                 };
                 let source = sources.as_ref().map(|s| s.pick(index));
                 let url = urls[index % urls.len()].clone();
-                let sub = Subscriber { url, source, hello, ch, raw: raw.is_some(), syn: SynOpts::default() };
+                let sse = args.sse.then(|| channels[ch].clone());
+                let sub = Subscriber { url, source, hello, ch, raw: raw.is_some(), sse, syn: SynOpts::default() };
                 let (tally, shared) = (tally.clone(), shared.clone());
                 tasks.push(tokio::task::spawn_local(sub.run(permit, tally, shared)));
             }
@@ -138,7 +143,7 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
                     mss: (args.non_reader_mss > 0).then_some(args.non_reader_mss),
                 };
                 let url = urls[j % urls.len()].clone();
-                let sub = Subscriber { url, source, hello, ch, raw: false, syn };
+                let sub = Subscriber { url, source, hello, ch, raw: false, sse: None, syn };
                 tasks.push(tokio::task::spawn_local(nonreader::run(sub, permit, slow.clone(), shared.clone())));
             }
             for task in tasks {
@@ -303,6 +308,8 @@ pub(super) struct Subscriber {
     /// Channel index.
     pub(super) ch: usize,
     raw: bool,
+    /// `Some(channel name)`: subscribe over Server-Sent Events (`--sse`).
+    sse: Option<String>,
     /// Socket options set before connect (non-readers: small window and MSS).
     syn: SynOpts,
 }
@@ -370,13 +377,19 @@ impl Subscriber {
         }
     }
 
-    /// Connects, sends the hello and (tether mode) waits for `subscribed`; returns the
-    /// connection and the channel head at subscribe time.
-    pub(super) async fn open(&self) -> Result<(WsConn, u64), ConnError> {
-        let mut conn = WsConn::connect_opts_within(&self.url, self.source, self.syn, STEP_TIMEOUT).await?;
-        if !self.hello.is_empty() {
-            conn.send_text(&self.hello).await?;
-        }
+    /// Connects, sends the hello (or, over SSE, asks for the channel) and (tether mode) waits
+    /// for `subscribed`; returns the connection and the channel head at subscribe time.
+    pub(super) async fn open(&self) -> Result<(SubConn, u64), ConnError> {
+        let mut conn = match &self.sse {
+            Some(ch) => SubConn::Sse(SseConn::connect(&self.url, self.source, ch, STEP_TIMEOUT).await?),
+            None => {
+                let mut c = WsConn::connect_opts_within(&self.url, self.source, self.syn, STEP_TIMEOUT).await?;
+                if !self.hello.is_empty() {
+                    c.send_text(&self.hello).await?;
+                }
+                SubConn::Ws(c)
+            }
+        };
         if self.raw {
             return Ok((conn, 0));
         }

@@ -45,6 +45,7 @@ pub mod procs;
 pub mod publish;
 pub mod report;
 pub mod seq;
+pub mod sse;
 pub mod storm;
 pub mod throughput;
 pub mod wire;

@@ -24,7 +24,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::fanout::{Shared, Subscriber};
 use super::report::{Errors, Report};
 use super::seq::{SeqTally, SeqTracker};
-use super::wire::{scan_str, scan_u64, ConnError, WsConn};
+use super::sse::SubConn;
+use super::wire::{scan_str, scan_u64, ConnError};
 
 /// While draining at the end, a quiet spell this long means the server kept the connection
 /// open and has nothing more queued for it.
@@ -121,7 +122,7 @@ pub(super) async fn run(
 
 /// Reads everything left (pings answered) until the server closes (`Some(why)`), goes quiet
 /// for [`QUIET`] or [`DRAIN_LIMIT`] passes (`None`: still open).
-async fn drain(conn: &mut WsConn, seqs: &mut SeqTracker) -> Option<ConnError> {
+async fn drain(conn: &mut SubConn, seqs: &mut SeqTracker) -> Option<ConnError> {
     let deadline = Instant::now() + DRAIN_LIMIT;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());

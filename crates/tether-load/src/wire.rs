@@ -173,6 +173,26 @@ pub struct Received {
     pub pings: usize,
 }
 
+/// Reads an HTTP response head from `stream`: the bytes read (the head and whatever followed
+/// it in the same reads) and the head's length, CRLFCRLF included.
+pub async fn read_response_head(stream: &mut TcpStream) -> Result<(Vec<u8>, usize), ConnError> {
+    let mut head = Vec::with_capacity(256);
+    let mut chunk = [0u8; 1024];
+    loop {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(ConnError::Io(io::ErrorKind::UnexpectedEof.into()));
+        }
+        head.extend_from_slice(&chunk[..n]);
+        if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+            return Ok((head, end + 4));
+        }
+        if head.len() > MAX_RESPONSE_HEAD {
+            return Err(ConnError::Protocol("response head too large"));
+        }
+    }
+}
+
 impl WsConn {
     /// Connects to `url` (binding `source` first when given) and performs the client handshake
     /// (§4.1): `GET path` with a random key; anything but `101` with the right
@@ -191,21 +211,7 @@ impl WsConn {
             url.path, url.host
         );
         stream.write_all(request.as_bytes()).await?;
-        let mut head = Vec::with_capacity(256);
-        let mut chunk = [0u8; 1024];
-        let head_len = loop {
-            let n = stream.read(&mut chunk).await?;
-            if n == 0 {
-                return Err(ConnError::Io(io::ErrorKind::UnexpectedEof.into()));
-            }
-            head.extend_from_slice(&chunk[..n]);
-            if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
-                break end + 4;
-            }
-            if head.len() > MAX_RESPONSE_HEAD {
-                return Err(ConnError::Protocol("handshake response head too large"));
-            }
-        };
+        let (mut head, head_len) = read_response_head(&mut stream).await?;
         let mut headers = [httparse::EMPTY_HEADER; 32];
         let mut response = httparse::Response::new(&mut headers);
         match response.parse(&head[..head_len]) {

@@ -25,8 +25,8 @@ pub use body::decode_chunked;
 pub use date::imf_fixdate;
 pub use request::{parse_request, percent_decode, query_param, query_values, HttpError, Method, Request, MAX_HEADERS};
 pub use response::{
-    error_response, expectation, handshake_rejection, head_only, reason_phrase, response, response_head, Expectation,
-    CONTINUE,
+    error_response, expectation, handshake_rejection, head_only, reason_phrase, response, response_head, stream_head,
+    Expectation, CONTINUE,
 };
 
 #[cfg(test)]

@@ -18,6 +18,9 @@
 //!   permessage-deflate), each made at most once for the whole process, lazily.
 //! - [`protocol`]: the pub/sub wire protocol v1 (docs/protocol.md): client ops in, server
 //!   frames out, the close-code contract and the reconnect backoff.
+//! - [`sse`]: Server-Sent Events (WHATWG HTML §9.2): the `GET /sse` response head, message,
+//!   reset, error and close events (each message's encoded once and shared), heartbeat
+//!   comments, and the positions (`Last-Event-ID`, `from=`) a client resumes from.
 //! - [`tick`]: the session's time base (a [`tick::Tick`] of 10 ms, passed in, never read) and
 //!   the heartbeat grid a core files pings on.
 //! - [`session`]: one connection's decisions (quinn-proto's shape: `handle_*` in, `poll_*`
@@ -39,5 +42,6 @@ pub mod protocol;
 pub mod published;
 pub mod redact;
 pub mod session;
+pub mod sse;
 pub mod tick;
 pub mod ws;

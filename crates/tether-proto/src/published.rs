@@ -7,6 +7,8 @@
 //! negotiated it ([`Published::encoded`], a [`OnceLock`] per encoding): a message nobody takes
 //! compressed is never compressed, and one that thousands take is compressed once.
 //!
+//! A Server-Sent Events stream's event ([`Encoding::Sse`]) is one more such encoding.
+//!
 //! Adding an encoding is its [`Encoding`] variant, one `OnceLock` field here with its arm in
 //! `Published::slot`, and its arm in the server's maker (`src/server/encodings.rs`).
 
@@ -24,11 +26,16 @@ pub enum Encoding {
     /// takeover), RSV1 set; a message under `compression.min_bytes`, or one that does not
     /// shrink, stays plain.
     Deflate,
+    /// A Server-Sent Events stream (`GET /sse`, WHATWG HTML §9.2): the message as one
+    /// `event: msg` with `id: CH:EPOCH:SEQ` and the plain frame's `msg` object as `data`
+    /// ([`crate::sse::msg_from_frame`]). Made under the channel's epoch, which the caller
+    /// passes to its maker: the plain frame does not carry it.
+    Sse,
 }
 
 impl Encoding {
     /// Number of encodings, for tables indexed by [`Encoding::index`].
-    pub const COUNT: usize = 2;
+    pub const COUNT: usize = 3;
 
     /// Dense index in `0..COUNT`, for per-encoding tables.
     pub fn index(self) -> usize {
@@ -40,6 +47,7 @@ impl Encoding {
         match self {
             Encoding::Plain => "plain",
             Encoding::Deflate => "deflate",
+            Encoding::Sse => "sse",
         }
     }
 }
@@ -54,12 +62,14 @@ pub struct Published {
     frame: Bytes,
     /// The permessage-deflate frame, or the plain frame again when compressing does not pay.
     deflate: OnceLock<Bytes>,
+    /// The SSE event.
+    sse: OnceLock<Bytes>,
 }
 
 impl Published {
     /// A message whose plain frame is `frame` (a complete, unmasked, FIN text frame).
     pub fn new(frame: Bytes) -> Published {
-        Published { frame, deflate: OnceLock::new() }
+        Published { frame, deflate: OnceLock::new(), sse: OnceLock::new() }
     }
 
     /// The plain frame.
@@ -95,6 +105,7 @@ impl Published {
         match enc {
             Encoding::Plain => None,
             Encoding::Deflate => Some(&self.deflate),
+            Encoding::Sse => Some(&self.sse),
         }
     }
 }
@@ -129,5 +140,16 @@ mod tests {
         assert_eq!(made.load(Ordering::SeqCst), 1);
         assert!(!p.is_plain(p.get(Encoding::Deflate).unwrap()), "a copy is not the plain frame");
         assert!(p.is_plain(p.encoded(Encoding::Plain, |_| unreachable!())));
+    }
+
+    #[test]
+    fn the_sse_event_has_its_own_slot_made_once() {
+        let p = Published::new(crate::protocol::msg_frame("c", 3, "1"));
+        let make = |m: &Published| crate::sse::msg_from_frame(m.frame(), "e").expect("a msg frame");
+        let first = p.encoded(Encoding::Sse, make).clone();
+        assert!(first.starts_with(b"event: msg\nid: c:e:3\n"));
+        let again = p.encoded(Encoding::Sse, |_| unreachable!("made once"));
+        assert_eq!(again.as_ptr(), first.as_ptr(), "shared, not copied");
+        assert!(p.get(Encoding::Deflate).is_none(), "other encodings untouched");
     }
 }

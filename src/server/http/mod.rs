@@ -5,6 +5,8 @@
 //!
 //! - [`route`]: the router: the upgrade (`GET /ws`, `GET /echo`), `POST /publish/{channel}`,
 //!   `/healthz`, `/readyz`, `/metrics`, `/connections`, and the refusals.
+//! - [`sse`]: `GET /sse`, a Server-Sent Events stream of one or more channels, admitted as an
+//!   upgrade is and resumed by `Last-Event-ID` / `from=`.
 //! - [`auth`]: the guards of the HTTP API: publish keys on `POST /publish/{channel}`, the
 //!   admin token (or a loopback peer) on the admin endpoints, and the browser guard (403, 421).
 //! - [`feeds`]: the admin API of feeds (`/feeds`), answered by the feeds thread.
@@ -20,4 +22,5 @@ pub mod auth;
 pub mod feeds;
 pub mod inspect;
 pub mod route;
+pub mod sse;
 pub mod status;

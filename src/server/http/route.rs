@@ -1,4 +1,5 @@
-//! Plain HTTP on the WebSocket port: the upgrade itself (`GET /ws`, `GET /echo`) and the API
+//! Plain HTTP on the WebSocket port: the upgrade itself (`GET /ws`, `GET /echo`; an SSE stream,
+//! `GET /sse`, is [`super::sse`]'s, admitted by the same checks) and the API
 //! (`POST /publish/{channel}`, `/healthz`, `/readyz`, `/metrics`, `/connections`; the status
 //! page is [`super::status`], `/feeds` is [`super::feeds`], `/api/` is [`super::api`]). HTTP/1.1 keep-alive and
 //! pipelining are honoured; an upgraded connection leaves this module for good.
@@ -145,6 +146,9 @@ impl CoreState {
         }
         if path == "/ws" || (path == "/echo" && self.shared.echo) {
             return self.upgrade(id, req, path == "/echo");
+        }
+        if path == "/sse" {
+            return self.sse(id, req);
         }
         if let Some(ch) = path.strip_prefix("/publish/") {
             if req.method != Method::Post {
@@ -298,50 +302,9 @@ impl CoreState {
                 return self.refuse(id, req, e, why, &[]);
             }
         };
-        let shared = self.shared.clone();
-        let retry = [("Retry-After", RETRY_AFTER_S)];
-        if shared.draining() {
-            return self.refuse(
-                id,
-                req,
-                HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "server is draining"),
-                HandshakeFailure::Draining,
-                &retry,
-            );
-        }
-        if !shared.config.origin_allowed(req.origin.as_deref()) {
-            return self.refuse(
-                id,
-                req,
-                HttpError::new(StatusCode::FORBIDDEN, "origin not allowed"),
-                HandshakeFailure::Origin,
-                &[],
-            );
-        }
-        let verified = match self.verify_upgrade(req) {
-            Ok(v) => v,
-            Err(crate::auth::AuthError::Ambiguous) => {
-                let e = HttpError::new(StatusCode::BAD_REQUEST, crate::auth::AuthError::Ambiguous.reason());
-                return self.reject(id, e, HandshakeFailure::BadRequest, &[]);
-            }
-            Err(e) => {
-                let challenge = [("WWW-Authenticate", crate::server::authorize::www_authenticate(e))];
-                return self.reject(
-                    id,
-                    HttpError::new(StatusCode::UNAUTHORIZED, e.reason()),
-                    HandshakeFailure::Unauthorized,
-                    &challenge,
-                );
-            }
-        };
-        if !self.take_accept_token() {
-            let e = HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "accept_rate exceeded");
-            return self.refuse(id, req, e, HandshakeFailure::RateLimited, &retry);
-        }
-        if shared.open.fetch_add(1, Relaxed) >= shared.config.max_connections {
-            shared.open.fetch_sub(1, Relaxed);
-            let e = HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "max_connections reached");
-            return self.refuse(id, req, e, HandshakeFailure::OverCapacity, &retry);
+        let Some(verified) = self.admit_peer(id, req) else { return };
+        if !self.admit_capacity(id, req) {
+            return;
         }
         // RFC 7692 §5: the first acceptable permessage-deflate offer, or none (declined: the
         // connection goes on uncompressed, never refused for its offers).
@@ -349,9 +312,6 @@ impl CoreState {
             Some(offers) if self.clock.deflate.enabled() => deflate::negotiate(offers),
             _ => None,
         };
-        let m = self.metrics();
-        m.upgraded.fetch_add(1, Relaxed);
-        m.connections.fetch_add(1, Relaxed);
         let pending = self.with_session(id, |s, ctx| {
             let response = handshake::switching_protocols(&accept, deflate.as_ref().map(|a| a.response.as_str()));
             s.upgrade(ctx, response, echo, deflate.is_some(), &mut rand::rng());
@@ -367,6 +327,60 @@ impl CoreState {
         }
     }
 
+    /// The admission of a long-lived connection (a WebSocket upgrade or an SSE stream) that
+    /// depends on who asks: not while draining (503), `Origin` in `allowed_origins` (403), the
+    /// JWT when `[auth]` is on (401, or 400 when ambiguous). `Some` with the verified token
+    /// (`None` inside without auth) when admitted; `None` when refused (answered here).
+    pub(super) fn admit_peer(&mut self, id: ConnId, req: &Request) -> Option<Option<crate::auth::Verified>> {
+        if self.shared.draining() {
+            let e = HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "server is draining");
+            self.refuse(id, req, e, HandshakeFailure::Draining, &[("Retry-After", RETRY_AFTER_S)]);
+            return None;
+        }
+        if !self.shared.config.origin_allowed(req.origin.as_deref()) {
+            let e = HttpError::new(StatusCode::FORBIDDEN, "origin not allowed");
+            self.refuse(id, req, e, HandshakeFailure::Origin, &[]);
+            return None;
+        }
+        match self.verify_upgrade(req) {
+            Ok(v) => Some(v),
+            Err(crate::auth::AuthError::Ambiguous) => {
+                let e = HttpError::new(StatusCode::BAD_REQUEST, crate::auth::AuthError::Ambiguous.reason());
+                self.reject(id, e, HandshakeFailure::BadRequest, &[]);
+                None
+            }
+            Err(e) => {
+                let challenge = [("WWW-Authenticate", crate::server::authorize::www_authenticate(e))];
+                let e = HttpError::new(StatusCode::UNAUTHORIZED, e.reason());
+                self.reject(id, e, HandshakeFailure::Unauthorized, &challenge);
+                None
+            }
+        }
+    }
+
+    /// The admission of a long-lived connection that depends on the server's load: the
+    /// accept rate and `max_connections` (503 with `Retry-After`). When admitted the connection
+    /// is counted (the gauge, `open`, the upgrades) and `true` is returned.
+    pub(super) fn admit_capacity(&mut self, id: ConnId, req: &Request) -> bool {
+        let shared = self.shared.clone();
+        let retry = [("Retry-After", RETRY_AFTER_S)];
+        if !self.take_accept_token() {
+            let e = HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "accept_rate exceeded");
+            self.refuse(id, req, e, HandshakeFailure::RateLimited, &retry);
+            return false;
+        }
+        if shared.open.fetch_add(1, Relaxed) >= shared.config.max_connections {
+            shared.open.fetch_sub(1, Relaxed);
+            let e = HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "max_connections reached");
+            self.refuse(id, req, e, HandshakeFailure::OverCapacity, &retry);
+            return false;
+        }
+        let m = self.metrics();
+        m.upgraded.fetch_add(1, Relaxed);
+        m.connections.fetch_add(1, Relaxed);
+        true
+    }
+
     /// Answers a refused request and closes the connection once the answer is written.
     fn reject(&mut self, id: ConnId, e: HttpError, why: HandshakeFailure, extra: &[(&str, &str)]) {
         self.metrics().session.handshake_failure(why);
@@ -376,7 +390,14 @@ impl CoreState {
 
     /// [`Self::reject`] for a request whose head was read: the log line also names its
     /// target and `Origin` (escaped).
-    fn refuse(&mut self, id: ConnId, req: &Request, e: HttpError, why: HandshakeFailure, extra: &[(&str, &str)]) {
+    pub(super) fn refuse(
+        &mut self,
+        id: ConnId,
+        req: &Request,
+        e: HttpError,
+        why: HandshakeFailure,
+        extra: &[(&str, &str)],
+    ) {
         self.metrics().session.handshake_failure(why);
         crate::server::events::handshake_failed_for(self.me, self.conn(id).map(|c| c.fd), why, e.status, e.reason, req);
         self.send(id, http::handshake_rejection(e, extra), false);

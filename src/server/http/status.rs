@@ -168,6 +168,7 @@ pub fn status_json(
             json!({
                 "core": i,
                 "connections": gauge(c.connections.load(Relaxed)),
+                "sse_connections": gauge(c.sse_connections.load(Relaxed)),
                 "published_total": c.published.load(Relaxed),
                 "delivered_total": c.delivered.load(Relaxed),
                 "queued_bytes": load.queued_bytes,
@@ -191,6 +192,10 @@ pub fn status_json(
     let body = json!({
         "uptime_ms": uptime_ms,
         "connections": sum(&|c| gauge(c.connections.load(Relaxed))),
+        "connections_by_transport": {
+            "websocket": sum(&|c| gauge(c.connections.load(Relaxed) - c.sse_connections.load(Relaxed))),
+            "sse": sum(&|c| gauge(c.sse_connections.load(Relaxed))),
+        },
         "max_connections": cfg.max_connections,
         "channels": shared.channels.count(),
         "published_total": sum(&|c| c.published.load(Relaxed)),

@@ -1,5 +1,6 @@
 //! Every socket call of a connection, in one place: non-blocking `recv`, vectored `sendmsg`,
-//! the half-close (`shutdown(SHUT_WR)`), the close and the peer's address. The sessions decide; this
+//! the half-close (`shutdown(SHUT_WR)`), the close, the peer's address and an SSE stream's
+//! `TCP_USER_TIMEOUT`. The sessions decide; this
 //! module only does what they decided. [`batch`] makes a chunk of connections' `sendmsg`s in
 //! one `io_uring_enter` on the core's send ring; [`poll_ring`] is the core's io_uring readiness
 //! source.
@@ -85,6 +86,19 @@ pub fn close(fd: RawFd) {
     // SAFETY: the caller owns fd and never uses it again.
     if unsafe { libc::close(fd) } != 0 {
         tracing::trace!(fd, error = %io::Error::last_os_error(), "close failed");
+    }
+}
+
+/// Bounds how long bytes written to `fd` may stay unacknowledged before the kernel ends the
+/// connection (`TCP_USER_TIMEOUT`, RFC 5482, Linux `tcp(7)`): then the socket reports
+/// `ETIMEDOUT` and the reactor reaps it. For SSE streams, whose peer never answers a
+/// heartbeat, so a peer that vanished without a reset is found within this bound instead of
+/// the kernel's ~15 minutes of retransmissions. A failure is logged and leaves the default.
+pub fn set_user_timeout(fd: RawFd, timeout: std::time::Duration) {
+    // SAFETY: fd as in `recv`; the borrow does not outlive this call.
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    if let Err(error) = socket2::SockRef::from(&fd).set_tcp_user_timeout(Some(timeout)) {
+        tracing::debug!(%error, "setsockopt(TCP_USER_TIMEOUT) failed");
     }
 }
 

@@ -84,6 +84,11 @@ pub struct Request {
     /// A repeated `Authorization` header is refused with 400 (which of two credentials would
     /// count is ambiguous).
     pub bearer: Option<String>,
+    /// `Accept` (RFC 9110 §12.5.1), comma lists combined; `GET /sse` reads it.
+    pub accept: Option<String>,
+    /// `Last-Event-ID` (WHATWG HTML §9.2.4), as sent: the id of the last event an EventSource
+    /// received before it reconnected. `GET /sse` parses it (`crate::sse::Position`).
+    pub last_event_id: Option<String>,
 }
 
 /// A request refused before it reaches a route: the HTTP status to answer with and a short,
@@ -208,6 +213,8 @@ pub fn parse_request(buf: &[u8], max_head_bytes: usize) -> Result<Option<Request
         ws_extensions: None,
         expect: None,
         bearer: None,
+        accept: None,
+        last_event_id: None,
     };
     let mut conn_close = false;
     let mut conn_keep_alive = false;
@@ -269,6 +276,10 @@ pub fn parse_request(buf: &[u8], max_head_bytes: usize) -> Result<Option<Request
             combine(&mut req.ws_extensions, utf8(value)?);
         } else if name.eq_ignore_ascii_case("expect") {
             combine(&mut req.expect, utf8(value)?);
+        } else if name.eq_ignore_ascii_case("accept") {
+            combine(&mut req.accept, utf8(value)?);
+        } else if name.eq_ignore_ascii_case("last-event-id") {
+            combine(&mut req.last_event_id, utf8(value)?);
         } else if name.eq_ignore_ascii_case("authorization") {
             if authorization_seen {
                 return Err(HttpError::bad("repeated Authorization header"));

@@ -105,6 +105,20 @@ pub fn response_head(
     head_with_capacity(status, content_type, content_length, extra, keep_alive, 0)
 }
 
+/// The head of a response whose body is delimited by the end of the connection (RFC 9112
+/// §6.3, rule 8): no `Content-Length`, no `Transfer-Encoding`, `Connection: close`. For an
+/// endless stream (Server-Sent Events); `extra` headers as in [`response`].
+pub fn stream_head(status: StatusCode, content_type: &str, extra: &[(&str, &str)]) -> Vec<u8> {
+    let mut out = status_line(status, content_type, extra, 0);
+    push_header(&mut out, "Content-Type", content_type);
+    push_header(&mut out, "Connection", "close");
+    for (name, value) in extra {
+        push_header(&mut out, name, value);
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
 /// A JSON error body `{"error":REASON}` (REASON JSON-escaped) with the given status and
 /// `Content-Type: application/json`.
 pub fn error_response(status: StatusCode, reason: &str, extra: &[(&str, &str)], keep_alive: bool) -> Vec<u8> {
@@ -149,14 +163,7 @@ fn head_with_capacity(
     keep_alive: bool,
     body_capacity: usize,
 ) -> Vec<u8> {
-    let extra_len: usize = extra.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
-    let mut out = Vec::with_capacity(128 + content_type.len() + extra_len + body_capacity);
-    out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(status.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(reason_phrase(status).as_bytes());
-    out.extend_from_slice(b"\r\n");
-    date::push_date_header(&mut out);
+    let mut out = status_line(status, content_type, extra, body_capacity);
     if !content_type.is_empty() {
         push_header(&mut out, "Content-Type", content_type);
     }
@@ -170,6 +177,20 @@ fn head_with_capacity(
         push_header(&mut out, name, value);
     }
     out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// The status line and `Date` of a response, in a buffer with room for the rest of the head
+/// (`content_type`, `extra`) and `body_capacity` bytes of body.
+fn status_line(status: StatusCode, content_type: &str, extra: &[(&str, &str)], body_capacity: usize) -> Vec<u8> {
+    let extra_len: usize = extra.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
+    let mut out = Vec::with_capacity(128 + content_type.len() + extra_len + body_capacity);
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(reason_phrase(status).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    date::push_date_header(&mut out);
     out
 }
 

@@ -102,7 +102,9 @@ impl Session {
     }
 
     /// Pings when the interval has passed since the last ping; reaps a peer that stayed
-    /// silent for the pong timeout after one (any inbound byte clears the wait).
+    /// silent for the pong timeout after one (any inbound byte clears the wait). An SSE
+    /// stream sends a comment line instead, and the wait clears when its queue drains
+    /// (`sse.rs`): a peer that takes no bytes for the pong timeout is reaped the same way.
     fn heartbeat(&mut self, ctx: &Ctx) {
         let (now, interval, pong) = (ctx.now, ctx.cfg.ping_interval, ctx.cfg.pong_timeout);
         let awaiting = self.flags.has(Flags::AWAIT_PONG);
@@ -115,9 +117,13 @@ impl Session {
         if !awaiting && reached(now, self.ping_sent.wrapping_add(interval)) {
             self.ping_sent = now;
             self.flags.set(Flags::AWAIT_PONG);
-            self.flags.set(Flags::PONG_DUE);
             ctx.stats.pings_sent.fetch_add(1, Relaxed);
-            self.reply(ctx, PING.clone());
+            if self.is_sse() {
+                self.sse_heartbeat(ctx);
+            } else {
+                self.flags.set(Flags::PONG_DUE);
+                self.reply(ctx, PING.clone());
+            }
             if !self.state.can_write() {
                 return;
             }

@@ -32,6 +32,9 @@ impl Flags {
     /// way): fan-out frames are taken in [`Encoding::Deflate`](crate::published::Encoding),
     /// and data frames with RSV1 are inflated.
     pub const DEFLATE: Flags = Flags(256);
+    /// A Server-Sent Events stream (`GET /sse`), not a WebSocket: deliveries are events,
+    /// heartbeats are comment lines, the end is an `event: close` and FIN (`session/sse.rs`).
+    pub const SSE: Flags = Flags(512);
 
     /// The top two bits: requests counted against the per-connection op rates while no
     /// [`super::limits::Limiter`] exists ([`Flags::free_ops`]).

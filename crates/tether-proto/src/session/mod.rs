@@ -25,6 +25,8 @@
 //! - [`stats`]: what the sessions of a core count ([`SessionStats`]: closes by code,
 //!   overflows, limit refusals, pings), rendered by the server's `/metrics`;
 //! - `http.rs`: plain HTTP requests in, answers and the upgrade out;
+//! - `sse.rs`: the Server-Sent Events transport: the stream's start, its heartbeat, its end
+//!   and the bytes a client may not send;
 //! - `input.rs`: the unconsumed input (a partial frame or request head), boxed;
 //! - `deadlines.rs`: the one deadline (handshake, heartbeat, token expiry, close, drain);
 //! - `token.rs`: the connection's grant (JWT auth) and its expiry, refresh and grace;
@@ -44,6 +46,7 @@ pub mod limits;
 pub mod queue;
 pub mod reap;
 pub mod replay;
+mod sse;
 pub mod stats;
 #[cfg(test)]
 mod tests;
@@ -264,15 +267,23 @@ impl Session {
         self.flags.has(Flags::UPGRADED)
     }
 
+    /// Whether it is a Server-Sent Events stream (`GET /sse`) rather than a WebSocket.
+    pub fn is_sse(&self) -> bool {
+        self.flags.has(Flags::SSE)
+    }
+
     /// Whether it is an `/echo` connection (data frames echoed, not parsed as requests).
     pub fn is_echo(&self) -> bool {
         self.flags.has(Flags::ECHO)
     }
 
-    /// The encoding this connection takes fan-out messages in: [`Encoding::Deflate`] when
-    /// permessage-deflate was negotiated at the upgrade (RFC 7692), else [`Encoding::Plain`].
+    /// The encoding this connection takes fan-out messages in: [`Encoding::Sse`] for an SSE
+    /// stream, [`Encoding::Deflate`] when permessage-deflate was negotiated at the upgrade
+    /// (RFC 7692), else [`Encoding::Plain`].
     pub fn encoding(&self) -> Encoding {
-        if self.flags.has(Flags::DEFLATE) {
+        if self.flags.has(Flags::SSE) {
+            Encoding::Sse
+        } else if self.flags.has(Flags::DEFLATE) {
             Encoding::Deflate
         } else {
             Encoding::Plain
@@ -360,6 +371,7 @@ impl Session {
         }
         match self.state {
             State::Http(_) => self.pending_in.extend(data),
+            _ if self.is_sse() => self.sse_input(ctx, data),
             _ => self.decode(ctx, data, events),
         }
     }
@@ -369,8 +381,23 @@ impl Session {
     /// Queues `frame` under the overflow policy `policy` (`None` for replies, which overflow
     /// like `disconnect`). Returns whether it was queued. With `disconnect`, an overflow
     /// closes the connection with 1013 (the queued data dropped, the close frame first).
+    ///
+    /// On an SSE stream a reply (`chan` is [`NO_CHAN`]) is a WebSocket frame turned into its
+    /// event here ([`crate::sse::from_reply`]: `reset`, `error`), or dropped (an answer to a
+    /// request an SSE client cannot send); a channel's frames come as events already.
     pub fn enqueue(&mut self, ctx: &Ctx, frame: impl Into<Frame>, chan: u32, policy: Option<Overflow>) -> bool {
-        let frame = frame.into();
+        let mut frame = frame.into();
+        if chan == NO_CHAN && self.is_sse() {
+            match crate::sse::from_reply(&frame) {
+                Some(ev) => frame = Frame::from(ev),
+                None => return false,
+            }
+        }
+        self.enqueue_frame(ctx, frame, chan, policy)
+    }
+
+    /// [`Session::enqueue`] of a frame already in the connection's wire form.
+    fn enqueue_frame(&mut self, ctx: &Ctx, frame: Frame, chan: u32, policy: Option<Overflow>) -> bool {
         if !self.state.can_write() {
             return false;
         }
@@ -425,6 +452,10 @@ impl Session {
         if self.queue.is_empty() {
             self.last_drained = now;
             self.queue.shrink_idle();
+            if self.is_sse() {
+                // The heartbeat left with the rest: the stream's answer to it (`sse.rs`).
+                self.flags.clear(Flags::AWAIT_PONG);
+            }
         }
     }
 
@@ -452,6 +483,9 @@ impl Session {
         if why == ReapReason::Overflow {
             self.queue.clear();
         }
+        if self.is_sse() {
+            return self.end_stream(ctx, code, reason, why);
+        }
         self.queue.push(codec::close_frame(code, reason), NO_CHAN);
         self.state = State::ClosingByUs;
         self.reap = Some(why);
@@ -472,7 +506,7 @@ impl Session {
         self.finish(ctx);
     }
 
-    fn finish(&mut self, ctx: &Ctx) {
+    pub(super) fn finish(&mut self, ctx: &Ctx) {
         self.state = State::Finishing;
         self.deadline = ctx.now.wrapping_add(ctx.cfg.close_timeout);
     }

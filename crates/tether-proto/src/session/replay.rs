@@ -136,6 +136,7 @@ impl Session {
         if !self.state.can_write() {
             return (false, None);
         }
+        let sse = self.is_sse();
         let Some(rs) = self.replays.as_mut() else { return (false, None) };
         let q = &mut self.queue;
         let mut queued = false;
@@ -145,7 +146,14 @@ impl Session {
                 if !q.has_room(f.len(), max_msgs, max_bytes) {
                     break;
                 }
-                q.push(r.backlog.pop_front().expect("front checked"), r.chan);
+                let f = r.backlog.pop_front().expect("front checked");
+                // History is stored as WebSocket frames: an SSE stream takes each as its
+                // event, converted as it is replayed.
+                if !sse {
+                    q.push(f, r.chan);
+                } else if let Some(ev) = crate::sse::msg_from_frame(&f, &r.epoch) {
+                    q.push(ev, r.chan);
+                }
                 queued = true;
             }
             if !r.backlog.is_empty() {
@@ -196,7 +204,12 @@ impl Session {
                 r.backlog.clear();
                 r.fetched = r.until;
                 let json = protocol::reset_json(ch, r.until, &r.epoch, ResetReason::Evicted, oldest);
-                self.queue.push(codec::text_frame(&json), super::NO_CHAN);
+                let frame = if self.flags.has(super::Flags::SSE) {
+                    crate::sse::reset_event(&json)
+                } else {
+                    codec::text_frame(&json)
+                };
+                self.queue.push(frame, super::NO_CHAN);
             }
             None => {
                 r.fetched += frames.len() as u64;

@@ -23,7 +23,7 @@ use tungstenite::protocol::frame::FrameHeader;
 
 pub use encode::{
     close_frame, decode_server_frame, deflated_frame, encode_client_frame, encode_frame, encode_frame_into, header_len,
-    ping_frame, pong_frame, text_frame, text_frame_with,
+    ping_frame, pong_frame, text_frame, text_frame_with, text_payload,
 };
 use mask::apply_mask;
 

@@ -249,4 +249,5 @@ mod lifecycle;
 mod limits;
 mod overflow;
 mod replay;
+mod sse;
 mod token;

@@ -176,3 +176,17 @@ pub fn decode_server_frame(input: &[u8]) -> Result<Option<(usize, bool, u8, Byte
     let payload = Bytes::copy_from_slice(&input[start..total]);
     Ok(Some((total, header.is_final, u8::from(header.opcode), payload)))
 }
+
+/// The payload of an unmasked, unfragmented server text frame (RFC 6455 §5.2), as the
+/// server's `msg` frames, replies and history are, without copying; `None` for anything else
+/// (another opcode, a fragment, RSV bits, a mask, a short or truncated frame).
+pub fn text_payload(frame: &[u8]) -> Option<&[u8]> {
+    let mut cursor = Cursor::new(frame);
+    let (header, len) = FrameHeader::parse(&mut cursor).ok().flatten()?;
+    let plain = header.is_final && !header.rsv1 && !header.rsv2 && !header.rsv3 && header.mask.is_none();
+    if !plain || header.opcode != OpCode::Data(Data::Text) {
+        return None;
+    }
+    let start = cursor.position() as usize;
+    frame.get(start..start.checked_add(usize::try_from(len).ok()?)?)
+}
