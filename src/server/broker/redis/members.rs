@@ -9,8 +9,8 @@
 //! A change whose call fails (Redis away) is not retried as such: a join stays in this node's
 //! list and the next refresh adds it (announcing it), a leave is gone from the list and the
 //! member's entry expires within the TTL (announced by whichever node refreshes first) or is
-//! gone with Redis's data (announced by nobody). Either way no node can vouch that its
-//! `join_leave` subscribers saw the change, so the channel is marked: its next successful
+//! gone with Redis's data (announced by nobody). So after a failed leave no node can vouch
+//! that its `join_leave` subscribers will see it: the channel is marked, its next successful
 //! refresh announces `P R`, and every node's subscribers of it get `presence_reset`.
 
 use std::collections::{HashMap, HashSet};
@@ -136,7 +136,7 @@ pub async fn run(ctx: Rc<Ctx>, mut rx: UnboundedReceiver<MemberOp>) {
 struct Mine {
     /// This node's members per channel: client → entry.
     members: HashMap<Arc<str>, HashMap<String, String>>,
-    /// Channels with a change whose call failed: their next successful refresh announces a
+    /// Channels with a leave whose call failed: their next successful refresh announces a
     /// reset.
     unsure: HashSet<Arc<str>>,
 }
@@ -166,7 +166,7 @@ async fn apply(ctx: &Ctx, scripts: &Scripts, state: &mut Mine, ops: Vec<MemberOp
                 }
             }
             let applied: Option<Vec<i64>> = eval(ctx, &scripts.members, MEMBERS_LUA, &keys, &args).await.ok();
-            if applied.is_none() {
+            if applied.is_none() && chunk.iter().any(|op| matches!(op, MemberOp::Leave { .. })) {
                 unsure.insert(ch.clone());
             }
             let list = mine.entry(ch.clone()).or_default();
@@ -194,8 +194,8 @@ async fn apply(ctx: &Ctx, scripts: &Scripts, state: &mut Mine, ops: Vec<MemberOp
 }
 
 /// Refreshes every member of this node, channel by channel, and removes the expired ones; a
-/// channel whose changes failed meanwhile (members or not) gets its reset announced by the
-/// first call that succeeds, and a failed call marks its channel so.
+/// channel with a failed leave (members here or not) gets its reset announced by the first
+/// call that succeeds.
 async fn refresh_all(ctx: &Ctx, scripts: &Scripts, state: &mut Mine) {
     let (ttl, cmd) = (ctx.shared.config.presence.member_ttl_ms.to_string(), ctx.publish_command);
     let Mine { members: mine, unsure } = state;
@@ -212,13 +212,9 @@ async fn refresh_all(ctx: &Ctx, scripts: &Scripts, state: &mut Mine) {
             let reset = if unsure.contains(&ch) { "1" } else { "0" };
             let mut args: Vec<&str> = vec![cmd, &topic, &ttl, reset];
             args.extend(chunk.iter().map(|e| e.as_str()));
-            match eval::<i64>(ctx, &scripts.refresh, REFRESH_LUA, &keys, &args).await {
-                Ok(_) => {
-                    unsure.remove(&ch);
-                }
-                Err(_) => {
-                    unsure.insert(ch.clone());
-                }
+            // A failed refresh needs no reset: its members expire and come back announced.
+            if eval::<i64>(ctx, &scripts.refresh, REFRESH_LUA, &keys, &args).await.is_ok() {
+                unsure.remove(&ch);
             }
         }
     }

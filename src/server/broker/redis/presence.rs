@@ -21,8 +21,8 @@
 //! killed with `kill -9`) and announces those leaves, so members see them within the TTL.
 //! Every change is announced once, by the script that made it: `P J <member JSON>` (join) or
 //! `P L <member JSON>` (leave) on the channel's topic, beside the messages (`SEQ EPOCH DATA`;
-//! a seq is never `P`). A node that cannot vouch that its changes of a channel were announced
-//! (a call failed while Redis was away) announces `P R` once its refresh of the channel
+//! a seq is never `P`). A node that cannot vouch that a leave of a channel will be announced
+//! (its call failed while Redis was away) announces `P R` once its refresh of the channel
 //! succeeds again: every node's `join_leave` subscribers get `presence_reset`.
 
 use std::collections::HashMap;
