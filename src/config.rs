@@ -246,9 +246,17 @@ pub struct ChannelRule {
     /// subscribed as usual but not tracked (not listed, not counted, no join sent for it), and
     /// counted in `tether_presence_untracked_total`. Default 100,000, between 1 and
     /// 10,000,000. Bounds the home's memory per channel (about 100 B per member plus its
-    /// `user` and `info`).
-    #[serde(default = "default_presence_max_members")]
-    pub presence_max_members: usize,
+    /// `user` and `info`). Only with `presence = true` (refused otherwise): read it with
+    /// [`ChannelRule::max_members`].
+    #[serde(default)]
+    pub presence_max_members: Option<usize>,
+}
+
+impl ChannelRule {
+    /// `presence_max_members`, or its default (100,000) when the rule does not set it.
+    pub fn max_members(&self) -> usize {
+        self.presence_max_members.unwrap_or(DEFAULT_PRESENCE_MAX_MEMBERS)
+    }
 }
 
 /// Publish deduplication (`[dedup]`): a `pub` whose `id` (or an HTTP publish whose
@@ -316,9 +324,8 @@ fn default_history() -> usize {
     1000
 }
 
-fn default_presence_max_members() -> usize {
-    100_000
-}
+/// `presence_max_members` when a rule does not set it.
+const DEFAULT_PRESENCE_MAX_MEMBERS: usize = 100_000;
 
 impl Default for ChannelRule {
     /// Pattern `*`, overflow `disconnect`, history 1000.
@@ -329,7 +336,7 @@ impl Default for ChannelRule {
             history: default_history(),
             presence: false,
             join_leave: false,
-            presence_max_members: default_presence_max_members(),
+            presence_max_members: None,
         }
     }
 }
@@ -498,10 +505,26 @@ impl Config {
         ));
         for (i, r) in self.channels.iter().enumerate() {
             out.push_str(&format!(
-                " channels[{i}]={{pattern={:?},overflow={},history={}}}",
+                " channels[{i}]={{pattern={:?},overflow={},history={}",
                 r.pattern,
                 r.overflow.as_str(),
                 r.history
+            ));
+            if r.presence {
+                out.push_str(&format!(
+                    ",presence=true,join_leave={},presence_max_members={}",
+                    r.join_leave,
+                    r.max_members()
+                ));
+            }
+            out.push('}');
+        }
+        if self.channels.iter().any(|r| r.presence) {
+            let p = &self.presence;
+            out.push_str(&format!(
+                " presence.window_ms={} presence.max_diff={} presence.info_max_bytes={} presence.page_size={} \
+                 presence.member_ttl_ms={}",
+                p.window_ms, p.max_diff, p.info_max_bytes, p.page_size, p.member_ttl_ms
             ));
         }
         let f = &self.feeds;

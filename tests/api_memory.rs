@@ -169,6 +169,11 @@ async fn the_guard_and_bad_input() {
         ("GET", "/api/history/bad%20name", "", "ch"),
         ("GET", "/api/history/ok?limit=5000", "", "limit"),
         ("GET", "/api/channels?prefix=a%20b", "", "prefix"),
+        // A misspelt query parameter is refused by its name, never ignored.
+        ("GET", "/api/history/ok?form=3&limit=1", "", "form"),
+        ("GET", "/api/channels?prefx=a", "", "prefx"),
+        ("GET", "/api/presence_stats/ok?x=1", "", "x"),
+        ("POST", "/api/disconnect?user=u", r#"{"user":"u"}"#, "user"),
         ("POST", "/api/disconnect", r#"{"user":"u","code":1000}"#, "code"),
         ("POST", "/api/unsubscribe", r#"{"user":"u"}"#, "ch"),
         ("POST", "/api/revoke", r#"{"until_ms":1}"#, "until_ms"),
@@ -201,6 +206,31 @@ async fn the_guard_and_bad_input() {
     let s = Server::start("[limits]\nmax_publish_bytes = 200\n", &["--cores", "1"]);
     let big = json!({"channels": ["a", "b"], "data": "x".repeat(200)}).to_string();
     assert_eq!(call(s.addr, "POST", "/api/publish", &[], &big).await.status, 413);
+}
+
+#[tokio::test]
+async fn a_history_page_of_large_messages_stops_at_a_mebibyte() {
+    let s = node("");
+    // 600 KiB each: a page holds one (the next would pass 1 MiB of data), whatever `limit`.
+    let big = format!("\"{}\"", "x".repeat(600 * 1024));
+    for _ in 0..3 {
+        s.publish("big", &big).await;
+    }
+    let mut from = 0;
+    let mut seqs = Vec::new();
+    for _ in 0..5 {
+        let page = get_ok(s.addr, &format!("/api/history/big?from={from}&limit=1000")).await;
+        let got: Vec<u64> =
+            page["messages"].as_array().expect("messages").iter().map(|m| m["seq"].as_u64().unwrap()).collect();
+        assert_eq!(got.len(), 1, "one 600 KiB message per page");
+        assert_eq!(page["messages"][0]["data"].as_str().map(str::len), Some(600 * 1024));
+        from = got[0];
+        seqs.extend(got);
+        if from == page["head"].as_u64().unwrap() {
+            break;
+        }
+    }
+    assert_eq!(seqs, [1, 2, 3], "paging from the last seq reads every message once");
 }
 
 #[tokio::test]

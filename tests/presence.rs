@@ -234,3 +234,106 @@ async fn presence_off_and_join_leave_off_are_refused_by_name() {
     let v = next_json(&mut ws).await;
     assert_eq!((v["code"].as_str(), v["ch"].as_str()), (Some("bad_request"), Some("quiet.x")), "{v}");
 }
+
+#[tokio::test]
+async fn answers_about_a_channel_keep_their_order_behind_a_presence_query() {
+    // 30 presence requests in a few ms: past the default presence_rate (10/s).
+    let srv = Server::start(&config("[limits.per_connection]\npresence_rate = 0\n"), &["--cores", "2"]);
+    let mut ws = connect(&srv.ws_url()).await;
+    for round in 0..10 {
+        let ch = format!("room.o{round}");
+        sub(&mut ws, &ch, false).await;
+        // Each request is its own write; the presence queries go to the channel's home core,
+        // the unsub and sub are answered from here: the answers still come in request order.
+        for op in ["presence", "unsub", "presence_stats", "sub", "presence"] {
+            send(&mut ws, json!({"op": op, "ch": ch})).await;
+        }
+        let mut ops = Vec::new();
+        for _ in 0..5 {
+            let v = next_json(&mut ws).await;
+            assert_eq!(v["ch"].as_str(), Some(ch.as_str()), "{v}");
+            ops.push(v["op"].as_str().expect("op").to_owned());
+        }
+        assert_eq!(ops, ["presence", "unsubscribed", "presence_stats", "subscribed", "presence"], "round {round}");
+        send(&mut ws, json!({"op": "unsub", "ch": ch})).await;
+        assert_eq!(next_json(&mut ws).await["op"], "unsubscribed");
+    }
+}
+
+#[tokio::test]
+async fn a_connection_the_server_closes_leaves_its_channels_at_once() {
+    // The close handshake may take close_timeout_ms (30 s here) when the peer never answers;
+    // the member must not stay listed that long.
+    let srv = Server::start(&config(&format!("[limits]\nclose_timeout_ms = 30000\n{}", hs256_config(5000))), &[]);
+    let exp = now_s() + 600;
+    let url = |user: &str| format!("{}?token={}", srv.ws_url(), hs256(&claims(user, exp, &["room.*"], &[])));
+    let mut watcher = connect(&url("watcher")).await;
+    sub(&mut watcher, "room.k", true).await;
+    let joined = next_presence(&mut watcher, Duration::from_secs(3)).await;
+    assert_eq!(joined["op"], "presence_diff", "{joined}");
+    let mut victim = connect(&url("victim")).await;
+    sub(&mut victim, "room.k", false).await;
+    let joined = next_presence(&mut watcher, Duration::from_secs(3)).await;
+    assert_eq!(joined["joins"][0]["user"], "victim", "{joined}");
+    // The server closes the victim's connection; the victim never reads, so never answers.
+    let answer = common::api::post_ok(srv.addr, "/api/disconnect", json!({"user": "victim"})).await;
+    assert_eq!(answer["closed"], 1, "{answer}");
+    let left = next_presence(&mut watcher, Duration::from_secs(3)).await;
+    assert_eq!(
+        (left["joins"].as_array().map(Vec::len), left["leaves"][0]["user"].as_str()),
+        (Some(0), Some("victim")),
+        "{left}"
+    );
+    assert_eq!(stats(&mut watcher, "room.k").await, (1, 1));
+    drop(victim);
+}
+
+#[tokio::test]
+async fn large_infos_make_shorter_pages_and_a_reset_never_a_1013() {
+    // queue_max_bytes 64 KiB: no presence frame may take more than 16 KiB. 30 members with
+    // 1.5 KB of info each are 45 KB: several pages, and their joins in one window a reset.
+    let cfg = format!(
+        "[limits]\nqueue_max_bytes = 65536\nmax_publish_bytes = 8192\nmax_message_bytes = 8192\n\
+         [presence]\nwindow_ms = 300\npage_size = 1000\nmax_diff = 1000\ninfo_max_bytes = 2048\n\
+         [[channels]]\npattern = \"room.*\"\npresence = true\njoin_leave = true\n{}",
+        hs256_config(5000)
+    );
+    let srv = Server::start(&cfg, &[]);
+    let exp = now_s() + 600;
+    let url = |user: &str, info: Option<Value>| {
+        let mut c = claims(user, exp, &["room.*"], &[]);
+        c.info = info;
+        format!("{}?token={}", srv.ws_url(), hs256(&c))
+    };
+    let mut watcher = connect(&url("watcher", None)).await;
+    sub(&mut watcher, "room.big", true).await;
+    assert_eq!(next_presence(&mut watcher, Duration::from_secs(3)).await["op"], "presence_diff");
+    let mut members = Vec::new();
+    for i in 0..30 {
+        let mut w = connect(&url(&format!("m{i}"), Some(json!({"bio": "é".repeat(700), "n": i})))).await;
+        sub(&mut w, "room.big", false).await;
+        members.push(w);
+    }
+    let reset = next_presence(&mut watcher, Duration::from_secs(3)).await;
+    assert_eq!(reset["op"], "presence_reset", "30 joins of 45 KB pass the 16 KiB bound: {reset}");
+    let mut seen = BTreeSet::new();
+    let mut pages = 0;
+    let mut cursor = Value::Null;
+    loop {
+        send(&mut watcher, json!({"op": "presence", "ch": "room.big", "cursor": cursor})).await;
+        let page = match tung::read_within(&mut watcher, Duration::from_secs(5)).await {
+            tung::Read::Json(v) if v["op"] == "presence" => v,
+            other => panic!("expected a page, got {other:?}"),
+        };
+        pages += 1;
+        assert!(pages <= 31, "pages end");
+        seen.extend(clients(&page["members"]));
+        match page.get("next") {
+            Some(n) => cursor = n.clone(),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 31, "every member once, the watcher included");
+    assert!(pages >= 3, "45 KB of members in pages of at most 16 KiB: {pages} pages");
+    quiet(&mut watcher, Duration::from_millis(200)).await;
+}

@@ -428,3 +428,43 @@ async fn a_node_whose_leave_failed_has_every_node_reset_its_join_leave_subscribe
     assert_eq!(api_stats(&a, "room.s").await, (2, 2));
     drop(m2);
 }
+
+#[tokio::test]
+async fn large_infos_make_shorter_pages() {
+    // queue_max_bytes 64 KiB: no page may hold more than 16 KiB of members. 14 members with
+    // about 1.5 KB of info each are about 21 KB: at least two pages of at most 16 KiB, where
+    // page_size alone would allow one.
+    let redis = RedisProc::start();
+    let cfg = format!(
+        "[broker]\nkind = \"redis\"\nurl = \"{}\"\n\
+         [limits]\nqueue_max_bytes = 65536\nmax_publish_bytes = 8192\nmax_message_bytes = 8192\n\
+         [presence]\npage_size = 1000\ninfo_max_bytes = 2048\n\
+         [[channels]]\npattern = \"room.*\"\npresence = true\n{}",
+        redis.url(),
+        hs256_config(5000)
+    );
+    let srv = Server::start(&cfg, &[]);
+    wait_ready(srv.addr, STEP).await;
+    let mut members = Vec::new();
+    for i in 0..14 {
+        let mut c = claims(&format!("m{i}"), now_s() + 600, &["room.*"], &[]);
+        c.info = Some(json!({"bio": "é".repeat(700), "n": i}));
+        let mut w = connect(&format!("{}?token={}", srv.ws_url(), hs256(&c))).await;
+        sub(&mut w, "room.big", false).await;
+        members.push(w);
+    }
+    common::eventually(Duration::from_secs(5), "14 members counted", || async {
+        match api_stats(&srv, "room.big").await {
+            (14, 14) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let listed = pages(&mut members[0], "room.big", Value::Null).await;
+    let users: BTreeSet<&String> = listed.iter().flatten().map(|(_, u)| u).collect();
+    assert_eq!(users.len(), 14, "every member once");
+    assert!(listed.len() >= 2, "about 21 KB of members in pages of at most 16 KiB: {} pages", listed.len());
+    // Each member's JSON is about 1,480 bytes (700 two-byte characters and its fields): at
+    // most 11 fit 16 KiB.
+    assert!(listed.iter().all(|p| p.len() <= 11), "{:?}", listed.iter().map(Vec::len).collect::<Vec<_>>());
+}

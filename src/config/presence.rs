@@ -13,6 +13,10 @@ const MAX_WINDOW_MS: u64 = 60_000;
 const MAX_INFO_BYTES: usize = 16_384;
 /// Largest `presence.page_size`.
 const MAX_PAGE_SIZE: usize = 10_000;
+/// Bytes of an upgrade request's head besides a token's `info`: the request line, the usual
+/// browser headers and the JWT's other claims, header and signature (checked against
+/// `limits.max_header_bytes` with `presence.info_max_bytes`).
+const TOKEN_OVERHEAD_BYTES: usize = 2048;
 /// Largest `channels[].presence_max_members`.
 pub const MAX_PRESENCE_MEMBERS: usize = 10_000_000;
 
@@ -52,6 +56,17 @@ impl Default for Presence {
     }
 }
 
+impl Config {
+    /// Largest presence frame in bytes: a quarter of `limits.queue_max_bytes`. A `presence`
+    /// page stops there (with `next`), and a window whose `presence_diff` would be larger is
+    /// sent as `presence_reset`, so an answer or a diff always fits a reading client's queue
+    /// (a frame larger than the queue would close it with 1013, and a client reconnecting
+    /// after 1013 would ask again).
+    pub fn presence_frame_max_bytes(&self) -> usize {
+        self.limits.queue_max_bytes / 4
+    }
+}
+
 /// Checks `[presence]` and the presence keys of every `[[channels]]` rule.
 pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     let p = &c.presence;
@@ -60,6 +75,21 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     super::validate::range("presence.info_max_bytes", p.info_max_bytes, 2, MAX_INFO_BYTES)?;
     super::validate::range("presence.page_size", p.page_size, 1, MAX_PAGE_SIZE)?;
     super::validate::range("presence.member_ttl_ms", p.member_ttl_ms, 3_000, 600_000)?;
+    // The token carries `info` base64url-encoded (4/3 of its bytes) in the upgrade request's
+    // head, with the rest of the JWT: a token whose `info` is at the bound must still fit
+    // `limits.max_header_bytes`, or it is refused with 431 before its `info` is looked at.
+    let token_bytes = p.info_max_bytes.div_ceil(3) * 4 + TOKEN_OVERHEAD_BYTES;
+    if c.auth.is_some() && c.channels.iter().any(|r| r.presence) && token_bytes > c.limits.max_header_bytes {
+        return Err(ConfigError::new(
+            "presence.info_max_bytes",
+            p.info_max_bytes,
+            format!(
+                "a token whose info is this large takes about {token_bytes} bytes of the upgrade request's head, \
+                 more than limits.max_header_bytes ({}): lower it or raise limits.max_header_bytes",
+                c.limits.max_header_bytes
+            ),
+        ));
+    }
     for (i, rule) in c.channels.iter().enumerate() {
         if rule.join_leave && !rule.presence {
             return Err(ConfigError::new(
@@ -68,12 +98,16 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
                 "needs presence = true in the same rule (join/leave is presence's diff)",
             ));
         }
-        super::validate::range(
-            &format!("channels[{i}].presence_max_members"),
-            rule.presence_max_members,
-            1,
-            MAX_PRESENCE_MEMBERS,
-        )?;
+        if let Some(max) = rule.presence_max_members {
+            if !rule.presence {
+                return Err(ConfigError::new(
+                    format!("channels[{i}].presence_max_members"),
+                    max,
+                    "needs presence = true in the same rule (it bounds the channel's presence)",
+                ));
+            }
+            super::validate::range(&format!("channels[{i}].presence_max_members"), max, 1, MAX_PRESENCE_MEMBERS)?;
+        }
     }
     Ok(())
 }

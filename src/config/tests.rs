@@ -131,7 +131,7 @@ fn presence_keys_are_checked_by_name() {
     }
     let c = Config::from_toml_str("[[channels]]\npattern = \"room.*\"\npresence = true\njoin_leave = true").unwrap();
     let rule = c.channel_rule("room.1");
-    assert!(rule.presence && rule.join_leave && rule.presence_max_members == 100_000);
+    assert!(rule.presence && rule.join_leave && rule.max_members() == 100_000);
     assert!(!c.channel_rule("other").presence, "presence is off by default");
 }
 
@@ -430,4 +430,25 @@ fn readiness_takes_its_two_values_and_names_a_bad_one() {
     assert_eq!(e.key, "io.readiness", "{e}");
     assert_eq!(e.value.as_deref(), Some("\"poll\""), "{e}");
     assert!(e.message.contains("io_uring") && e.message.contains("epoll"), "{e}");
+}
+
+#[test]
+fn presence_keys_need_presence_and_info_must_fit_the_request_head() {
+    let err = |toml: &str| Config::from_toml_str(toml).expect_err(toml);
+    let e = err("[[channels]]\npattern = \"r\"\npresence_max_members = 5");
+    assert_eq!(e.key, "channels[0].presence_max_members");
+    let auth = "[auth]\njwt_hs256_secret = \"0123456789abcdef0123456789abcdef\"\n";
+    let rule = "[[channels]]\npattern = \"r\"\npresence = true\n";
+    let e = err(&format!("{auth}[presence]\ninfo_max_bytes = 16384\n{rule}"));
+    assert_eq!(e.key, "presence.info_max_bytes");
+    // Room enough in the head, or no presence channel, or no tokens: accepted.
+    Config::from_toml_str(&format!(
+        "{auth}[limits]\nmax_header_bytes = 65536\n[presence]\ninfo_max_bytes = 16384\n{rule}"
+    ))
+    .unwrap();
+    Config::from_toml_str(&format!("{auth}[presence]\ninfo_max_bytes = 16384\n")).unwrap();
+    Config::from_toml_str(&format!("[presence]\ninfo_max_bytes = 16384\n{rule}")).unwrap();
+    assert!(
+        Config::from_toml_str(&format!("{rule}presence_max_members = 5")).unwrap().channel_rule("r").max_members() == 5
+    );
 }

@@ -121,6 +121,9 @@ pub enum CoreMsg {
     PresenceAnswer {
         /// The asking connection, on the receiving core.
         conn: ConnId,
+        /// The channel asked about: the connection's requests about it held behind this
+        /// query go when it is answered.
+        ch: Arc<str>,
         /// The answer's JSON object.
         json: Vec<u8>,
     },

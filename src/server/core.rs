@@ -623,7 +623,7 @@ impl CoreState {
                 self.router.to_core(reply.core as usize, CoreMsg::Inspected { reply, rows, load, presence });
             }
             CoreMsg::Inspected { reply, rows, load, presence } => self.inspected(reply.id, rows, load, presence),
-            CoreMsg::PresenceAnswer { conn, json } => self.answer_presence(conn, json),
+            CoreMsg::PresenceAnswer { conn, ch, json } => self.answer_presence(conn, &ch, json),
             CoreMsg::PresenceDiff { ch, frame } => self.presence_diff(&ch, frame),
             CoreMsg::Deliver { .. } => unreachable!("the processor walks deliveries itself"),
             api => self.handle_api(api),

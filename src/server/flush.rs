@@ -57,6 +57,16 @@ impl CoreState {
         let mut fetch = None;
         let ctx = Ctx { now, cfg: &self.clock.cfg, stats: &self.shared.metrics[self.me].session };
         let Some(c) = conn(&mut self.conns.slab, id) else { return };
+        if !c.session.state().can_write() && !c.subs.is_empty() {
+            // The connection is closing (our close frame is queued, or the peer's came): no
+            // message can reach it any more, so it leaves its channels (and their presence,
+            // whose members see the leave) now, not when the peer answers or the close
+            // times out. Whatever was queued still goes out.
+            for e in std::mem::take(&mut c.subs) {
+                self.drop_sub(id, e);
+            }
+            return self.flush_at(id, now, first);
+        }
         c.io.clear(IoFlags::DIRTY);
         if first.is_none() && c.io.has(IoFlags::WANT_WRITE) {
             return;

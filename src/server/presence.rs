@@ -42,15 +42,23 @@ impl CoreState {
             return self.reply(id, codec::text_frame(&e));
         }
         let conn = ConnRef { core: self.me as u16, id };
+        self.waiting.presence_asked(id, ch);
         self.broker.request(&mut self.router, Request::Presence { ch: ch.into(), conn, query });
     }
 
-    /// The home answered a presence query of `id`: a WebSocket client gets the JSON as a text
-    /// frame; an HTTP client awaiting it (`GET /api/presence…`) gets it as the API's answer.
-    pub(crate) fn answer_presence(&mut self, id: ConnId, json: Vec<u8>) {
+    /// The home answered a presence query of `id` about `ch`: a WebSocket client gets the JSON
+    /// as a text frame, then its requests about `ch` held behind the query are served; an HTTP
+    /// client awaiting it (`GET /api/presence…`) gets it as the API's answer.
+    pub(crate) fn answer_presence(&mut self, id: ConnId, ch: &str, json: Vec<u8>) {
         match self.session(id).and_then(|s| s.awaiting()) {
             Some(keep_alive) => self.answer_api_presence(id, &json, keep_alive),
-            None => self.reply(id, codec::text_frame(&json)),
+            None => {
+                let asked = self.waiting.presence_answered(id, ch);
+                self.reply(id, codec::text_frame(&json));
+                if asked {
+                    self.serve_held(id, Some(ch));
+                }
+            }
         }
     }
 

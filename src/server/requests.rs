@@ -3,8 +3,8 @@
 //! A session hands up what one read held, in order: the requests that parsed and passed its
 //! per-connection rates, and the `error` answers it made itself for those that did not
 //! ([`Inbound`], in the session's `Event`s). The core serves them one by one, except that a request about a channel
-//! whose earlier `sub` (of the same connection) still waits for the broker's answer is held
-//! behind it, and so is any request but a `pub` that comes after an unanswered `pub` of the
+//! whose earlier `sub`, `presence` or `presence_stats` (of the same connection) still waits for
+//! the broker's answer is held behind it, and so is any request but a `pub` that comes after an unanswered `pub` of the
 //! connection; each is served when the answers it waits for have gone out. So every request gets exactly one
 //! answer, and the answers about one channel leave in the order their requests came:
 //! `sub x, sub x` answers `subscribed` then `error already_subscribed`; `sub x, unsub x`
@@ -49,6 +49,9 @@ pub struct Waiting {
     by_conn: HashMap<ConnId, ConnHeld>,
     /// `pub`s received and answered, per connection with one unanswered or a request held.
     pubs: HashMap<ConnId, (u64, u64)>,
+    /// The channels each connection has a `presence` or `presence_stats` query in flight about
+    /// (at most one per channel: later requests about it are held).
+    presence: HashMap<ConnId, Vec<Box<str>>>,
 }
 
 impl Waiting {
@@ -78,6 +81,28 @@ impl Waiting {
     pub fn forget(&mut self, id: ConnId) {
         self.by_conn.remove(&id);
         self.pubs.remove(&id);
+        self.presence.remove(&id);
+    }
+
+    /// A presence query of `id` about `ch` went to the broker.
+    pub fn presence_asked(&mut self, id: ConnId, ch: &str) {
+        self.presence.entry(id).or_default().push(ch.into());
+    }
+
+    /// The broker answered `id`'s presence query about `ch`. Returns whether one was in
+    /// flight (an answer for a connection that left, or whose slot was reused, finds none).
+    pub fn presence_answered(&mut self, id: ConnId, ch: &str) -> bool {
+        let Some(chans) = self.presence.get_mut(&id) else { return false };
+        let Some(i) = chans.iter().position(|c| &**c == ch) else { return false };
+        chans.swap_remove(i);
+        if chans.is_empty() {
+            self.presence.remove(&id);
+        }
+        true
+    }
+
+    fn presence_pending(&self, id: ConnId, ch: &str) -> bool {
+        self.presence.get(&id).is_some_and(|chans| chans.iter().any(|c| &**c == ch))
     }
 }
 
@@ -180,8 +205,11 @@ impl CoreState {
         }
     }
 
-    /// Whether `id` has a `sub` of `ch` waiting for the broker's answer.
+    /// Whether `id` has a `sub` or a presence query of `ch` waiting for the broker's answer.
     fn sub_pending(&mut self, id: ConnId, ch: &str) -> bool {
+        if self.waiting.presence_pending(id, ch) {
+            return true;
+        }
         let Some(chan) = self.local.find(ch) else { return false };
         self.conns.get(id).is_some_and(|s| s.subs.iter().any(|e| e.chan == chan && e.pos == PENDING))
     }

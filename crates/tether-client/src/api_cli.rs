@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use crate::node_http::{finish, read_token, Failure, Node};
 
-/// `tether api`: batch publish, history, channels, disconnect, unsubscribe and revoke
+/// `tether api`: batch publish, history, channels, presence, disconnect, unsubscribe and revoke
 /// through a node's server API.
 #[derive(clap::Args, Debug)]
 pub struct ApiArgs {
@@ -63,6 +63,20 @@ enum ApiCmd {
         /// Most channels (1-10000, default 1000).
         #[arg(long)]
         limit: Option<u64>,
+    },
+    /// A page of a presence channel's members, on every node (`next`, when printed, is the
+    /// --cursor of the next page).
+    Presence {
+        /// Channel name.
+        channel: String,
+        /// The `next` of the previous page.
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+    /// How many connections and distinct users are in a presence channel, on every node.
+    PresenceStats {
+        /// Channel name.
+        channel: String,
     },
     /// Closes every connection of a user (the JWT `sub`) on every node.
     Disconnect {
@@ -127,6 +141,14 @@ fn request(cmd: ApiCmd) -> Result<(&'static str, String, Option<Value>), Failure
         }
         ApiCmd::Channels { prefix, limit } => {
             ("GET", format!("/api/channels{}", q(&[("prefix", prefix), ("limit", limit.map(|l| l.to_string()))])), None)
+        }
+        ApiCmd::Presence { channel, cursor } => {
+            let ch = percent_encoding::utf8_percent_encode(&channel, QUERY);
+            ("GET", format!("/api/presence/{ch}{}", q(&[("cursor", cursor)])), None)
+        }
+        ApiCmd::PresenceStats { channel } => {
+            let ch = percent_encoding::utf8_percent_encode(&channel, QUERY);
+            ("GET", format!("/api/presence_stats/{ch}"), None)
         }
         ApiCmd::Disconnect { user, code, reason } => {
             let mut body = json!({ "user": user });
@@ -201,6 +223,8 @@ mod tests {
         );
         assert_eq!(sent(&["history", "a:b", "--from", "3"]), ("GET", "/api/history/a:b?from=3".into(), None));
         assert_eq!(sent(&["channels"]), ("GET", "/api/channels".into(), None));
+        assert_eq!(sent(&["presence", "room.1", "--cursor", "0-1-2"]).1, "/api/presence/room.1?cursor=0-1-2");
+        assert_eq!(sent(&["presence-stats", "room.1"]), ("GET", "/api/presence_stats/room.1".into(), None));
         assert_eq!(sent(&["channels", "--prefix", "x y"]).1, "/api/channels?prefix=x%20y");
         assert_eq!(sent(&["disconnect", "alice", "--code", "4000"]).2, Some(json!({"user":"alice","code":4000})));
         assert_eq!(sent(&["unsubscribe", "alice", "news"]).2, Some(json!({"user":"alice","ch":"news"})));

@@ -335,7 +335,7 @@ impl Homes {
         let messages = if after >= head {
             Vec::new()
         } else {
-            c.frames(after, until, limit).zip(after + 1..).map(|(f, seq)| (seq, msg_data(f))).collect()
+            super::within_page_bytes(c.frames(after, until, limit).zip(after + 1..).map(|(f, seq)| (seq, msg_data(f))))
         };
         HistoryPage { epoch: c.epoch.clone(), head, oldest, messages }
     }

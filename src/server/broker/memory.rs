@@ -62,16 +62,21 @@ impl MemoryBroker {
                 let (clients, users) = p.map_or((0, 0), |p| p.stats());
                 presence_stats_json(ch, clients, users)
             }
-            PresenceQuery::Members { cursor } => match cursor.as_deref().map(parse_cursor) {
+            PresenceQuery::Members { cursor } => match cursor.as_deref().map(|c| parse_cursor(c, self.shared.cores)) {
                 Some(None) => protocol::with_channel(
-                    protocol::error_json(codes::BAD_REQUEST, "cursor is not one this server gave", None),
+                    protocol::error_json(
+                        codes::BAD_REQUEST,
+                        "cursor: not a cursor this server gives (the next of a page: core-slot-generation)",
+                        None,
+                    ),
                     ch,
                 ),
                 after => {
                     let page_size = self.shared.config.presence.page_size;
                     match p {
                         Some(p) => {
-                            let (members, next) = p.page(after.flatten(), page_size);
+                            let (members, next) =
+                                p.page(after.flatten(), page_size, self.shared.config.presence_frame_max_bytes());
                             presence_json(ch, members, next.as_deref())
                         }
                         None => presence_json(ch, [], None),
@@ -79,7 +84,7 @@ impl MemoryBroker {
                 }
             },
         };
-        CoreMsg::PresenceAnswer { conn: conn.id, json }
+        CoreMsg::PresenceAnswer { conn: conn.id, ch: ch.into(), json }
     }
 }
 
@@ -158,7 +163,7 @@ impl Broker for MemoryBroker {
             }
             Request::Subscribe { ch, conn, from, epoch, member } => {
                 let rule = self.shared.config.channel_rule(&ch);
-                let (cap, max_members) = (rule.history, rule.presence_max_members);
+                let (cap, max_members) = (rule.history, rule.max_members());
                 let msg = match self.homes.subscribe(&ch, conn.core as usize, from, epoch.as_deref(), cap) {
                     Some((name, head, epoch, resume)) => {
                         if let Some(m) = member {
@@ -221,7 +226,8 @@ impl Broker for MemoryBroker {
     fn on_due(&mut self, out: &mut dyn Outbox, now_ms: u64) {
         let max_diff = self.shared.config.presence.max_diff;
         let (homes, metrics) = (&self.homes, &self.shared.metrics[out.me()]);
-        self.presences.close_due(now_ms, max_diff, |ch, a| {
+        let max_bytes = self.shared.config.presence_frame_max_bytes();
+        self.presences.close_due(now_ms, max_diff, max_bytes, |ch, a| {
             metrics.presence_frames[usize::from(matches!(a, Announcement::Reset(_)))].fetch_add(1, Relaxed);
             let Some(c) = homes.get(ch) else { return };
             for core in c.interested() {

@@ -31,7 +31,10 @@ pub mod request;
 use std::io;
 use std::sync::Arc;
 
-pub use request::{Control, Fence, HistoryPage, PresenceQuery, PublishResult, Request, Resume};
+pub use request::{
+    within_page_bytes, Control, Fence, HistoryPage, PresenceQuery, PublishResult, Request, Resume,
+    HISTORY_PAGE_MAX_BYTES,
+};
 
 use super::bus::CoreMsg;
 use super::Shared;

@@ -34,11 +34,14 @@ pub fn cursor_of(key: MemberKey) -> String {
     format!("{}-{}-{}", key.0, key.1, key.2)
 }
 
-/// The key a `cursor` names (what [`cursor_of`] wrote); `None` when it is not one.
-pub fn parse_cursor(cursor: &str) -> Option<MemberKey> {
+/// The key a `cursor` names, when it is written as [`cursor_of`] writes one (no sign, no
+/// leading zero) with a core below `cores`; `None` otherwise. A well-formed cursor is a
+/// position in the members' order: the page starts after it, whichever page gave it.
+pub fn parse_cursor(cursor: &str, cores: usize) -> Option<MemberKey> {
     let mut parts = cursor.split('-');
-    let key = (parts.next()?.parse().ok()?, parts.next()?.parse().ok()?, parts.next()?.parse().ok()?);
-    parts.next().is_none().then_some(key)
+    let key: MemberKey = (parts.next()?.parse().ok()?, parts.next()?.parse().ok()?, parts.next()?.parse().ok()?);
+    let canonical = parts.next().is_none() && cursor_of(key) == cursor;
+    (canonical && usize::from(key.0) < cores).then_some(key)
 }
 
 /// What changed of one member in the window in progress.
@@ -154,15 +157,26 @@ impl ChannelPresence {
         }
     }
 
-    /// Up to `n` members after `after` (from the first when `None`), and the cursor of the
-    /// next page when more follow.
-    pub fn page(&self, after: Option<MemberKey>, n: usize) -> (Vec<&Member>, Option<String>) {
+    /// Up to `n` members after `after` (from the first when `None`) whose JSON takes at most
+    /// `max_bytes` (at least one member, whatever its size), and the cursor of the next page
+    /// when more follow.
+    pub fn page(&self, after: Option<MemberKey>, n: usize, max_bytes: usize) -> (Vec<&Member>, Option<String>) {
         let mut it = match after {
             Some(k) => self.members.range((std::ops::Bound::Excluded(k), std::ops::Bound::Unbounded)),
             None => self.members.range(..),
         };
-        let page: Vec<(&MemberKey, &Member)> = it.by_ref().take(n).collect();
-        let next = match (page.last(), it.next()) {
+        let mut page: Vec<(&MemberKey, &Member)> = Vec::new();
+        let mut bytes = 0;
+        let mut rest = None;
+        for (k, m) in it.by_ref() {
+            bytes += m.json_len();
+            if page.len() == n || (bytes > max_bytes && !page.is_empty()) {
+                rest = Some(k);
+                break;
+            }
+            page.push((k, m));
+        }
+        let next = match (page.last(), rest) {
             (Some((k, _)), Some(_)) => Some(cursor_of(**k)),
             _ => None,
         };
@@ -175,13 +189,20 @@ impl ChannelPresence {
     }
 
     /// Closes the window: the frame that announces it (`presence_diff`, or `presence_reset`
-    /// past `max_diff` changes), `None` when its changes cancelled out.
-    pub fn close_window(&mut self, ch: &str, max_diff: usize) -> Option<Announcement> {
+    /// past `max_diff` changes or when the diff's members would take more than `max_bytes`),
+    /// `None` when its changes cancelled out.
+    pub fn close_window(&mut self, ch: &str, max_diff: usize, max_bytes: usize) -> Option<Announcement> {
         if self.window.is_empty() {
             return None;
         }
         let changes = std::mem::take(&mut self.window);
-        if changes.len() > max_diff {
+        let bytes: usize = changes
+            .values()
+            .map(|c| match c {
+                Change::Joined(m) | Change::Left(m) => m.json_len(),
+            })
+            .sum();
+        if changes.len() > max_diff || bytes > max_bytes {
             return Some(Announcement::Reset(presence::presence_reset_frame(ch)));
         }
         let mut changes: Vec<(MemberKey, Change)> = changes.into_iter().collect();
@@ -263,14 +284,20 @@ impl Presences {
     }
 
     /// Closes every window due at `now_ms`, handing each channel and its frame to `announce`.
-    pub fn close_due(&mut self, now_ms: u64, max_diff: usize, mut announce: impl FnMut(&Arc<str>, Announcement)) {
+    pub fn close_due(
+        &mut self,
+        now_ms: u64,
+        max_diff: usize,
+        max_bytes: usize,
+        mut announce: impl FnMut(&Arc<str>, Announcement),
+    ) {
         while let Some((due, _)) = self.closing.front() {
             if *due > now_ms {
                 break;
             }
             let Some((_, ch)) = self.closing.pop_front() else { break };
             let Some(p) = self.channels.get_mut(&ch) else { continue };
-            if let Some(frame) = p.close_window(&ch, max_diff) {
+            if let Some(frame) = p.close_window(&ch, max_diff, max_bytes) {
                 announce(&ch, frame);
             }
             if p.is_idle() {
@@ -304,17 +331,17 @@ mod tests {
         p.join((1, 1, 1), m("c", Some("u2")), 10);
         p.leave((1, 1, 1)); // joined and left within the window: never announced
         assert_eq!(p.stats(), (2, 1));
-        let diff = text(p.close_window("room", 10).expect("a diff").frame());
+        let diff = text(p.close_window("room", 10, usize::MAX).expect("a diff").frame());
         assert_eq!(
             diff,
             serde_json::json!({"op":"presence_diff","ch":"room","joins":[{"client":"a","user":"u1"},{"client":"b","user":"u1"}],"leaves":[]})
         );
-        assert!(p.close_window("room", 10).is_none(), "nothing changed since");
+        assert!(p.close_window("room", 10, usize::MAX).is_none(), "nothing changed since");
         p.leave((0, 1, 1));
         p.join((0, 1, 1), m("a", Some("u1")), 10); // left and came back: nothing to say
-        assert!(p.close_window("room", 10).is_none());
+        assert!(p.close_window("room", 10, usize::MAX).is_none());
         p.leave((0, 2, 1));
-        let diff = text(p.close_window("room", 10).expect("a diff").frame());
+        let diff = text(p.close_window("room", 10, usize::MAX).expect("a diff").frame());
         assert_eq!(diff["leaves"], serde_json::json!([{"client":"b","user":"u1"}]));
         assert_eq!(p.stats(), (1, 1));
     }
@@ -325,10 +352,18 @@ mod tests {
         for i in 0..11 {
             p.join((0, i, 1), m(&format!("c{i}"), None), 100);
         }
-        let reset = p.close_window("room", 10).unwrap();
+        let reset = p.close_window("room", 10, usize::MAX).unwrap();
         assert!(matches!(reset, Announcement::Reset(_)));
         assert_eq!(text(reset.frame()), serde_json::json!({"op":"presence_reset","ch":"room"}));
         assert_eq!(p.stats(), (11, 0), "a reset changes nothing of who is there");
+        // A window within max_diff whose diff would pass the byte bound is a reset too.
+        for i in 11..14 {
+            p.join((0, i, 1), m(&format!("c{i}"), None), 100);
+        }
+        let one = m("c11", None).json_len();
+        assert!(matches!(p.close_window("room", 10, 3 * one - 1), Some(Announcement::Reset(_))));
+        p.leave((0, 13, 1));
+        assert!(matches!(p.close_window("room", 10, one), Some(Announcement::Diff(_))), "within both bounds");
     }
 
     #[test]
@@ -336,11 +371,11 @@ mod tests {
         let mut p = ChannelPresence::default();
         assert_eq!(p.join((0, 1, 1), m("a", None), 1), Joined::Tracked);
         assert_eq!(p.join((0, 2, 1), m("b", None), 1), Joined::Untracked);
-        p.close_window("room", 10);
+        p.close_window("room", 10, usize::MAX);
         p.leave((0, 2, 1));
-        assert!(p.close_window("room", 10).is_none(), "an untracked member's leave is not announced");
+        assert!(p.close_window("room", 10, usize::MAX).is_none(), "an untracked member's leave is not announced");
         p.leave((0, 1, 1));
-        p.close_window("room", 10);
+        p.close_window("room", 10, usize::MAX);
         assert!(p.is_idle());
     }
 
@@ -350,16 +385,22 @@ mod tests {
         for i in 0..5 {
             p.join((0, i, 7), m(&format!("c{i}"), None), 100);
         }
-        let (first, next) = p.page(None, 2);
+        let (first, next) = p.page(None, 2, usize::MAX);
         assert_eq!(first.iter().map(|m| &*m.client).collect::<Vec<_>>(), ["c0", "c1"]);
-        let next = parse_cursor(&next.expect("more")).expect("a cursor");
-        let (second, next) = p.page(Some(next), 2);
+        let next = parse_cursor(&next.expect("more"), 2).expect("a cursor");
+        let (second, next) = p.page(Some(next), 2, usize::MAX);
         assert_eq!(second.iter().map(|m| &*m.client).collect::<Vec<_>>(), ["c2", "c3"]);
-        let (last, next) = p.page(Some(parse_cursor(&next.unwrap()).unwrap()), 2);
+        let (last, next) = p.page(Some(parse_cursor(&next.unwrap(), 2).unwrap()), 2, usize::MAX);
         assert_eq!((last.len(), next), (1, None));
-        assert_eq!(parse_cursor("1-2"), None);
-        assert_eq!(parse_cursor("1-2-3-4"), None);
-        assert_eq!(parse_cursor("a-2-3"), None);
+        // A byte bound ends a page early, with the cursor of what follows; one member at least.
+        let one = m("c0", None).json_len();
+        let (page, next) = p.page(None, 5, 2 * one);
+        assert_eq!((page.len(), next.as_deref()), (2, Some("0-1-7")));
+        assert_eq!(p.page(None, 5, 1).0.len(), 1, "a member larger than the bound still comes");
+        for bad in ["1-2", "1-2-3-4", "a-2-3", "01-2-3", "1-02-3", "+1-2-3", "2-1-1", "1-4294967296-1", ""] {
+            assert_eq!(parse_cursor(bad, 2), None, "{bad}");
+        }
+        assert_eq!(parse_cursor("1-4294967295-0", 2), Some((1, u32::MAX, 0)));
     }
 
     #[test]
@@ -373,11 +414,11 @@ mod tests {
         ps.change(&b, 300, 500, |p| p.join((0, 3, 1), m("z", None), 10));
         assert_eq!(ps.next_due_ms(), Some(600));
         let mut out = Vec::new();
-        ps.close_due(700, 10, |ch, _| out.push(ch.to_string()));
+        ps.close_due(700, 10, usize::MAX, |ch, _| out.push(ch.to_string()));
         assert_eq!(out, ["a"]);
         assert_eq!(ps.next_due_ms(), Some(800));
         ps.change(&b, 750, 500, |p| p.leave((0, 3, 1)));
-        ps.close_due(800, 10, |ch, _| out.push(ch.to_string()));
+        ps.close_due(800, 10, usize::MAX, |ch, _| out.push(ch.to_string()));
         assert_eq!(out, ["a"], "b's join and leave cancelled out");
         assert!(ps.get("b").is_none(), "an idle channel is forgotten");
         assert_eq!(ps.members(), 2);

@@ -194,6 +194,27 @@ pub enum Control {
     },
 }
 
+/// Most bytes of message data one history page holds (`GET /api/history/{ch}`): a page ends
+/// after `limit` messages or once its messages' data passed this, whichever comes first (it
+/// holds at least one message), so a request (or ten at once, unread) cannot make the node
+/// build a body of `limit` × `max_publish_bytes`. The next page starts `from` its last seq.
+pub const HISTORY_PAGE_MAX_BYTES: usize = 1 << 20;
+
+/// Keeps the first messages of `messages` whose data stays within [`HISTORY_PAGE_MAX_BYTES`]
+/// (at least one).
+pub fn within_page_bytes(messages: impl IntoIterator<Item = (u64, Bytes)>) -> Vec<(u64, Bytes)> {
+    let mut bytes = 0;
+    let mut out = Vec::new();
+    for (seq, data) in messages {
+        if !out.is_empty() && bytes + data.len() > HISTORY_PAGE_MAX_BYTES {
+            break;
+        }
+        bytes += data.len();
+        out.push((seq, data));
+    }
+    out
+}
+
 /// One page of a channel's history (`GET /api/history/{ch}`).
 #[derive(Debug, Clone)]
 pub struct HistoryPage {

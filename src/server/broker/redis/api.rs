@@ -19,8 +19,11 @@ use super::keys;
 use super::thread::{unavailable, warn_limited, Ctx};
 use crate::auth::revoke::Revocation;
 use crate::protocol::RequestError;
-use crate::server::broker::{Control, HistoryPage};
+use crate::server::broker::{within_page_bytes, Control, HistoryPage, HISTORY_PAGE_MAX_BYTES};
 use crate::server::bus::{ConnRef, CoreMsg};
+
+/// Entries of a history page read from Redis per `XRANGE`.
+const HISTORY_READ_CHUNK: usize = 16;
 
 /// `GET /api/history/{ch}`: the channel's meta (head, epoch, oldest kept seq; created like a
 /// first subscriber creates it when the channel has none), then the stream entries after
@@ -37,11 +40,18 @@ async fn read_history(ctx: &Ctx, ch: &str, from: Option<u64>, limit: usize) -> r
         Some(f) => f.max(oldest - 1),
         None => head.saturating_sub(limit as u64).max(oldest - 1),
     };
-    let messages = if after >= head {
-        Vec::new()
-    } else {
-        ctx.range(ch, after, head.min(after.saturating_add(limit as u64)), limit).await?
-    };
+    // Read a few entries at a time, so a page of large messages stops at
+    // HISTORY_PAGE_MAX_BYTES without `limit` of them having come from Redis.
+    let until = head.min(after.saturating_add(limit as u64));
+    let (mut messages, mut bytes, mut next) = (Vec::new(), 0, after);
+    while next < until && messages.len() < limit && bytes < HISTORY_PAGE_MAX_BYTES {
+        let chunk = ctx.range(ch, next, until, (limit - messages.len()).min(HISTORY_READ_CHUNK)).await?;
+        let Some(&(last, _)) = chunk.last() else { break };
+        next = last;
+        bytes += chunk.iter().map(|(_, d)| d.len()).sum::<usize>();
+        messages.extend(chunk);
+    }
+    let messages = within_page_bytes(messages);
     // Trimmed between the two reads: what is kept starts later.
     if let Some((first, _)) = messages.first().filter(|(s, _)| *s > after + 1) {
         oldest = *first;

@@ -264,8 +264,9 @@ impl Chan {
     /// Closes the presence window: its frame goes to every core with subscribers here (each
     /// hands it to the subscribers that asked for joins and leaves).
     fn close_window(&mut self) {
-        let max_diff = self.ctx.shared.config.presence.max_diff;
-        let Some((frame, reset)) = self.window.close(&self.name, max_diff) else { return };
+        let config = &self.ctx.shared.config;
+        let (max_diff, max_bytes) = (config.presence.max_diff, config.presence_frame_max_bytes());
+        let Some((frame, reset)) = self.window.close(&self.name, max_diff, max_bytes) else { return };
         self.ctx.shared.metrics[0].presence_frames[usize::from(reset)]
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         for (core, n) in self.interest.iter().enumerate() {

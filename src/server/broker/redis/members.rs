@@ -154,7 +154,7 @@ async fn apply(ctx: &Ctx, scripts: &Scripts, state: &mut Mine, ops: Vec<MemberOp
     let Mine { members: mine, unsure } = state;
     let (ttl, cmd) = (ctx.shared.config.presence.member_ttl_ms.to_string(), ctx.publish_command);
     for (ch, ops) in by_ch {
-        let max = ctx.shared.config.channel_rule(&ch).presence_max_members.to_string();
+        let max = ctx.shared.config.channel_rule(&ch).max_members().to_string();
         let (keys, topic) = (keys(ctx, &ch), ctx.keys.topic(&ch));
         for chunk in ops.chunks(PER_CALL) {
             let mut args: Vec<&str> = vec![cmd, &topic, &ttl, &max];
@@ -238,8 +238,15 @@ pub async fn answer(ctx: Rc<Ctx>, ch: Arc<str>, conn: ConnRef, query: PresenceQu
                 protocol::with_channel(e, &ch)
             } else {
                 let page = ctx.shared.config.presence.page_size.to_string();
+                let max_bytes = ctx.shared.config.presence_frame_max_bytes().to_string();
                 let mut cmd = redis::cmd("EVAL");
-                cmd.arg(PAGE_LUA).arg(2).arg(&pz).arg(&pl).arg(page_start(cursor.as_deref())).arg(&page);
+                cmd.arg(PAGE_LUA)
+                    .arg(2)
+                    .arg(&pz)
+                    .arg(&pl)
+                    .arg(page_start(cursor.as_deref()))
+                    .arg(&page)
+                    .arg(&max_bytes);
                 match ctx.query::<Vec<String>>(&cmd).await {
                     Ok(r) => {
                         let next = r.first().filter(|n| !n.is_empty()).map(String::as_str);
@@ -250,7 +257,7 @@ pub async fn answer(ctx: Rc<Ctx>, ch: Arc<str>, conn: ConnRef, query: PresenceQu
             }
         }
     };
-    ctx.to_core(conn.core as usize, CoreMsg::PresenceAnswer { conn: conn.id, json });
+    ctx.to_core(conn.core as usize, CoreMsg::PresenceAnswer { conn: conn.id, ch, json });
 }
 
 /// The `unavailable` answer to a presence query that failed with `e`. Redis's own error text

@@ -183,20 +183,29 @@ return #expired
 /// One page of a channel's members: the entries from `start` ([`page_start`]) on, in client
 /// order, members whose entry expired left out.
 ///
-/// KEYS: members, member entries. ARGV: the start, the page size. Returns the client id to
-/// continue after (empty when the page is the last), then the member JSON objects (at most
+/// KEYS: members, member entries. ARGV: the start, the page size, the most bytes of member
+/// JSON (each counted with a comma) a page holds past its first member. Returns the client id
+/// to continue after (empty when the page is the last), then the member JSON objects (at most
 /// the page size).
 pub const PAGE_LUA: &str = concat!(
     // No shebang: a script without one that writes nothing runs under `maxmemory` too.
     lua_common!(),
     r#"
-local n = tonumber(ARGV[2])
+local n, max_bytes = tonumber(ARGV[2]), tonumber(ARGV[3])
 local es = redis.call('ZRANGEBYLEX', KEYS[2], ARGV[1], '+', 'LIMIT', 0, n + 1)
-local out = {''}
+local out, bytes, prev = {''}, 0, nil
 for i = 1, math.min(#es, n) do
   local client, json = split(es[i])
   local exp = redis.call('ZSCORE', KEYS[1], client)
-  if exp and tonumber(exp) > now then out[#out + 1] = json end
+  if exp and tonumber(exp) > now then
+    if #out > 1 and bytes + #json + 1 > max_bytes then
+      out[1] = prev
+      return out
+    end
+    out[#out + 1] = json
+    bytes = bytes + #json + 1
+  end
+  prev = client
   if i == n and #es > n then out[1] = client end
 end
 return out
@@ -279,15 +288,16 @@ impl Window {
     }
 
     /// Closes the window: its `presence_diff` frame, `presence_reset` past `max_diff`
-    /// changes or after [`Window::reset`], or `None` when they cancelled out. Returns whether
-    /// it was a reset too.
-    pub fn close(&mut self, ch: &str, max_diff: usize) -> Option<(Bytes, bool)> {
+    /// changes, when the diff's members would take more than `max_bytes`, or after
+    /// [`Window::reset`]; `None` when they cancelled out. Returns whether it was a reset too.
+    pub fn close(&mut self, ch: &str, max_diff: usize, max_bytes: usize) -> Option<(Bytes, bool)> {
         let reset = std::mem::take(&mut self.reset);
         if self.changes.is_empty() && !reset {
             return None;
         }
         let changes = std::mem::take(&mut self.changes);
-        if reset || changes.len() > max_diff {
+        let bytes: usize = changes.values().map(|(_, json)| json.len() + 1).sum();
+        if reset || changes.len() > max_diff || bytes > max_bytes {
             return Some((presence_reset_frame(ch), true));
         }
         let mut sorted: Vec<(String, (bool, Box<str>))> = changes.into_iter().collect();
@@ -328,17 +338,17 @@ mod tests {
         ] {
             w.add(Change::parse(p).unwrap());
         }
-        let (frame, reset) = w.close("room", 10).unwrap();
+        let (frame, reset) = w.close("room", 10, usize::MAX).unwrap();
         assert!(!reset);
         assert_eq!(
             text(&frame),
             serde_json::json!({"op":"presence_diff","ch":"room","joins":[{"client":"a"}],"leaves":[{"client":"c"}]})
         );
-        assert!(w.close("room", 10).is_none());
+        assert!(w.close("room", 10, usize::MAX).is_none());
         for i in 0..3 {
             w.add(Change::parse(format!(r#"P J {{"client":"{i}"}}"#).as_bytes()).unwrap());
         }
-        let (frame, reset) = w.close("room", 2).unwrap();
+        let (frame, reset) = w.close("room", 2, usize::MAX).unwrap();
         assert!(reset);
         assert_eq!(text(&frame), serde_json::json!({"op":"presence_reset","ch":"room"}));
     }
@@ -350,11 +360,11 @@ mod tests {
         w.reset();
         w.reset();
         assert!(w.is_open());
-        let (frame, reset) = w.close("room", 10).unwrap();
+        let (frame, reset) = w.close("room", 10, usize::MAX).unwrap();
         assert!(reset);
         assert_eq!(text(&frame), serde_json::json!({"op":"presence_reset","ch":"room"}));
         assert!(!w.is_open());
-        assert!(w.close("room", 10).is_none(), "one frame");
+        assert!(w.close("room", 10, usize::MAX).is_none(), "one frame");
     }
 
     #[test]

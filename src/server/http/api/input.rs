@@ -232,6 +232,26 @@ fn bounded(field: &str, n: u64, max: usize) -> Result<usize, FieldError> {
     }
 }
 
+/// Checks that the query names only `known` parameters (none for an endpoint that takes
+/// none), so a misspelt one (`?form=3`) is refused rather than silently ignored.
+///
+/// # Errors
+/// Naming the first unknown parameter (or `query` when a name is badly percent-encoded).
+pub fn known_params(query: Option<&str>, known: &[&str]) -> Result<(), FieldError> {
+    for part in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
+        let raw = part.split('=').next().unwrap_or_default();
+        let Some(name) = http::percent_decode(raw) else {
+            return Err(bad("query", "bad percent-encoding in a parameter's name"));
+        };
+        if !known.contains(&name.as_str()) {
+            let expected = if known.is_empty() { "none".to_owned() } else { known.join(", ") };
+            let shown: String = name.chars().take(64).collect();
+            return Err(bad(&shown, format!("unknown query parameter (this endpoint takes: {expected})")));
+        }
+    }
+    Ok(())
+}
+
 /// The query parameter `key` as a non-negative integer, `None` when absent.
 fn query_number(query: Option<&str>, key: &str) -> Result<Option<u64>, FieldError> {
     match query.map(|q| http::query_values(q, key)).unwrap_or_default().as_slice() {

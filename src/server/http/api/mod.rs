@@ -146,24 +146,33 @@ impl CoreState {
         if matches!(route, Route::Revoke) {
             self.api.revocations.expire(crate::auth::unix_now_ms());
         }
-        let work = match route {
-            Route::Publish => input::publish(body).map(Work::Batch),
-            Route::History(raw) => input::history(raw, req.query.as_deref()).map(Work::History),
-            Route::Presence(raw, stats) => input::presence(raw, req.query.as_deref(), stats)
-                .and_then(|(ch, q)| presence_on(&self.shared.config, ch, q))
-                .map(|(ch, q)| Work::Presence(ch, q)),
-            Route::Channels => input::channels(req.query.as_deref()).map(Work::Channels),
-            Route::Control(parse) => parse(body).map(Work::Control),
-            Route::Revoke if self.api.revocations.len() >= crate::auth::revoke::MAX_REVOCATIONS => {
-                let why = format!(
-                    "{} revocations are in force; more are refused until some reach their until_ms",
-                    crate::auth::revoke::MAX_REVOCATIONS
-                );
-                let e = RequestError::unavailable(why, 60_000);
-                return self.send(id, unavailable(&e, json!({}), keep_alive), keep_alive);
-            }
-            Route::Revoke => input::revoke(body, crate::auth::unix_now_ms())
-                .map(|revocation| Work::Control(Control::Revoke { revocation })),
+        let params: &[&str] = match route {
+            Route::History(_) => &["from", "limit"],
+            Route::Presence(_, false) => &["cursor"],
+            Route::Channels => &["prefix", "limit"],
+            _ => &[],
+        };
+        let work = match input::known_params(req.query.as_deref(), params) {
+            Err(e) => Err(e),
+            Ok(()) => match route {
+                Route::Publish => input::publish(body).map(Work::Batch),
+                Route::History(raw) => input::history(raw, req.query.as_deref()).map(Work::History),
+                Route::Presence(raw, stats) => input::presence(raw, req.query.as_deref(), stats)
+                    .and_then(|(ch, q)| presence_on(&self.shared.config, ch, q))
+                    .map(|(ch, q)| Work::Presence(ch, q)),
+                Route::Channels => input::channels(req.query.as_deref()).map(Work::Channels),
+                Route::Control(parse) => parse(body).map(Work::Control),
+                Route::Revoke if self.api.revocations.len() >= crate::auth::revoke::MAX_REVOCATIONS => {
+                    let why = format!(
+                        "{} revocations are in force; more are refused until some reach their until_ms",
+                        crate::auth::revoke::MAX_REVOCATIONS
+                    );
+                    let e = RequestError::unavailable(why, 60_000);
+                    return self.send(id, unavailable(&e, json!({}), keep_alive), keep_alive);
+                }
+                Route::Revoke => input::revoke(body, crate::auth::unix_now_ms())
+                    .map(|revocation| Work::Control(Control::Revoke { revocation })),
+            },
         };
         let work = match work {
             Ok(w) => w,
