@@ -93,7 +93,7 @@ fn member_bytes(
         rss[i] = rss_bytes(srv.pid);
         if let (Some(r), 1) = (redis, i) {
             let key = |k: &str| format!("tether:{{{CH}}}:{k}");
-            let usage: f64 = ["pz", "pi", "pu"]
+            let usage: f64 = ["pz", "pl", "pu"]
                 .iter()
                 .map(|k| r.cli(&["MEMORY", "USAGE", &key(k), "SAMPLES", "0"]).trim().parse::<f64>().unwrap_or(0.0))
                 .sum();

@@ -84,6 +84,9 @@ pub enum ChanEvent {
         /// The member JSON.
         json: Box<str>,
     },
+    /// A node announced that changes of the channel may have been lost (`P R`): this node's
+    /// `join_leave` subscribers get `presence_reset`.
+    PresenceReset,
 }
 
 /// The `msg` frame of message `seq` of `ch` with JSON `data`.
@@ -124,11 +127,15 @@ struct Chan {
     waiting: Vec<(ConnRef, Option<u64>, Option<Box<str>>)>,
     /// The presence changes of the window in progress (presence channels).
     window: super::presence::Window,
+    /// The channel's rule has `join_leave` (a subscriber here may want presence frames).
+    join_leave: bool,
 }
 
 /// Runs the task of channel `name` until its last subscriber leaves.
 pub async fn run(ctx: Rc<Ctx>, name: Arc<str>, mut rx: UnboundedReceiver<ChanEvent>) {
     let touch_every = Duration::from_millis((ctx.cfg.history_ttl_ms / 3).max(1_000));
+    let rule = ctx.shared.config.channel_rule(&name);
+    let join_leave = rule.presence && rule.join_leave;
     let mut c = Chan {
         interest: vec![0; ctx.shared.cores],
         ctx,
@@ -143,6 +150,7 @@ pub async fn run(ctx: Rc<Ctx>, name: Arc<str>, mut rx: UnboundedReceiver<ChanEve
         synced: false,
         waiting: Vec::new(),
         window: super::presence::Window::default(),
+        join_leave,
     };
     let window_len = Duration::from_millis(c.ctx.shared.config.presence.window_ms);
     let window_end = tokio::time::sleep(Duration::from_secs(86_400));
@@ -217,6 +225,10 @@ impl Chan {
             }
             ChanEvent::Live { seq, epoch, data } => self.live(seq, &epoch, data).await,
             ChanEvent::Linked => {
+                if self.unlinked {
+                    // Presence changes announced while the link was down never came.
+                    self.presence_reset();
+                }
                 self.linked = true;
                 self.unlinked = false;
                 self.synced = false;
@@ -237,8 +249,17 @@ impl Chan {
             ChanEvent::Presence { joined, client, json } => {
                 self.window.add(super::presence::Change { joined, client, json: &json });
             }
+            ChanEvent::PresenceReset => self.presence_reset(),
         }
         false
+    }
+
+    /// This node cannot vouch that its `join_leave` subscribers saw every change of the
+    /// channel: the window in progress closes with a `presence_reset` ("fetch again").
+    fn presence_reset(&mut self) {
+        if self.join_leave {
+            self.window.reset();
+        }
     }
 
     /// Closes the presence window: its frame goes to every core with subscribers here (each
@@ -346,6 +367,8 @@ impl Chan {
                 let epoch: Arc<str> = epoch.into();
                 let base = oldest.saturating_sub(1).min(head);
                 self.reset_all(ResetReason::Epoch, base, &epoch, oldest, head);
+                // Redis lost the channel's data: its presence keys and changes too.
+                self.presence_reset();
                 self.epoch = Some(epoch);
                 self.last = head;
                 self.last_data = Bytes::new();

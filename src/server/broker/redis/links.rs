@@ -76,6 +76,7 @@ pub(super) async fn command_link(ctx: Rc<Ctx>) {
                     ctx.shared.broker.reconnects.fetch_add(1, Relaxed);
                     tracing::info!("redis command link is back");
                     ctx.to_all_channels(|| ChanEvent::Resync);
+                    let _ = ctx.members.send(super::members::MemberOp::Relinked);
                 } else {
                     tracing::info!(url = %redacted(&ctx.cfg), "connected to redis");
                 }
@@ -274,6 +275,10 @@ async fn dispatch(ctx: Rc<Ctx>, mut rx: UnboundedReceiver<PushInfo>, gen: u64) {
                     continue;
                 }
                 let Some(ch) = ctx.keys.channel_of(&topic) else { continue };
+                if payload == super::presence::RESET_PAYLOAD {
+                    ctx.to_channel(ch, ChanEvent::PresenceReset);
+                    continue;
+                }
                 if let Some(c) = super::presence::Change::parse(&payload) {
                     let ev = ChanEvent::Presence { joined: c.joined, client: c.client, json: c.json.into() };
                     ctx.to_channel(ch, ev);

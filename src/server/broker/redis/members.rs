@@ -1,14 +1,19 @@
 //! The node's presence members in Redis (docs/redis.md, "Presence"): one task per broker
 //! thread applies the joins and leaves of this node's connections in the order the cores made
 //! them ([`super::presence::MEMBERS_LUA`], one call per channel for a burst), refreshes every
-//! member it owns every third of `presence.member_ttl_ms` (which also removes and announces the
-//! members other nodes stopped refreshing), and answers `presence` / `presence_stats`.
+//! member it owns every third of `presence.member_ttl_ms` and at once when the command link
+//! comes back (which also removes and announces the members other nodes stopped refreshing,
+//! and writes back this node's members after Redis lost them), and answers `presence` /
+//! `presence_stats`.
 //!
 //! A change whose call fails (Redis away) is not retried as such: a join stays in this node's
 //! list and the next refresh adds it (announcing it), a leave is gone from the list and the
-//! member's entry expires within the TTL (announced by whichever node refreshes first).
+//! member's entry expires within the TTL (announced by whichever node refreshes first) or is
+//! gone with Redis's data (announced by nobody). So after a failed leave no node can vouch
+//! that its `join_leave` subscribers will see it: the channel is marked, its next successful
+//! refresh announces `P R`, and every node's subscribers of it get `presence_reset`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -16,7 +21,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::presence::{MEMBERS_LUA, PAGE_LUA, REFRESH_LUA, STATS_LUA};
+use super::presence::{page_start, valid_cursor, MEMBERS_LUA, PAGE_LUA, REFRESH_LUA, STATS_LUA};
 use super::thread::Ctx;
 use crate::protocol::presence::{presence_json_raw, presence_stats_json};
 use crate::protocol::{self, codes};
@@ -38,8 +43,8 @@ pub enum MemberOp {
         core: u16,
         /// Its client id.
         client: String,
-        /// Its member JSON.
-        json: String,
+        /// Its entry ([`super::presence::entry`]: client id, member JSON, user).
+        entry: String,
     },
     /// The connection left `ch`.
     Leave {
@@ -48,20 +53,24 @@ pub enum MemberOp {
         /// Its client id.
         client: String,
     },
+    /// The command link came back: refresh every member now (Redis may have come back
+    /// empty), and announce the resets of the channels whose changes failed meanwhile.
+    Relinked,
 }
 
 impl MemberOp {
-    fn channel(&self) -> &Arc<str> {
+    fn channel(&self) -> Option<&Arc<str>> {
         match self {
-            MemberOp::Join { ch, .. } | MemberOp::Leave { ch, .. } => ch,
+            MemberOp::Join { ch, .. } | MemberOp::Leave { ch, .. } => Some(ch),
+            MemberOp::Relinked => None,
         }
     }
 }
 
-/// The three presence keys of `ch`: members, member info, users.
+/// The three presence keys of `ch`: members, member entries, users.
 fn keys(ctx: &Ctx, ch: &str) -> [String; 3] {
     let topic = ctx.keys.topic(ch);
-    [format!("{topic}:pz"), format!("{topic}:pi"), format!("{topic}:pu")]
+    [format!("{topic}:pz"), format!("{topic}:pl"), format!("{topic}:pu")]
 }
 
 /// Runs `script` (its text `text`) by hash, sending the text once when Redis does not know it.
@@ -101,8 +110,7 @@ pub async fn run(ctx: Rc<Ctx>, mut rx: UnboundedReceiver<MemberOp>) {
     let every = Duration::from_millis((ttl / 3).max(100));
     let mut refresh = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     let scripts = Scripts { members: redis::Script::new(MEMBERS_LUA), refresh: redis::Script::new(REFRESH_LUA) };
-    // This node's members per channel: client → member JSON.
-    let mut mine: HashMap<Arc<str>, HashMap<String, String>> = HashMap::new();
+    let mut state = Mine::default();
     loop {
         tokio::select! {
             op = rx.recv() => {
@@ -111,27 +119,39 @@ pub async fn run(ctx: Rc<Ctx>, mut rx: UnboundedReceiver<MemberOp>) {
                 while let Ok(op) = rx.try_recv() {
                     ops.push(op);
                 }
-                apply(&ctx, &scripts, &mut mine, ops).await;
+                let relinked = ops.iter().any(|op| matches!(op, MemberOp::Relinked));
+                ops.retain(|op| !matches!(op, MemberOp::Relinked));
+                apply(&ctx, &scripts, &mut state, ops).await;
+                if relinked {
+                    refresh_all(&ctx, &scripts, &mut state).await;
+                }
             }
-            _ = refresh.tick() => refresh_all(&ctx, &scripts, &mut mine).await,
+            _ = refresh.tick() => refresh_all(&ctx, &scripts, &mut state).await,
         }
     }
 }
 
+/// What the membership task keeps.
+#[derive(Default)]
+struct Mine {
+    /// This node's members per channel: client → entry.
+    members: HashMap<Arc<str>, HashMap<String, String>>,
+    /// Channels with a leave whose call failed: their next successful refresh announces a
+    /// reset.
+    unsure: HashSet<Arc<str>>,
+}
+
 /// Applies a burst of changes: per channel in the order they were made.
-async fn apply(
-    ctx: &Ctx,
-    scripts: &Scripts,
-    mine: &mut HashMap<Arc<str>, HashMap<String, String>>,
-    ops: Vec<MemberOp>,
-) {
+async fn apply(ctx: &Ctx, scripts: &Scripts, state: &mut Mine, ops: Vec<MemberOp>) {
     let mut by_ch: Vec<(Arc<str>, Vec<MemberOp>)> = Vec::new();
     for op in ops {
-        match by_ch.iter_mut().find(|(ch, _)| ch == op.channel()) {
+        let Some(ch) = op.channel().cloned() else { continue };
+        match by_ch.iter_mut().find(|(c, _)| *c == ch) {
             Some((_, list)) => list.push(op),
-            None => by_ch.push((op.channel().clone(), vec![op])),
+            None => by_ch.push((ch, vec![op])),
         }
     }
+    let Mine { members: mine, unsure } = state;
     let (ttl, cmd) = (ctx.shared.config.presence.member_ttl_ms.to_string(), ctx.publish_command);
     for (ch, ops) in by_ch {
         let max = ctx.shared.config.channel_rule(&ch).max_members().to_string();
@@ -140,24 +160,29 @@ async fn apply(
             let mut args: Vec<&str> = vec![cmd, &topic, &ttl, &max];
             for op in chunk {
                 match op {
-                    MemberOp::Join { client, json, .. } => args.extend(["J", client.as_str(), json.as_str()]),
-                    MemberOp::Leave { client, .. } => args.extend(["L", client.as_str(), "-"]),
+                    MemberOp::Join { entry, .. } => args.extend(["J", entry.as_str()]),
+                    MemberOp::Leave { client, .. } => args.extend(["L", client.as_str()]),
+                    MemberOp::Relinked => {}
                 }
             }
             let applied: Option<Vec<i64>> = eval(ctx, &scripts.members, MEMBERS_LUA, &keys, &args).await.ok();
+            if applied.is_none() && chunk.iter().any(|op| matches!(op, MemberOp::Leave { .. })) {
+                unsure.insert(ch.clone());
+            }
             let list = mine.entry(ch.clone()).or_default();
             for (i, op) in chunk.iter().enumerate() {
                 match op {
-                    MemberOp::Join { core, client, json, .. } => {
+                    MemberOp::Join { core, client, entry, .. } => {
                         if applied.as_ref().is_some_and(|a| a.get(i) == Some(&0)) {
                             ctx.shared.metrics[*core as usize].presence_untracked.fetch_add(1, Relaxed);
                         } else {
-                            list.insert(client.clone(), json.clone());
+                            list.insert(client.clone(), entry.clone());
                         }
                     }
                     MemberOp::Leave { client, .. } => {
                         list.remove(client);
                     }
+                    MemberOp::Relinked => {}
                 }
             }
         }
@@ -168,25 +193,36 @@ async fn apply(
     ctx.shared.metrics[0].presence_members.store(mine.values().map(HashMap::len).sum::<usize>() as i64, Relaxed);
 }
 
-/// Refreshes every member of this node, channel by channel, and removes the expired ones.
-async fn refresh_all(ctx: &Ctx, scripts: &Scripts, mine: &mut HashMap<Arc<str>, HashMap<String, String>>) {
+/// Refreshes every member of this node, channel by channel, and removes the expired ones; a
+/// channel with a failed leave (members here or not) gets its reset announced by the first
+/// call that succeeds.
+async fn refresh_all(ctx: &Ctx, scripts: &Scripts, state: &mut Mine) {
     let (ttl, cmd) = (ctx.shared.config.presence.member_ttl_ms.to_string(), ctx.publish_command);
-    for (ch, members) in mine.iter() {
-        let (keys, topic) = (keys(ctx, ch), ctx.keys.topic(ch));
-        let list: Vec<(&String, &String)> = members.iter().collect();
-        for chunk in list.chunks(PER_CALL) {
-            let mut args: Vec<&str> = vec![cmd, &topic, &ttl];
-            for (client, json) in chunk {
-                args.extend([client.as_str(), json.as_str()]);
+    let Mine { members: mine, unsure } = state;
+    let empty = HashMap::new();
+    let channels: Vec<Arc<str>> =
+        mine.keys().chain(unsure.iter().filter(|c| !mine.contains_key(*c))).cloned().collect();
+    for ch in channels {
+        let members = mine.get(&ch).unwrap_or(&empty);
+        let (keys, topic) = (keys(ctx, &ch), ctx.keys.topic(&ch));
+        let list: Vec<&String> = members.values().collect();
+        // A channel with no member here left still needs its one call (to announce the reset).
+        let chunks: Vec<&[&String]> = if list.is_empty() { vec![&[]] } else { list.chunks(PER_CALL).collect() };
+        for chunk in chunks {
+            let reset = if unsure.contains(&ch) { "1" } else { "0" };
+            let mut args: Vec<&str> = vec![cmd, &topic, &ttl, reset];
+            args.extend(chunk.iter().map(|e| e.as_str()));
+            // A failed refresh needs no reset: its members expire and come back announced.
+            if eval::<i64>(ctx, &scripts.refresh, REFRESH_LUA, &keys, &args).await.is_ok() {
+                unsure.remove(&ch);
             }
-            let _: redis::RedisResult<i64> = eval(ctx, &scripts.refresh, REFRESH_LUA, &keys, &args).await;
         }
     }
 }
 
 /// Answers a `presence` / `presence_stats` of `conn` about `ch` from Redis.
 pub async fn answer(ctx: Rc<Ctx>, ch: Arc<str>, conn: ConnRef, query: PresenceQuery) {
-    let [pz, pi, pu] = keys(&ctx, &ch);
+    let [pz, pl, pu] = keys(&ctx, &ch);
     let json = match query {
         PresenceQuery::Stats => {
             let mut cmd = redis::cmd("EVAL");
@@ -197,17 +233,23 @@ pub async fn answer(ctx: Rc<Ctx>, ch: Arc<str>, conn: ConnRef, query: PresenceQu
             }
         }
         PresenceQuery::Members { cursor } => {
-            let cursor = cursor.as_deref().unwrap_or("0");
-            if cursor.is_empty() || cursor.len() > 20 || !cursor.bytes().all(|b| b.is_ascii_digit()) {
+            if cursor.as_deref().is_some_and(|c| !valid_cursor(c)) {
                 let e = protocol::error_json(codes::BAD_REQUEST, "cursor is not one this server gave", None);
                 protocol::with_channel(e, &ch)
             } else {
                 let page = ctx.shared.config.presence.page_size.to_string();
+                let max_bytes = ctx.shared.config.presence_frame_max_bytes().to_string();
                 let mut cmd = redis::cmd("EVAL");
-                cmd.arg(PAGE_LUA).arg(2).arg(&pz).arg(&pi).arg(cursor).arg(&page);
+                cmd.arg(PAGE_LUA)
+                    .arg(2)
+                    .arg(&pz)
+                    .arg(&pl)
+                    .arg(page_start(cursor.as_deref()))
+                    .arg(&page)
+                    .arg(&max_bytes);
                 match ctx.query::<Vec<String>>(&cmd).await {
                     Ok(r) => {
-                        let next = r.first().filter(|n| n.as_str() != "0").map(String::as_str);
+                        let next = r.first().filter(|n| !n.is_empty()).map(String::as_str);
                         presence_json_raw(&ch, r.iter().skip(1).map(String::as_str), next)
                     }
                     Err(e) => unavailable(&ch, &e),
@@ -218,6 +260,17 @@ pub async fn answer(ctx: Rc<Ctx>, ch: Arc<str>, conn: ConnRef, query: PresenceQu
     ctx.to_core(conn.core as usize, CoreMsg::PresenceAnswer { conn: conn.id, ch, json });
 }
 
+/// The `unavailable` answer to a presence query that failed with `e`. Redis's own error text
+/// (a script's hash, its line) is for the log, not for the client.
 fn unavailable(ch: &str, e: &redis::RedisError) -> Vec<u8> {
-    protocol::with_channel(super::thread::unavailable(&e.to_string()).to_json(), ch)
+    let why = if e.is_timeout() || e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
+        e.to_string()
+    } else {
+        super::thread::warn_limited(
+            "broker-presence",
+            || tracing::warn!(error = %e, "a presence query failed in redis"),
+        );
+        "redis refused the query".to_owned()
+    };
+    protocol::with_channel(super::thread::unavailable(&why).to_json(), ch)
 }

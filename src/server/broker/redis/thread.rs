@@ -470,7 +470,8 @@ fn handle(ctx: &Rc<Ctx>, req: Request, batch: &mut Vec<Pub>) {
         Request::Subscribe { ch, conn, from, epoch, member } => {
             if let Some(m) = member {
                 let json = crate::protocol::presence::member_json(&m);
-                let op = MemberOp::Join { ch: ch.clone(), core: conn.core, client: m.client.to_string(), json };
+                let entry = super::presence::entry(&m.client, &json, m.user.as_deref());
+                let op = MemberOp::Join { ch: ch.clone(), core: conn.core, client: m.client.to_string(), entry };
                 let _ = ctx.members.send(op);
             }
             let mut chans = ctx.chans.borrow_mut();
