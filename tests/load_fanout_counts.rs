@@ -2,7 +2,9 @@
 //! the load generator and a real server drops seq 3 and swaps seqs 5 and 6 on every
 //! subscriber's stream, so each subscriber must report exactly one lost and one reordered
 //! message. Also: subscribers spread over several URLs (`--publish-url` for the publisher), and
-//! raw mode (`--raw`) counts what an RFC 6455 echo endpoint sends back.
+//! raw mode (`--raw`) counts what an RFC 6455 echo endpoint sends back; and `--deflate`
+//! subscribers (permessage-deflate, issue 29) count the same deliveries as plain ones while
+//! receiving fewer bytes than they hand over.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -10,7 +12,7 @@ use std::time::Duration;
 use tether::config::Config;
 use tether::server::{ServeOptions, Server};
 use tether::ws::codec::decode_server_frame;
-use tether_load::args::{CommonArgs, FanoutArgs, PublishVia};
+use tether_load::args::{CommonArgs, FanoutArgs, Payload, PublishVia};
 use tether_load::wire::{scan_str, scan_u64};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -22,6 +24,30 @@ fn start_server(echo: bool) -> Server {
 
 fn common() -> CommonArgs {
     CommonArgs { threads: 2, concurrency: 16, sources: None, child_index: None, child_of: None }
+}
+
+/// The fields every test leaves alone (no non-readers, WebSocket, padded payloads, no
+/// compression); each test sets the rest.
+fn quiet() -> FanoutArgs {
+    FanoutArgs {
+        urls: Vec::new(),
+        publish_url: None,
+        subs: 1,
+        rate: 0.0,
+        size: 64,
+        duration: Duration::ZERO,
+        channels: 1,
+        publish: PublishVia::Ws,
+        raw: None,
+        grace: Duration::from_secs(1),
+        non_readers: 0,
+        non_reader_rcvbuf: 4096,
+        non_reader_mss: 1460,
+        sse: false,
+        payload: Payload::Pad,
+        deflate: false,
+        common: common(),
+    }
 }
 
 /// Starts the faulty relay in front of `upstream`; returns its address.
@@ -94,20 +120,10 @@ fn fanout_counts_one_drop_and_one_swap_per_subscriber() {
     let subs = 3;
     let args = FanoutArgs {
         urls: vec![format!("ws://{relay}/ws")],
-        publish_url: None,
         subs,
         rate: 50.0,
-        size: 64,
         duration: Duration::from_millis(400),
-        channels: 1,
-        publish: PublishVia::Ws,
-        raw: None,
-        grace: Duration::from_secs(1),
-        non_readers: 0,
-        non_reader_rcvbuf: 4096,
-        non_reader_mss: 1460,
-        sse: false,
-        common: common(),
+        ..quiet()
     };
     let report = tether_load::fanout::run(args).expect("fanout runs");
     let field = |k: &str| report.get(k).and_then(|v| v.as_u64()).unwrap_or(u64::MAX);
@@ -134,17 +150,8 @@ fn fanout_spreads_subscribers_over_urls_and_publishes_on_publish_url() {
         publish_url: Some(direct),
         subs: 4,
         rate: 50.0,
-        size: 64,
         duration: Duration::from_millis(400),
-        channels: 1,
-        publish: PublishVia::Ws,
-        raw: None,
-        grace: Duration::from_secs(1),
-        non_readers: 0,
-        non_reader_rcvbuf: 4096,
-        non_reader_mss: 1460,
-        sse: false,
-        common: common(),
+        ..quiet()
     };
     let report = tether_load::fanout::run(args).expect("fanout runs");
     let field = |k: &str| report.get(k).and_then(|v| v.as_u64()).unwrap_or(u64::MAX);
@@ -163,25 +170,23 @@ fn fanout_without_faults_reports_no_loss_over_http_publish_to_websocket_and_sse_
     }
 }
 
-fn fanout_without_faults(sse: bool) {
-    let server = start_server(false);
-    let args = FanoutArgs {
+/// 4 subscribers of `server` on 2 channels, 30 messages of 1 KiB in 300 ms (15 a channel).
+fn four_on_two_channels(server: &Server) -> FanoutArgs {
+    FanoutArgs {
         urls: vec![format!("ws://{}/ws", server.local_addr())],
-        publish_url: None,
         subs: 4,
         rate: 100.0,
         size: 1024,
         duration: Duration::from_millis(300),
         channels: 2,
-        publish: PublishVia::Http,
-        raw: None,
         grace: Duration::from_secs(2),
-        non_readers: 0,
-        non_reader_rcvbuf: 4096,
-        non_reader_mss: 1460,
-        sse,
-        common: common(),
-    };
+        ..quiet()
+    }
+}
+
+fn fanout_without_faults(sse: bool) {
+    let server = start_server(false);
+    let args = FanoutArgs { publish: PublishVia::Http, sse, ..four_on_two_channels(&server) };
     let report = tether_load::fanout::run(args).expect("fanout runs");
     let field = |k: &str| report.get(k).and_then(|v| v.as_u64()).unwrap_or(u64::MAX);
     assert_eq!(field("published"), 30);
@@ -194,25 +199,47 @@ fn fanout_without_faults(sse: bool) {
     server.shutdown(tether::ws::codec::CloseCode::Away);
 }
 
+/// One fan-out of order-book snapshots (~1 KiB, over the server's default `min_bytes`) to 4
+/// subscribers on 2 channels, offering permessage-deflate or not.
+fn book_fanout(server: &Server, deflate: bool) -> tether_load::report::Report {
+    let args = FanoutArgs { payload: Payload::Book, deflate, ..four_on_two_channels(server) };
+    tether_load::fanout::run(args).expect("fanout runs")
+}
+
+#[test]
+fn deflate_and_plain_subscribers_count_the_same_deliveries() {
+    let server = start_server(false);
+    let plain = book_fanout(&server, false);
+    let deflate = book_fanout(&server, true);
+    let field = |r: &tether_load::report::Report, k: &str| r.get(k).and_then(|v| v.as_u64()).unwrap_or(u64::MAX);
+    for (r, agreed) in [(&plain, 0), (&deflate, 4)] {
+        let line = r.to_json_line();
+        assert_eq!(field(r, "published"), 30, "{line}");
+        // 4 subscribers, 2 per channel, 15 messages per channel.
+        assert_eq!(field(r, "deliveries"), 60, "{line}");
+        assert_eq!((field(r, "lost"), field(r, "reordered"), field(r, "duplicates")), (0, 0, 0), "{line}");
+        assert_eq!(field(r, "errors"), 0, "{line}");
+        assert_eq!(field(r, "deflate_agreed"), agreed, "{line}");
+        // Every delivery carried a ~1 KiB snapshot (inflated, for the deflate run).
+        assert!(field(r, "message_bytes") >= 60 * 1024, "{line}");
+    }
+    // Plain frames are the message plus a header; compressed ones are smaller than the JSON
+    // they inflate to.
+    assert!(field(&plain, "wire_bytes") > field(&plain, "message_bytes"), "{}", plain.to_json_line());
+    assert!(field(&deflate, "wire_bytes") < field(&deflate, "message_bytes") / 2, "{}", deflate.to_json_line());
+    server.shutdown(tether::ws::codec::CloseCode::Away);
+}
+
 #[test]
 fn raw_mode_counts_what_an_echo_endpoint_returns() {
     let server = start_server(true);
     let args = FanoutArgs {
         urls: vec![format!("ws://{}/echo", server.local_addr())],
-        publish_url: None,
         subs: 5,
         rate: 0.0,
-        size: 64,
         duration: Duration::from_millis(500),
-        channels: 1,
-        publish: PublishVia::Ws,
         raw: Some(r#"{"k":1}"#.into()),
-        grace: Duration::from_secs(1),
-        non_readers: 0,
-        non_reader_rcvbuf: 4096,
-        non_reader_mss: 1460,
-        sse: false,
-        common: common(),
+        ..quiet()
     };
     let report = tether_load::fanout::run(args).expect("raw fanout runs");
     let field = |k: &str| report.get(k).and_then(|v| v.as_u64()).unwrap_or(u64::MAX);

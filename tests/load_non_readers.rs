@@ -42,6 +42,8 @@ fn fanout_with_non_readers(url: String) -> Report {
         non_reader_rcvbuf: 4096,
         non_reader_mss: 1460,
         sse: false,
+        payload: tether_load::Payload::Pad,
+        deflate: false,
         common: tether_load::CommonArgs {
             threads: 1,
             concurrency: 16,

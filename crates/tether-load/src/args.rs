@@ -63,6 +63,10 @@ pub struct IdleArgs {
     /// server queued before the stop is counted.
     #[arg(long)]
     pub latency_from_data: bool,
+    /// Offer permessage-deflate (RFC 7692, no context takeover either way) on every
+    /// connection; the report's `deflate_agreed` counts the connections that got it.
+    #[arg(long)]
+    pub deflate: bool,
     /// Options shared by every scenario.
     #[command(flatten)]
     pub common: CommonArgs,
@@ -75,6 +79,20 @@ pub enum PublishVia {
     Ws,
     /// `POST /publish/{ch}` on one keep-alive HTTP/1.1 connection, one request at a time.
     Http,
+}
+
+/// What `fanout` publishes as each message's `data` (every shape carries the stamp `"t"`, `"k"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Payload {
+    /// The stamp padded with `x` to `--size` bytes (compresses to almost nothing).
+    #[default]
+    Pad,
+    /// An order-book snapshot: symbol, then `bids` and `asks` as `["price","qty"]` string
+    /// pairs around a drifting mid, levels added until `--size` bytes; prices and quantities
+    /// differ in every message (JSON as exchanges send it).
+    Book,
+    /// One trade: symbol, price, quantity, side, trade id; about 120 bytes (`--size` unused).
+    Tick,
 }
 
 /// `tether load fanout`: N subscribers, M stamped messages per second of S bytes.
@@ -97,6 +115,14 @@ pub struct FanoutArgs {
     /// Size of each message's `data` JSON in bytes (padded; at least the ~40-byte stamp).
     #[arg(long, default_value_t = 64)]
     pub size: usize,
+    /// Shape of each message's `data`.
+    #[arg(long, value_enum, default_value_t = Payload::Pad)]
+    pub payload: Payload,
+    /// Offer permessage-deflate (`client_no_context_takeover; server_no_context_takeover`, RFC
+    /// 7692) on every subscriber's handshake and inflate the compressed messages; the report
+    /// says how many agreed. Not with `--sse`.
+    #[arg(long)]
+    pub deflate: bool,
     /// How long to publish, e.g. `10s`.
     #[arg(long, value_parser = parse_duration)]
     pub duration: Duration,

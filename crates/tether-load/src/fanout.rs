@@ -24,7 +24,11 @@
 //! `p90_ms`, `p99_ms`, `p999_ms`, `max_ms`, `lost`, `reordered`, `duplicates`, `disconnected`,
 //! `errors`, `error_kinds`, `start_ns` and `end_ns` (the interval `deliveries_per_s` is
 //! counted over: first publish to last delivery, ns since the UNIX epoch, so a caller can line
-//! up CPU samples with it), then (with `--non-readers`) the non-reader fields.
+//! up CPU samples with it), `payload`, `deflate` (whether it was offered), `deflate_agreed`
+//! (subscribers that negotiated it), `wire_bytes` (what the subscribers received after
+//! subscribing: WebSocket frame bytes of data messages, headers included, or the event
+//! stream's bytes), `message_bytes` (the messages' JSON, after inflation),
+//! `wire_bytes_per_delivery`, then (with `--non-readers`) the non-reader fields.
 
 use std::cell::RefCell;
 use std::net::IpAddr;
@@ -70,6 +74,9 @@ struct Tally {
     disconnected: u64,
     errors: Errors,
     non_readers: NonReaderTally,
+    deflate_agreed: u64,
+    wire_bytes: u64,
+    message_bytes: u64,
 }
 
 /// Runs the scenario; see the module docs for the report.
@@ -82,6 +89,9 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
     }
     if args.sse && (args.raw.is_some() || args.non_readers > 0) {
         return Err("--sse subscribes to tether's GET /sse: not with --raw or --non-readers".into());
+    }
+    if args.sse && args.deflate {
+        return Err("--deflate is a WebSocket extension: not with --sse".into());
     }
     if args.raw.is_some() && args.non_readers > 0 {
         return Err("--non-readers needs tether mode (not --raw)".into());
@@ -127,7 +137,8 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
                 let source = sources.as_ref().map(|s| s.pick(index));
                 let url = urls[index % urls.len()].clone();
                 let sse = args.sse.then(|| channels[ch].clone());
-                let sub = Subscriber { url, source, hello, ch, raw: raw.is_some(), sse, syn: SynOpts::default() };
+                let (raw, deflate, syn) = (raw.is_some(), args.deflate, SynOpts::default());
+                let sub = Subscriber { url, source, hello, ch, raw, sse, deflate, syn };
                 let (tally, shared) = (tally.clone(), shared.clone());
                 tasks.push(tokio::task::spawn_local(sub.run(permit, tally, shared)));
             }
@@ -143,7 +154,7 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
                     mss: (args.non_reader_mss > 0).then_some(args.non_reader_mss),
                 };
                 let url = urls[j % urls.len()].clone();
-                let sub = Subscriber { url, source, hello, ch, raw: false, sse: None, syn };
+                let sub = Subscriber { url, source, hello, ch, raw: false, sse: None, deflate: false, syn };
                 tasks.push(tokio::task::spawn_local(nonreader::run(sub, permit, slow.clone(), shared.clone())));
             }
             for task in tasks {
@@ -172,6 +183,9 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
         total.disconnected += t.disconnected;
         total.errors.merge(&t.errors);
         total.non_readers.merge(&t.non_readers);
+        total.deflate_agreed += t.deflate_agreed;
+        total.wire_bytes += t.wire_bytes;
+        total.message_bytes += t.message_bytes;
     }
     // Deliveries/s are counted from the first publish to the last delivery.
     let end_ns = if args.rate > 0.0 && total.last_recv_ns > c.start_ns {
@@ -207,7 +221,13 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
         .set("errors", errors)
         .set("error_kinds", total.errors.to_json())
         .set("start_ns", c.start_ns)
-        .set("end_ns", end_ns);
+        .set("end_ns", end_ns)
+        .set("payload", format!("{:?}", args.payload).to_lowercase())
+        .set("deflate", args.deflate)
+        .set("deflate_agreed", total.deflate_agreed)
+        .set("wire_bytes", total.wire_bytes)
+        .set("message_bytes", total.message_bytes)
+        .set("wire_bytes_per_delivery", round3(total.wire_bytes as f64 / total.deliveries.max(1) as f64));
     if args.non_readers > 0 {
         total.non_readers.report(args.non_readers, &mut r);
     }
@@ -263,7 +283,8 @@ async fn publish_phase(
         (false, PublishVia::Ws) => Mode::Ws,
         (false, PublishVia::Http) => Mode::Http,
     };
-    let out = publish::publish(url, mode, channels, args.rate, total, args.size, args.grace).await?;
+    let shape = (args.payload, args.size);
+    let out = publish::publish(url, mode, channels, args.rate, total, shape, args.grace).await?;
     let expected = if raw {
         0
     } else {
@@ -310,6 +331,8 @@ pub(super) struct Subscriber {
     raw: bool,
     /// `Some(channel name)`: subscribe over Server-Sent Events (`--sse`).
     sse: Option<String>,
+    /// Offer permessage-deflate (`--deflate`).
+    deflate: bool,
     /// Socket options set before connect (non-readers: small window and MSS).
     syn: SynOpts,
 }
@@ -328,6 +351,11 @@ impl Subscriber {
         };
         shared.head_sum.fetch_add(head, Ordering::Relaxed);
         shared.ready.fetch_add(1, Ordering::Relaxed);
+        // What the handshake and the `subscribed` answer brought stays out of the byte counts.
+        let (wire_at_start, message_at_start) = conn.counters();
+        if matches!(&conn, SubConn::Ws(c) if c.deflate()) {
+            tally.borrow_mut().deflate_agreed += 1;
+        }
         let mut seqs = SeqTracker::starting_after(head);
         let mut stop = shared.stop.subscribe();
         let raw = self.raw;
@@ -365,6 +393,9 @@ impl Subscriber {
             }
         }
         let mut t = tally.borrow_mut();
+        let (wire, message) = conn.counters();
+        t.wire_bytes += wire - wire_at_start;
+        t.message_bytes += message - message_at_start;
         let final_seq = match (&disconnected, shared.finals.get()) {
             // A subscriber the server dropped is reported as disconnected, not as loss.
             (None, Some(finals)) if !raw => finals.get(self.ch).copied(),
@@ -383,7 +414,9 @@ impl Subscriber {
         let mut conn = match &self.sse {
             Some(ch) => SubConn::Sse(SseConn::connect(&self.url, self.source, ch, STEP_TIMEOUT).await?),
             None => {
-                let mut c = WsConn::connect_opts_within(&self.url, self.source, self.syn, STEP_TIMEOUT).await?;
+                let mut c =
+                    WsConn::connect_offering_within(&self.url, self.source, self.syn, self.deflate, STEP_TIMEOUT)
+                        .await?;
                 if !self.hello.is_empty() {
                     c.send_text(&self.hello).await?;
                 }

@@ -4,7 +4,8 @@
 //! Report: `scenario`, `connections` (open and subscribed at the end of the hold), `errors`
 //! (`failed` + `dropped`), `opened`, `failed` (connect, handshake or subscribe failed),
 //! `dropped` (closed by the peer during the hold), `connect_s` (time to attempt all), `held_s`,
-//! `procs`, `error_kinds`; with `--latency-from-data`, the broadcast fields of
+//! `procs`, `error_kinds`, `deflate_agreed` (connections that negotiated permessage-deflate:
+//! 0 without `--deflate`); with `--latency-from-data`, the broadcast fields of
 //! [`super::broadcast`].
 
 use std::cell::RefCell;
@@ -19,15 +20,25 @@ use tokio::sync::{watch, Semaphore};
 use super::args::{IdleArgs, Sources, WsUrl};
 use super::broadcast::Broadcasts;
 use super::report::{round3, Errors, Report};
-use super::wire::{scan_str, ConnError, WsConn};
+use super::wire::{scan_str, ConnError, SynOpts, WsConn};
 use super::{now_ns, proc_slot, procs, run_split, share, thread_count, wait_until};
 
 /// Deadline for TCP connect plus handshake, and separately for the `subscribed` answer.
 pub(crate) const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Report fields in display order (after `scenario`).
-const FIELDS: [&str; 9] =
-    ["connections", "errors", "opened", "failed", "dropped", "connect_s", "held_s", "procs", "error_kinds"];
+const FIELDS: [&str; 10] = [
+    "connections",
+    "errors",
+    "opened",
+    "failed",
+    "dropped",
+    "connect_s",
+    "held_s",
+    "procs",
+    "error_kinds",
+    "deflate_agreed",
+];
 
 /// State shared by the controller and the worker threads.
 struct Shared {
@@ -42,6 +53,7 @@ struct Tally {
     alive: u64,
     failed: u64,
     dropped: u64,
+    deflate_agreed: u64,
     errors: Errors,
     /// With `--latency-from-data`: this thread's broadcast latencies.
     broadcasts: Broadcasts,
@@ -74,6 +86,7 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
     let shared = Arc::new(Shared { attempted: AtomicUsize::new(0), stop });
     let started = Instant::now();
     let latency_from_data = args.latency_from_data;
+    let deflate = args.deflate;
 
     let worker = |t: usize| {
         let shared = shared.clone();
@@ -97,7 +110,7 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
                 let channel = format!("load.idle.{}", index % channels);
                 let (tally, shared, broadcasts) = (tally.clone(), shared.clone(), broadcasts.clone());
                 tasks.push(tokio::task::spawn_local(async move {
-                    let opened = open_and_subscribe(&url, source, &channel).await;
+                    let opened = open_and_subscribe(&url, source, &channel, deflate).await;
                     drop(permit);
                     shared.attempted.fetch_add(1, Ordering::Relaxed);
                     let mut conn = match opened {
@@ -109,7 +122,11 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
                             return;
                         }
                     };
-                    tally.borrow_mut().opened += 1;
+                    {
+                        let mut t = tally.borrow_mut();
+                        t.opened += 1;
+                        t.deflate_agreed += u64::from(conn.deflate());
+                    }
                     let mut stop = shared.stop.subscribe();
                     // Biased to the socket: what had arrived when the stop came is still read
                     // (and timed) before the connection counts as held to the end; with
@@ -168,6 +185,7 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
         total.alive += t.alive;
         total.failed += t.failed;
         total.dropped += t.dropped;
+        total.deflate_agreed += t.deflate_agreed;
         total.errors.merge(&t.errors);
         total.broadcasts.merge(&t.broadcasts);
     }
@@ -182,7 +200,8 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
         .set("connect_s", round3(connect_s))
         .set("held_s", round3(held_s))
         .set("procs", procs)
-        .set("error_kinds", total.errors.to_json());
+        .set("error_kinds", total.errors.to_json())
+        .set("deflate_agreed", total.deflate_agreed);
     if latency_from_data {
         total.broadcasts.fill(&mut report);
     }
@@ -217,9 +236,15 @@ async fn close_and_drain(conn: &mut WsConn, broadcasts: &RefCell<Broadcasts>) {
     let _ = tokio::time::timeout(STEP_TIMEOUT, hold(conn, Some(broadcasts))).await;
 }
 
-/// Connects, handshakes and subscribes to `channel`; returns once `subscribed` arrived.
-async fn open_and_subscribe(url: &WsUrl, source: Option<std::net::IpAddr>, channel: &str) -> Result<WsConn, ConnError> {
-    let mut conn = WsConn::connect_within(url, source, STEP_TIMEOUT).await?;
+/// Connects, handshakes (offering permessage-deflate when `deflate`) and subscribes to
+/// `channel`; returns once `subscribed` arrived.
+async fn open_and_subscribe(
+    url: &WsUrl,
+    source: Option<std::net::IpAddr>,
+    channel: &str,
+    deflate: bool,
+) -> Result<WsConn, ConnError> {
+    let mut conn = WsConn::connect_offering_within(url, source, SynOpts::default(), deflate, STEP_TIMEOUT).await?;
     let sub = json!({"op": "sub", "ch": channel}).to_string();
     conn.send_text(sub.as_bytes()).await?;
     await_op(&mut conn, b"subscribed").await?;

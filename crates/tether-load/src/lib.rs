@@ -3,10 +3,11 @@
 //! Scenarios, one subcommand each; every one prints a table on stderr and ONE final JSON line
 //! on stdout:
 //! - `idle URL... --conns N [--procs P] [--rate R] [--channels K] [--hold 30s] [--sources A-B]
-//!   [--latency-from-data]` → `{"scenario":"idle","connections":N,"errors":E,…}` (+
+//!   [--latency-from-data] [--deflate]` → `{"scenario":"idle","connections":N,"errors":E,…}` (+
 //!   `broadcasts`, per seq `p50_ms`, `p99_ms`, `max_ms`, with `--latency-from-data`)
 //! - `fanout URL... --subs N --rate M --size S --duration D [--channels K] [--publish ws|http]
-//!   [--publish-url URL] [--raw TEXT] [--non-readers N]` → `{"deliveries_per_s","p50_ms",
+//!   [--publish-url URL] [--raw TEXT] [--non-readers N] [--sse] [--deflate] [--payload
+//!   pad|book|tick]` → `{"deliveries_per_s","p50_ms",
 //!   "p90_ms","p99_ms","p999_ms","max_ms","lost","reordered",…}` (+ `non_readers_closed`, …
 //!   with `--non-readers`)
 //! - `publish URL [--publishers P] [--window W] [--duration D] [--channels K]` →
@@ -53,7 +54,7 @@ pub mod wire;
 use std::future::Future;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-pub use args::{CommonArgs, ConnectArgs, FanoutArgs, IdleArgs, PublishArgs, PublishVia, StormArgs, Trigger};
+pub use args::{CommonArgs, ConnectArgs, FanoutArgs, IdleArgs, Payload, PublishArgs, PublishVia, StormArgs, Trigger};
 pub use report::Report;
 
 /// `tether load` subcommands; the binary's clap tree embeds this enum.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::args::WsUrl;
+use super::args::{Payload, WsUrl};
 use super::now_ns;
 use super::wire::{scan_str, scan_u64, tcp_connect, WsConn};
 use tether_proto::ws::codec::encode_client_frame;
@@ -53,6 +53,70 @@ pub fn stamp(k: u64, size: usize) -> String {
     s
 }
 
+/// `data` for message `k` in the given shape (see [`Payload`]); every shape starts with the
+/// stamp `{"t":<ns since UNIX epoch>,"k":<k>`.
+pub fn data(payload: Payload, k: u64, size: usize) -> String {
+    match payload {
+        Payload::Pad => stamp(k, size),
+        Payload::Book => book(k, size),
+        Payload::Tick => tick(k),
+    }
+}
+
+/// splitmix64: the n-th value of a fixed pseudo-random sequence (the same run to run).
+fn mix(n: u64) -> u64 {
+    let mut z = n.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A price in cents as `"43251.50"`.
+fn cents(c: u64) -> String {
+    format!("{}.{:02}", c / 100, c % 100)
+}
+
+/// An order-book snapshot of about `size` bytes (at least one level a side).
+fn book(k: u64, size: usize) -> String {
+    use std::fmt::Write;
+    let mut r = k.wrapping_mul(0x1000);
+    let mut next = || {
+        r += 1;
+        mix(r)
+    };
+    let mid = 4_300_000 + next() % 50_000;
+    let mut bids = String::new();
+    let mut asks = String::new();
+    let (mut bid, mut ask) = (mid, mid + 1 + next() % 20);
+    let base = format!(
+        "{{\"t\":{},\"k\":{k},\"type\":\"book\",\"sym\":\"BTC-USD\",\"u\":{}",
+        now_ns(),
+        mix(k) % 1_000_000_000
+    );
+    while base.len() + bids.len() + asks.len() + 22 < size || bids.is_empty() {
+        let sep = if bids.is_empty() { "" } else { "," };
+        bid -= 1 + next() % 150;
+        ask += 1 + next() % 150;
+        let (qb, qa) = (next() % 50_000, next() % 50_000);
+        let _ = write!(bids, "{sep}[\"{}\",\"{}.{:04}\"]", cents(bid), qb / 10_000, qb % 10_000);
+        let _ = write!(asks, "{sep}[\"{}\",\"{}.{:04}\"]", cents(ask), qa / 10_000, qa % 10_000);
+    }
+    format!("{base},\"bids\":[{bids}],\"asks\":[{asks}]}}")
+}
+
+/// One trade, about 120 bytes.
+fn tick(k: u64) -> String {
+    let r = mix(k);
+    let side = if r & 1 == 0 { "buy" } else { "sell" };
+    format!(
+        "{{\"t\":{},\"k\":{k},\"type\":\"trade\",\"sym\":\"BTC-USD\",\"px\":\"{}\",\"qty\":\"0.{:04}\",\"side\":\"{side}\",\"id\":{}}}",
+        now_ns(),
+        cents(4_300_000 + (r >> 8) % 50_000),
+        (r >> 32) % 10_000,
+        1_000_000_000 + k
+    )
+}
+
 /// Channel index of a channel named `….{index}`.
 pub fn channel_index(name: &[u8]) -> Option<usize> {
     let dot = name.iter().rposition(|&b| b == b'.')?;
@@ -60,7 +124,8 @@ pub fn channel_index(name: &[u8]) -> Option<usize> {
 }
 
 /// Publishes `total` messages at `rate` per second (round-robin over `channels`; `k` counts
-/// from 1), each `data` of `size` bytes, then waits up to `ack_wait` for outstanding acks.
+/// from 1), each `data` of `payload`'s shape and `size` bytes ([`data`]), then waits up to
+/// `ack_wait` for outstanding acks.
 /// Errors: the connection could not be made or broke.
 pub async fn publish(
     url: &WsUrl,
@@ -68,7 +133,7 @@ pub async fn publish(
     channels: &[String],
     rate: f64,
     total: u64,
-    size: usize,
+    (payload, size): (Payload, usize),
     ack_wait: Duration,
 ) -> Result<Outcome, String> {
     let mut out = Outcome { final_seqs: vec![0; channels.len().max(1)], ..Outcome::default() };
@@ -86,7 +151,7 @@ pub async fn publish(
                     let k = out.sent + 1;
                     let ch = (k as usize - 1) % channels.len();
                     out.sent += 1;
-                    match http.post(&channels[ch], stamp(k, size).as_bytes()).await {
+                    match http.post(&channels[ch], data(payload, k, size).as_bytes()).await {
                         Ok((200..=299, body)) => {
                             out.acked += 1;
                             let seq = scan_u64(&body, "seq").unwrap_or(0);
@@ -115,7 +180,7 @@ pub async fn publish(
                         let due = due(start, rate, total);
                         while out.sent < due {
                             let k = out.sent + 1;
-                            let data = stamp(k, size);
+                            let data = data(payload, k, size);
                             let text = if mode == Mode::Raw {
                                 data
                             } else {

@@ -20,6 +20,10 @@ pub struct SseConn {
     stream: TcpStream,
     /// An incomplete line; empty (no heap) between lines.
     pending: Vec<u8>,
+    /// Bytes read from the stream after the response head (events, comments, heartbeats).
+    pub wire_bytes: u64,
+    /// Bytes of the `data:` JSON handed to the callback.
+    pub message_bytes: u64,
 }
 
 impl SseConn {
@@ -45,7 +49,8 @@ impl SseConn {
             if code != 200 {
                 return Err(ConnError::Status(code));
             }
-            Ok(SseConn { stream, pending: head.split_off(end) })
+            let pending = head.split_off(end);
+            Ok(SseConn { wire_bytes: pending.len() as u64, stream, pending, message_bytes: 0 })
         };
         tokio::time::timeout(deadline, open).await.unwrap_or(Err(ConnError::Timeout))
     }
@@ -68,6 +73,7 @@ impl SseConn {
                 return Err(ConnError::Closed(None));
             }
             self.pending.extend_from_slice(&chunk[..n]);
+            self.wire_bytes += n as u64;
             received.messages += self.lines(&mut on_message);
             if self.pending.len() > MAX_LINE {
                 return Err(ConnError::Protocol("SSE line too long"));
@@ -85,6 +91,7 @@ impl SseConn {
         while let Some(nl) = self.pending[start..].iter().position(|&b| b == b'\n') {
             let line = &self.pending[start..start + nl];
             if let Some(json) = line.strip_prefix(b"data: ") {
+                self.message_bytes += json.len() as u64;
                 on_message(json);
                 count += 1;
             }
@@ -112,6 +119,16 @@ impl SubConn {
         match self {
             SubConn::Ws(c) => c.recv(on_message).await,
             SubConn::Sse(c) => c.recv(on_message).await,
+        }
+    }
+
+    /// (bytes received on the wire, message bytes handed over) so far: WebSocket frames of
+    /// data messages (inflated for the second figure), or the event stream's bytes and its
+    /// `data:` JSON.
+    pub fn counters(&self) -> (u64, u64) {
+        match self {
+            SubConn::Ws(c) => (c.wire_bytes, c.message_bytes),
+            SubConn::Sse(c) => (c.wire_bytes, c.message_bytes),
         }
     }
 }

@@ -1,13 +1,15 @@
-//! Unit tests of the argument parsers, the report and the connection share arithmetic.
+//! Unit tests of the argument parsers, the report, the connection share arithmetic, the
+//! payload shapes and the permessage-deflate inflater.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
+use super::args::Payload;
 use super::args::{parse_duration, parse_sources, parse_ws_url};
 use super::procs::aggregate;
-use super::publish::{channel_index, stamp};
+use super::publish::{channel_index, data, stamp};
 use super::report::{Latency, Report};
-use super::wire::{accept_key, scan_str, scan_u64};
+use super::wire::{accept_key, inflate_with, scan_str, scan_u64};
 use super::{full_jitter, share};
 
 #[test]
@@ -158,4 +160,46 @@ fn broadcasts_time_stamped_msgs_per_seq_and_merge_exactly() {
     let bad = serde_json::json!({"broadcast_hist": {"x": []}});
     let Err(e) = Broadcasts::from_report(&bad) else { panic!("a bad seq key was accepted") };
     assert!(e.contains("seq \"x\""), "{e}");
+}
+
+/// Raw DEFLATE of `bytes` ending in a sync flush, its `00 00 ff ff` tail removed (RFC 7692
+/// §7.2.1), as a server sends a message.
+fn deflated(bytes: &[u8]) -> Vec<u8> {
+    let mut z = flate2::Compress::new(flate2::Compression::default(), false);
+    let mut out = Vec::with_capacity(bytes.len() + 64);
+    z.compress_vec(bytes, &mut out, flate2::FlushCompress::Sync).unwrap();
+    assert_eq!(z.total_in() as usize, bytes.len(), "output buffer too small for the test input");
+    assert!(out.ends_with(&[0, 0, 0xff, 0xff]));
+    out.truncate(out.len() - 4);
+    out
+}
+
+#[test]
+fn payload_shapes_carry_the_stamp_and_are_json() {
+    for (payload, size, range) in
+        [(Payload::Book, 1024, 1000..1100), (Payload::Tick, 0, 100..140), (Payload::Pad, 300, 300..301)]
+    {
+        let d = data(payload, 7, size);
+        let v: serde_json::Value = serde_json::from_str(&d).unwrap_or_else(|e| panic!("{payload:?}: {e}: {d}"));
+        assert_eq!(v["k"], 7, "{d}");
+        assert!(scan_u64(d.as_bytes(), "t").is_some_and(|t| t > 1_600_000_000_000_000_000), "{d}");
+        assert!(range.contains(&d.len()), "{payload:?}: {} bytes", d.len());
+    }
+    // Every snapshot differs (a compressor gets no help from repeats across messages).
+    assert_ne!(data(Payload::Book, 1, 1024)[30..], data(Payload::Book, 2, 1024)[30..]);
+}
+
+#[test]
+fn inflater_restores_messages_and_stops_at_its_bound() {
+    let book = data(Payload::Book, 3, 4096);
+    for _ in 0..2 {
+        // The per-thread inflater is reset between messages (no context takeover).
+        let got = inflate_with(&deflated(book.as_bytes()), <[u8]>::to_vec).expect("inflates");
+        assert_eq!(got, book.as_bytes());
+    }
+    assert_eq!(inflate_with(&deflated(b""), <[u8]>::len).expect("empty message"), 0);
+    let bomb = deflated(&vec![0u8; (16 << 20) + 1]);
+    assert!(bomb.len() < 64 << 10);
+    assert!(inflate_with(&bomb, |_| ()).is_err(), "a message past 16 MiB is refused");
+    assert!(inflate_with(&[0xff, 0xff, 0xff], |_| ()).is_err(), "not DEFLATE");
 }

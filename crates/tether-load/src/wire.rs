@@ -17,15 +17,63 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
 use super::args::WsUrl;
-use tether_proto::ws::codec::{decode_server_frame, encode_client_frame};
+use flate2::{Decompress, FlushDecompress, Status};
+use tether_proto::ws::codec::{decode_server_frame_rsv1, encode_client_frame};
 
 /// Largest HTTP response head accepted during the handshake.
 const MAX_RESPONSE_HEAD: usize = 8192;
 /// Per-thread read buffer: one read drains up to this much from a socket.
 const SCRATCH_BYTES: usize = 64 * 1024;
 
+/// Largest message inflated from a permessage-deflate frame, in bytes: a bigger one is a
+/// protocol error (a bomb never allocates past it).
+const MAX_INFLATED: usize = 16 << 20;
+/// The permessage-deflate offer of `--deflate` (RFC 7692 §7.1): no context takeover either way,
+/// so every message inflates on its own and one inflater per thread serves every connection.
+const DEFLATE_OFFER: &str = "permessage-deflate; client_no_context_takeover; server_no_context_takeover";
+
 thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = RefCell::new(vec![0; SCRATCH_BYTES]);
+    /// Per-thread raw-DEFLATE inflater and its output buffer, reset for every message (the
+    /// server keeps no context, §7.1.1.1): a deflate connection holds no zlib state.
+    static INFLATER: RefCell<(Decompress, Vec<u8>)> = RefCell::new((Decompress::new(false), Vec::new()));
+}
+
+/// Inflates one permessage-deflate message (RFC 7692 §7.2.2: the payload, then `00 00 ff ff`)
+/// with this thread's inflater and hands the result to `f`. Errors: not valid DEFLATE, or more
+/// than [`MAX_INFLATED`] bytes.
+pub(crate) fn inflate_with<R>(deflated: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<R, ConnError> {
+    const TAIL: [u8; 4] = [0x00, 0x00, 0xff, 0xff];
+    INFLATER.with(|cell| {
+        let (z, out) = &mut *cell.borrow_mut();
+        z.reset(false);
+        out.clear();
+        for mut input in [deflated, &TAIL[..]] {
+            loop {
+                if out.capacity() - out.len() < 4096 {
+                    if out.len() >= MAX_INFLATED {
+                        return Err(ConnError::Protocol("inflated message too large"));
+                    }
+                    out.reserve((out.len() + 4096).min(MAX_INFLATED - out.len()).max(4096));
+                }
+                let (before, written) = (z.total_in(), out.len());
+                let status = z
+                    .decompress_vec(input, out, FlushDecompress::Sync)
+                    .map_err(|_| ConnError::Protocol("bad permessage-deflate data"))?;
+                let used = (z.total_in() - before) as usize;
+                input = &input[used..];
+                let stalled = used == 0 && out.len() == written;
+                let full = out.capacity() == out.len();
+                if matches!(status, Status::StreamEnd) || stalled || (input.is_empty() && !full) {
+                    break;
+                }
+            }
+        }
+        if out.len() > MAX_INFLATED {
+            return Err(ConnError::Protocol("inflated message too large"));
+        }
+        Ok(f(out))
+    })
 }
 
 /// Why a connection attempt or an open connection failed; [`ConnError::kind`] is the key the
@@ -162,6 +210,14 @@ pub struct WsConn {
     pending: Vec<u8>,
     /// Fragments of a message in progress (§5.4); empty otherwise.
     assembly: Vec<u8>,
+    /// permessage-deflate was agreed in the handshake (RFC 7692).
+    deflate: bool,
+    /// The message in `assembly` is compressed (RSV1 on its first frame).
+    assembling_deflated: bool,
+    /// Frame bytes of the data messages received (headers included: what crossed the wire).
+    pub wire_bytes: u64,
+    /// Bytes of the data messages handed to the callback (after inflation).
+    pub message_bytes: u64,
 }
 
 /// What one [`WsConn::recv`] call delivered.
@@ -203,11 +259,27 @@ impl WsConn {
 
     /// [`WsConn::connect`] with [`SynOpts`] set before `connect` (see [`tcp_connect_with`]).
     pub async fn connect_opts(url: &WsUrl, source: Option<IpAddr>, opts: SynOpts) -> Result<WsConn, ConnError> {
+        WsConn::connect_offering(url, source, opts, false).await
+    }
+
+    /// [`WsConn::connect_opts`], offering permessage-deflate when `deflate` is set
+    /// (`client_no_context_takeover; server_no_context_takeover`, RFC 7692 §7.1). A server
+    /// that declines gives a plain connection ([`WsConn::deflate`] false); one that accepts
+    /// without `server_no_context_takeover` is an error (this client inflates every message
+    /// with a fresh per-thread inflater). Compressed messages are inflated before the
+    /// callback sees them.
+    pub async fn connect_offering(
+        url: &WsUrl,
+        source: Option<IpAddr>,
+        opts: SynOpts,
+        deflate: bool,
+    ) -> Result<WsConn, ConnError> {
         let mut stream = tcp_connect_with(url.addr, source, opts).await?;
         let key = random_key();
+        let offer = if deflate { format!("Sec-WebSocket-Extensions: {DEFLATE_OFFER}\r\n") } else { String::new() };
         let request = format!(
             "GET {} HTTP/1.1\r\nHost: {}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-             Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n",
+             Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n{offer}\r\n",
             url.path, url.host
         );
         stream.write_all(request.as_bytes()).await?;
@@ -230,8 +302,32 @@ impl WsConn {
         if !accept_ok {
             return Err(ConnError::Protocol("wrong Sec-WebSocket-Accept"));
         }
+        let agreed = response.headers.iter().find(|h| h.name.eq_ignore_ascii_case("sec-websocket-extensions"));
+        let agreed = match agreed.map(|h| String::from_utf8_lossy(h.value).to_ascii_lowercase()) {
+            None => false,
+            Some(v) if !deflate || !v.trim_start().starts_with("permessage-deflate") => {
+                return Err(ConnError::Protocol("server answered an extension that was not offered"));
+            }
+            Some(v) if !v.split(';').any(|p| p.trim() == "server_no_context_takeover") => {
+                return Err(ConnError::Protocol("server kept its deflate context"));
+            }
+            Some(_) => true,
+        };
         let pending = head.split_off(head_len);
-        Ok(WsConn { stream, pending, assembly: Vec::new() })
+        Ok(WsConn {
+            stream,
+            pending,
+            assembly: Vec::new(),
+            deflate: agreed,
+            assembling_deflated: false,
+            wire_bytes: 0,
+            message_bytes: 0,
+        })
+    }
+
+    /// permessage-deflate was agreed in the handshake.
+    pub fn deflate(&self) -> bool {
+        self.deflate
     }
 
     /// [`WsConn::connect`] with a deadline covering TCP connect and handshake.
@@ -246,7 +342,18 @@ impl WsConn {
         opts: SynOpts,
         deadline: Duration,
     ) -> Result<WsConn, ConnError> {
-        match tokio::time::timeout(deadline, WsConn::connect_opts(url, source, opts)).await {
+        WsConn::connect_offering_within(url, source, opts, false, deadline).await
+    }
+
+    /// [`WsConn::connect_offering`] with a deadline covering TCP connect and handshake.
+    pub async fn connect_offering_within(
+        url: &WsUrl,
+        source: Option<IpAddr>,
+        opts: SynOpts,
+        deflate: bool,
+        deadline: Duration,
+    ) -> Result<WsConn, ConnError> {
+        match tokio::time::timeout(deadline, WsConn::connect_offering(url, source, opts, deflate)).await {
             Ok(result) => result,
             Err(_) => Err(ConnError::Timeout),
         }
@@ -355,20 +462,49 @@ impl WsConn {
         let mut consumed = 0;
         let mut received = Received::default();
         loop {
-            let frame = decode_server_frame(&input[consumed..]).map_err(|v| ConnError::Protocol(v.reason))?;
-            let Some((n, fin, opcode, payload)) = frame else { break };
+            let frame = decode_server_frame_rsv1(&input[consumed..]).map_err(|v| ConnError::Protocol(v.reason))?;
+            let Some((n, fin, opcode, rsv1, payload)) = frame else { break };
             consumed += n;
+            if rsv1 && !self.deflate {
+                return Err(ConnError::Protocol("RSV1 set without permessage-deflate"));
+            }
+            if opcode <= 0x2 {
+                self.wire_bytes += n as u64;
+            }
             match opcode {
-                0x1 | 0x2 if fin && self.assembly.is_empty() => {
+                0x1 | 0x2 if fin && self.assembly.is_empty() && !self.assembling_deflated => {
                     received.messages += 1;
-                    on_message(&payload);
+                    let len = if rsv1 {
+                        inflate_with(&payload, |m| {
+                            on_message(m);
+                            m.len()
+                        })?
+                    } else {
+                        on_message(&payload);
+                        payload.len()
+                    };
+                    self.message_bytes += len as u64;
                 }
                 0x0..=0x2 => {
+                    if opcode != 0x0 && (!self.assembly.is_empty() || self.assembling_deflated) {
+                        return Err(ConnError::Protocol("new message inside a fragmented one"));
+                    }
+                    self.assembling_deflated |= rsv1;
                     self.assembly.extend_from_slice(&payload);
                     if fin {
                         received.messages += 1;
-                        on_message(&self.assembly);
+                        let len = if self.assembling_deflated {
+                            inflate_with(&self.assembly, |m| {
+                                on_message(m);
+                                m.len()
+                            })?
+                        } else {
+                            on_message(&self.assembly);
+                            self.assembly.len()
+                        };
+                        self.message_bytes += len as u64;
                         self.assembly = Vec::new();
+                        self.assembling_deflated = false;
                     }
                 }
                 0x9 => {

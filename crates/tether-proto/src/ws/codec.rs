@@ -22,8 +22,8 @@ use tungstenite::protocol::frame::coding::{Control, Data};
 use tungstenite::protocol::frame::FrameHeader;
 
 pub use encode::{
-    close_frame, decode_server_frame, deflated_frame, encode_client_frame, encode_frame, encode_frame_into, header_len,
-    ping_frame, pong_frame, text_frame, text_frame_with, text_payload,
+    close_frame, decode_server_frame, decode_server_frame_rsv1, deflated_frame, encode_client_frame, encode_frame,
+    encode_frame_into, header_len, ping_frame, pong_frame, text_frame, text_frame_with, text_payload, ServerFrame,
 };
 use mask::apply_mask;
 

@@ -142,13 +142,29 @@ pub fn encode_client_frame(opcode: u8, fin: bool, payload: &[u8], mask: [u8; 4])
 /// mask, §5.1), a 64-bit length with the top bit set, or a control frame that is fragmented or
 /// longer than 125 bytes (§5.5). Message-level rules (UTF-8, fragment order) are not checked.
 pub fn decode_server_frame(input: &[u8]) -> Result<Option<(usize, bool, u8, Bytes)>, Violation> {
+    match decode_server_frame_rsv1(input)? {
+        Some((_, _, _, true, _)) => Err(Violation::RSV_SET),
+        Some((n, fin, opcode, _, payload)) => Ok(Some((n, fin, opcode, payload))),
+        None => Ok(None),
+    }
+}
+
+/// One decoded server frame: (bytes consumed, FIN, raw 4-bit opcode, RSV1, payload).
+pub type ServerFrame = (usize, bool, u8, bool, Bytes);
+
+/// [`decode_server_frame`] for a client that negotiated permessage-deflate (RFC 7692 §6): RSV1
+/// is allowed on the first frame of a data message and returned as the fourth field (`true`:
+/// the message is compressed). RSV1 on a continuation or control frame (§6.1), and RSV2/RSV3,
+/// are errors with code 1002, as are the other violations [`decode_server_frame`] lists.
+pub fn decode_server_frame_rsv1(input: &[u8]) -> Result<Option<ServerFrame>, Violation> {
     let mut cursor = Cursor::new(input);
     let (header, len) = match FrameHeader::parse(&mut cursor) {
         Ok(Some(parsed)) => parsed,
         Ok(None) => return Ok(None),
         Err(_) => return Err(Violation::RESERVED_OPCODE),
     };
-    if header.rsv1 || header.rsv2 || header.rsv3 {
+    if header.rsv2 || header.rsv3 || (header.rsv1 && !matches!(header.opcode, OpCode::Data(Data::Text | Data::Binary)))
+    {
         return Err(Violation::RSV_SET);
     }
     if header.mask.is_some() {
@@ -174,7 +190,7 @@ pub fn decode_server_frame(input: &[u8]) -> Result<Option<(usize, bool, u8, Byte
         return Ok(None);
     }
     let payload = Bytes::copy_from_slice(&input[start..total]);
-    Ok(Some((total, header.is_final, u8::from(header.opcode), payload)))
+    Ok(Some((total, header.is_final, u8::from(header.opcode), header.rsv1, payload)))
 }
 
 /// The payload of an unmasked, unfragmented server text frame (RFC 6455 §5.2), as the

@@ -344,6 +344,20 @@ fn server_frames_are_final_and_unmasked() {
 }
 
 #[test]
+fn rsv1_is_read_on_data_frames_only() {
+    let frame = deflated_frame(OpCode::Data(Data::Text), b"\x01\x02");
+    assert_eq!(decode_server_frame_rsv1(&frame).unwrap(), Some((4, true, 0x1, true, Bytes::from_static(b"\x01\x02"))));
+    assert_eq!(decode_server_frame(&frame).unwrap_err().code, CloseCode::Protocol);
+    let plain = text_frame(b"{}");
+    assert_eq!(decode_server_frame_rsv1(&plain).unwrap(), Some((4, true, 0x1, false, Bytes::from_static(b"{}"))));
+    // RSV1 on a continuation or a control frame is an error (RFC 7692 §6.1).
+    for first in [0xC0u8, 0xC9] {
+        assert_eq!(decode_server_frame_rsv1(&[first, 0]).unwrap_err().code, CloseCode::Protocol, "{first:#x}");
+    }
+    assert_eq!(decode_server_frame_rsv1(&[0xC1]).unwrap(), None);
+}
+
+#[test]
 fn close_reason_is_truncated_at_a_char_boundary() {
     // 200 two-byte chars: 123 bytes would split one, so 122 bytes (61 chars) are kept.
     let reason = "é".repeat(200);
