@@ -15,8 +15,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::*;
 use serde_json::json;
 
@@ -26,12 +24,8 @@ fn main() {
     if !should_run() {
         return;
     }
-    let subs: usize = env_or("SSE_SUBS", 10000);
-    let rate: f64 = env_or("SSE_RATE", 10.0);
-    let size: usize = env_or("SSE_SIZE", 64);
-    let duration: f64 = env_or("SSE_DURATION", 10.0);
-    let cores: usize = env_or("SSE_CORES", 2);
-    let rounds: usize = env_or("SSE_ROUNDS", 3);
+    let knobs = FanoutKnobs::read("SSE", 64);
+    let FanoutKnobs { subs, rate, size, duration, cores, rounds } = knobs;
     pin_binary("sse");
     let mut rows = Vec::new();
     let mut runs = Vec::new();
@@ -40,17 +34,12 @@ fn main() {
     for round in 1..=rounds {
         for (t, transport) in TRANSPORTS.iter().enumerate() {
             let server = serve("sse", cores, "");
-            let mut args = fanout_args(server.ws_url(), subs, rate, size, duration);
+            let mut args = knobs.args(server.ws_url());
             if *transport == "sse" {
                 args.push("--sse".into());
             }
-            let stat = vec![std::path::PathBuf::from(format!("/proc/{}/stat", server.pid))];
-            let sampler = ProcSampler::start(vec![stat], Duration::from_millis(20));
-            let r = load(&args);
-            let trace = sampler.finish();
-            let (from, to) = (num(&r, "start_ns") as u64, num(&r, "end_ns") as u64);
-            let delivered = num(&r, "deliveries_per_s") * to.saturating_sub(from) as f64 / 1e9;
-            let cpu_us = (trace.at(0, to) - trace.at(0, from)) / delivered * 1e6;
+            let (r, cpu_s, delivered) = load_with_cpu(server.pid, &args);
+            let cpu_us = cpu_s / delivered * 1e6;
             let c = [num(&r, "deliveries_per_s"), num(&r, "p50_ms"), num(&r, "p99_ms"), cpu_us];
             cells[t].push(c);
             rows.push(vec![

@@ -548,3 +548,50 @@ pub fn auth_variants(name: &str, default: &str, subs: &[&str]) -> Vec<AuthVarian
         })
         .collect()
 }
+
+/// The knobs of a bench that compares two kinds of subscriber in fan-outs (benches/sse.rs,
+/// benches/deflate.rs), read from `{PREFIX}_SUBS` (10000), `_RATE` (messages/s, 10), `_SIZE`
+/// (bytes of `data`, the caller's default), `_DURATION` (seconds of publishing, 10), `_CORES`
+/// (2) and `_ROUNDS` (3).
+pub struct FanoutKnobs {
+    pub subs: usize,
+    pub rate: f64,
+    pub size: usize,
+    pub duration: f64,
+    pub cores: usize,
+    pub rounds: usize,
+}
+
+impl FanoutKnobs {
+    /// Reads the knobs (see the type) with `size` as the default `{PREFIX}_SIZE`.
+    pub fn read(prefix: &str, size: usize) -> FanoutKnobs {
+        let knob = |name: &str| format!("{prefix}_{name}");
+        FanoutKnobs {
+            subs: env_or(&knob("SUBS"), 10000),
+            rate: env_or(&knob("RATE"), 10.0),
+            size: env_or(&knob("SIZE"), size),
+            duration: env_or(&knob("DURATION"), 10.0),
+            cores: env_or(&knob("CORES"), 2),
+            rounds: env_or(&knob("ROUNDS"), 3),
+        }
+    }
+
+    /// `tether load fanout` against `url` with these knobs ([`fanout_args`]).
+    pub fn args(&self, url: String) -> Vec<String> {
+        fanout_args(url, self.subs, self.rate, self.size, self.duration)
+    }
+}
+
+/// Runs `tether load ARGS` (a fan-out) while sampling the CPU of process `pid` every 20 ms;
+/// returns the report, the process's CPU seconds over the report's measured window
+/// (`start_ns` … `end_ns`) and the deliveries in that window.
+pub fn load_with_cpu(pid: i32, args: &[String]) -> (Value, f64, f64) {
+    let stat = vec![PathBuf::from(format!("/proc/{pid}/stat"))];
+    let sampler = ProcSampler::start(vec![stat], Duration::from_millis(20));
+    let r = load(args);
+    let trace = sampler.finish();
+    let (from, to) = (num(&r, "start_ns") as u64, num(&r, "end_ns") as u64);
+    let delivered = num(&r, "deliveries_per_s") * to.saturating_sub(from) as f64 / 1e9;
+    let cpu_s = trace.at(0, to) - trace.at(0, from);
+    (r, cpu_s, delivered)
+}
