@@ -6,11 +6,12 @@
 //! `cargo bench --bench deflate`. Env: DEFLATE_SUBS (10000), DEFLATE_RATE (messages/s, 10),
 //! DEFLATE_SIZE (bytes of the snapshot's `data`, 1024), DEFLATE_DURATION (seconds of
 //! publishing, 10), DEFLATE_CORES (2), DEFLATE_ROUNDS (3), DEFLATE_IDLE (most idle connections,
-//! 4000), DEFLATE_IDLE_POINTS (4). The servers run the default `[compression]` (on,
-//! `min_bytes` 256), so the tick goes out plain to both kinds of subscriber: the figure shows
-//! what an agreed extension costs when it does not compress.
+//! 8000), DEFLATE_IDLE_POINTS (4). The servers run the default `[compression]` (on,
+//! `min_bytes` 256), so the tick goes out plain to both kinds of subscriber (what an agreed
+//! extension costs when it does not compress); a third case, `tick_min0`, runs the tick on
+//! servers with `min_bytes = 0`, so that it is compressed.
 //!
-//! Each round runs, for each payload, both kinds of subscriber, each on a fresh server, in
+//! Each round runs, for each case, both kinds of subscriber, each on a fresh server, in
 //! alternating order (plain first in odd rounds), so the noise of the shared box falls on
 //! both; then the idle memory of both. The summary gives each figure's median over the rounds
 //! and the ratio deflate ÷ plain. Writes target/bench/deflate.json.
@@ -35,7 +36,11 @@ use common::*;
 use serde_json::{json, Value};
 
 const MODES: [&str; 2] = ["plain", "deflate"];
-const PAYLOADS: [&str; 2] = ["book", "tick"];
+/// (name, `--payload`, server config): the snapshot and the tick on the default
+/// `[compression]` (`min_bytes` 256: the tick goes plain to everyone), and the tick again with
+/// `min_bytes = 0`, so that it is compressed.
+const CASES: [(&str, &str, &str); 3] =
+    [("book", "book", ""), ("tick", "tick", ""), ("tick_min0", "tick", "[compression]\nmin_bytes = 0\n")];
 /// Per fan-out run: wire B/delivery, cpu µs/publish, cpu µs/delivery, deliveries/s, p50, p99.
 const FIGURES: [&str; 6] =
     ["wire_bytes_per_delivery", "cpu_us_per_publish", "cpu_us_per_delivery", "deliveries_per_s", "p50_ms", "p99_ms"];
@@ -46,30 +51,31 @@ fn main() {
     }
     let knobs = FanoutKnobs::read("DEFLATE", 1024);
     let FanoutKnobs { subs, rate, size, duration, cores, rounds } = knobs;
-    let idle_max: usize = env_or("DEFLATE_IDLE", 4000);
+    let idle_max: usize = env_or("DEFLATE_IDLE", 8000);
     let idle_points: usize = env_or("DEFLATE_IDLE_POINTS", 4).max(2);
     pin_binary("deflate");
     let mut rows = Vec::new();
     let mut runs = Vec::new();
-    // cells[payload][mode]: FIGURES of each round.
-    let mut cells = vec![vec![Vec::<[f64; 6]>::new(); 2]; 2];
+    // cells[case][mode]: FIGURES of each round.
+    let mut cells = vec![vec![Vec::<[f64; 6]>::new(); 2]; CASES.len()];
     // idle[mode]: bytes per connection of each round.
     let mut idle: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     let mut idle_runs = Vec::new();
     for round in 1..=rounds {
         let order: [usize; 2] = if round % 2 == 1 { [0, 1] } else { [1, 0] };
-        for (p, payload) in PAYLOADS.iter().enumerate() {
+        for (p, (case, payload, config)) in CASES.iter().enumerate() {
             for m in order {
-                let (c, run) = fanout(&knobs, payload, m == 1);
+                let (c, run) = fanout(&knobs, payload, config, m == 1);
                 rows.push(
-                    [round.to_string(), payload.to_string(), MODES[m].to_string()]
+                    [round.to_string(), case.to_string(), MODES[m].to_string()]
                         .into_iter()
                         .chain(c.iter().map(|v| format!("{v:.3}")))
                         .chain([cell(&run["report"], "lost"), cell(&run["report"], "errors")])
                         .collect(),
                 );
                 cells[p][m].push(c);
-                runs.push(json!({"round": round, "payload": payload, "mode": MODES[m], "run": run}));
+                runs.push(json!({"round": round, "case": case, "payload": payload, "config": config,
+                    "mode": MODES[m], "run": run}));
             }
         }
         for m in order {
@@ -81,7 +87,7 @@ fn main() {
     let title = format!("{subs} subscribers, {rate} msg/s, {duration} s, {cores} cores, snapshot {size} B");
     let headers = [
         "round",
-        "payload",
+        "case",
         "mode",
         "wire B/deliv",
         "cpu µs/pub",
@@ -95,7 +101,7 @@ fn main() {
     table(&title, &headers, &rows);
     let mut summary = serde_json::Map::new();
     let mut srows = Vec::new();
-    for (p, payload) in PAYLOADS.iter().enumerate() {
+    for (p, (case, _, _)) in CASES.iter().enumerate() {
         let med = |m: usize, i: usize| median(&cells[p][m].iter().map(|c| c[i]).collect::<Vec<_>>());
         let mut figures = serde_json::Map::new();
         for (i, name) in FIGURES.iter().enumerate() {
@@ -104,14 +110,14 @@ fn main() {
             figures
                 .insert(name.to_string(), json!({"plain": plain, "deflate": deflate, "ratio_deflate_to_plain": ratio}));
             srows.push(vec![
-                payload.to_string(),
+                case.to_string(),
                 name.to_string(),
                 format!("{plain:.3}"),
                 format!("{deflate:.3}"),
                 format!("{ratio:.3}"),
             ]);
         }
-        summary.insert(payload.to_string(), figures.into());
+        summary.insert(case.to_string(), figures.into());
     }
     let (plain, deflate) = (median(&idle[0]), median(&idle[1]));
     srows.push(vec![
@@ -126,11 +132,7 @@ fn main() {
         json!({"rss_bytes_per_conn": {"plain": plain, "deflate": deflate, "ratio_deflate_to_plain": deflate / plain,
             "difference_bytes": deflate - plain}}),
     );
-    table(
-        &format!("medians of {rounds} rounds"),
-        &["payload", "figure", "plain", "deflate", "deflate ÷ plain"],
-        &srows,
-    );
+    table(&format!("medians of {rounds} rounds"), &["case", "figure", "plain", "deflate", "deflate ÷ plain"], &srows);
     println!("\n  idle connection with deflate agreed: {:+.0} B against plain (median RSS slopes)", deflate - plain);
     write_json(
         "deflate",
@@ -140,10 +142,10 @@ fn main() {
     );
 }
 
-/// One fan-out on a fresh server; returns [`FIGURES`] and the run's JSON (load report, CPU,
+/// One fan-out on a fresh server with `config`; returns [`FIGURES`] and the run's JSON (load report, CPU,
 /// the server's deflate counters).
-fn fanout(knobs: &FanoutKnobs, payload: &str, deflate: bool) -> ([f64; 6], Value) {
-    let server = serve("deflate", knobs.cores, "");
+fn fanout(knobs: &FanoutKnobs, payload: &str, config: &str, deflate: bool) -> ([f64; 6], Value) {
+    let server = serve("deflate", knobs.cores, config);
     let mut args = knobs.args(server.ws_url());
     args.extend(["--payload".into(), payload.into()]);
     if deflate {
