@@ -1,7 +1,9 @@
 //! `tether load idle --latency-from-data` (the c1m bench's latency probe): 200 idle
 //! subscribers in two `--procs` children, 3 stamped broadcasts published over HTTP; the merged
 //! report counts 3 × 200 receptions with a latency distribution per seq, and ignores a message
-//! without a stamp.
+//! without a stamp. Again with `--deflate` (issue 29) and broadcasts over `min_bytes`: every
+//! connection agrees permessage-deflate, the server compresses them, and the load tool times
+//! them after inflating.
 
 mod common;
 
@@ -44,11 +46,21 @@ async fn publish_to_all(server: &Server, body: &str, limit: Duration) -> (u64, b
 
 #[tokio::test]
 async fn idle_latency_from_data_times_every_broadcast_on_every_subscriber() {
+    times_every_broadcast(false).await;
+}
+
+#[tokio::test]
+async fn idle_deflate_inflates_and_times_every_compressed_broadcast() {
+    times_every_broadcast(true).await;
+}
+
+async fn times_every_broadcast(deflate: bool) {
     let server = Server::start("", &["--cores", "1"]);
     let mut load = Load(
         Command::new(env!("CARGO_BIN_EXE_tether"))
             .args(["load", "idle", &server.ws_url(), "--conns", &CONNS.to_string(), "--procs", "2"])
             .args(["--threads", "1", "--channels", "1", "--hold", "120s", "--latency-from-data"])
+            .args(deflate.then_some("--deflate"))
             .env("TETHER_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -70,7 +82,9 @@ async fn idle_latency_from_data_times_every_broadcast_on_every_subscriber() {
 
     let mut seqs = Vec::new();
     for _ in 0..BROADCASTS {
-        let body = format!(r#"{{"t":{}}}"#, tether_load::now_ns());
+        // Padded past the default `min_bytes` (256), so a deflate subscriber gets it compressed.
+        let pad = if deflate { "x".repeat(400) } else { String::new() };
+        let body = format!(r#"{{"t":{},"p":"{pad}"}}"#, tether_load::now_ns());
         let (seq, all) = publish_to_all(&server, &body, Duration::from_secs(10)).await;
         assert!(all, "broadcast seq {seq} not queued to all {CONNS} subscribers within 10 s");
         seqs.push(seq);
@@ -92,6 +106,9 @@ async fn idle_latency_from_data_times_every_broadcast_on_every_subscriber() {
     assert_eq!(report["connections"], CONNS, "{report}");
     assert_eq!(report["errors"], 0, "{report}");
     assert_eq!(report["procs"], 2, "{report}");
+    assert_eq!(report["deflate_agreed"], if deflate { CONNS } else { 0 }, "{report}");
+    let compressed = server.metrics().await.sum("tether_deflate_messages_total", &["result=\"compressed\""]);
+    assert_eq!(compressed, if deflate { BROADCASTS as f64 } else { 0.0 }, "broadcasts compressed by the server");
     assert_eq!(report["broadcast_received"], CONNS * BROADCASTS, "{report}");
     let per_seq = report["broadcasts"].as_object().unwrap_or_else(|| panic!("no broadcasts in {report}"));
     let timed: Vec<u64> = per_seq.keys().map(|k| k.parse().expect("seq key")).collect();
