@@ -88,8 +88,9 @@ pub enum Payload {
     #[default]
     Pad,
     /// An order-book snapshot: symbol, then `bids` and `asks` as `["price","qty"]` string
-    /// pairs around a drifting mid, levels added until `--size` bytes; prices and quantities
-    /// differ in every message (JSON as exchanges send it).
+    /// pairs around a drifting mid, levels added until `--size` bytes, most one tick (a cent)
+    /// from the next as at the top of a liquid book; prices and quantities differ in every
+    /// message (JSON as exchanges send it).
     Book,
     /// One trade: symbol, price, quantity, side, trade id; about 120 bytes (`--size` unused).
     Tick,

@@ -76,7 +76,10 @@ fn cents(c: u64) -> String {
     format!("{}.{:02}", c / 100, c % 100)
 }
 
-/// An order-book snapshot of about `size` bytes (at least one level a side).
+/// An order-book snapshot of about `size` bytes (at least one level a side). The levels are
+/// what the top of a liquid book shows: most one tick (a cent) from the next, some 2–5 ticks,
+/// with sizes random to the 4th decimal. (Until 2026-12-07 each level was 1–150 ticks from the
+/// next, a book thinner than any exchange's top 20 levels; docs/benchmarks.md gives both.)
 fn book(k: u64, size: usize) -> String {
     use std::fmt::Write;
     let mut r = k.wrapping_mul(0x1000);
@@ -95,13 +98,23 @@ fn book(k: u64, size: usize) -> String {
     );
     while base.len() + bids.len() + asks.len() + 22 < size || bids.is_empty() {
         let sep = if bids.is_empty() { "" } else { "," };
-        bid -= 1 + next() % 150;
-        ask += 1 + next() % 150;
+        bid -= level_gap(next());
+        ask += level_gap(next());
         let (qb, qa) = (next() % 50_000, next() % 50_000);
         let _ = write!(bids, "{sep}[\"{}\",\"{}.{:04}\"]", cents(bid), qb / 10_000, qb % 10_000);
         let _ = write!(asks, "{sep}[\"{}\",\"{}.{:04}\"]", cents(ask), qa / 10_000, qa % 10_000);
     }
     format!("{base},\"bids\":[{bids}],\"asks\":[{asks}]}}")
+}
+
+/// The ticks from one price level to the next, from a random `r`: 1 three times in four, else
+/// 2–5.
+fn level_gap(r: u64) -> u64 {
+    if !r.is_multiple_of(4) {
+        1
+    } else {
+        2 + (r >> 2) % 4
+    }
 }
 
 /// One trade, about 120 bytes.

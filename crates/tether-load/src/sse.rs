@@ -3,14 +3,15 @@
 //! the caller as the JSON object it carries (the same `msg`, `subscribed`, `error` objects a
 //! WebSocket subscriber gets), so the fan-out measures both transports with one code path.
 
+use std::io;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::args::WsUrl;
-use crate::wire::{read_response_head, tcp_connect_with, ConnError, Received, SynOpts, WsConn};
+use crate::wire::{read_response_head, tcp_connect_with, ConnError, Received, SynOpts, WsConn, SCRATCH};
 
 /// Largest event line kept while incomplete, in bytes (a `data:` line is one message).
 const MAX_LINE: usize = 16 << 20;
@@ -57,24 +58,45 @@ impl SseConn {
 
     /// Waits until the socket is readable, reads what is there, and calls `on_message` with
     /// the JSON of every complete `data:` line, in order (comments and other fields skipped).
-    /// `Err(Closed(None))` at the end of the stream.
+    /// `Err(Closed(None))` at the end of the stream. Reads go into the thread's scratch buffer
+    /// and complete lines are handed over from there, as [`WsConn::recv`] does with frames:
+    /// only an incomplete line is copied into the connection.
     pub async fn recv(&mut self, mut on_message: impl FnMut(&[u8])) -> Result<Received, ConnError> {
         let mut received = Received::default();
         if !self.pending.is_empty() {
-            received.messages += self.lines(&mut on_message);
+            let mut pending = std::mem::take(&mut self.pending);
+            let used = self.lines(&pending, &mut on_message, &mut received);
+            pending.drain(..used);
+            self.pending = pending;
             if received.messages > 0 {
                 return Ok(received);
             }
         }
         loop {
-            let mut chunk = [0u8; 65536];
-            let n = self.stream.read(&mut chunk).await?;
-            if n == 0 {
-                return Err(ConnError::Closed(None));
-            }
-            self.pending.extend_from_slice(&chunk[..n]);
-            self.wire_bytes += n as u64;
-            received.messages += self.lines(&mut on_message);
+            self.stream.readable().await?;
+            let step = SCRATCH.with(|scratch| {
+                let mut scratch = scratch.borrow_mut();
+                let n = match self.stream.try_read(&mut scratch) {
+                    Ok(0) => return Err(ConnError::Closed(None)),
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    Err(e) => return Err(ConnError::Io(e)),
+                };
+                self.wire_bytes += n as u64;
+                if self.pending.is_empty() {
+                    let used = self.lines(&scratch[..n], &mut on_message, &mut received);
+                    self.pending.extend_from_slice(&scratch[used..n]);
+                } else {
+                    let mut pending = std::mem::take(&mut self.pending);
+                    pending.extend_from_slice(&scratch[..n]);
+                    let used = self.lines(&pending, &mut on_message, &mut received);
+                    pending.drain(..used);
+                    // Give the memory back once the partial line is gone.
+                    self.pending = if pending.is_empty() { Vec::new() } else { pending };
+                }
+                Ok(())
+            });
+            step?;
             if self.pending.len() > MAX_LINE {
                 return Err(ConnError::Protocol("SSE line too long"));
             }
@@ -84,24 +106,20 @@ impl SseConn {
         }
     }
 
-    /// Hands over the complete `data:` lines held; returns how many.
-    fn lines(&mut self, on_message: &mut impl FnMut(&[u8])) -> usize {
-        let mut count = 0;
+    /// Hands over the complete `data:` lines at the front of `input`, counting them in
+    /// `received`; returns the bytes of complete lines (the rest is an incomplete line).
+    fn lines(&mut self, input: &[u8], on_message: &mut impl FnMut(&[u8]), received: &mut Received) -> usize {
         let mut start = 0;
-        while let Some(nl) = self.pending[start..].iter().position(|&b| b == b'\n') {
-            let line = &self.pending[start..start + nl];
+        while let Some(nl) = input[start..].iter().position(|&b| b == b'\n') {
+            let line = &input[start..start + nl];
             if let Some(json) = line.strip_prefix(b"data: ") {
                 self.message_bytes += json.len() as u64;
                 on_message(json);
-                count += 1;
+                received.messages += 1;
             }
             start += nl + 1;
         }
-        self.pending.drain(..start);
-        if self.pending.is_empty() {
-            self.pending = Vec::new();
-        }
-        count
+        start
     }
 }
 

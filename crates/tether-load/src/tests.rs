@@ -203,3 +203,45 @@ fn inflater_restores_messages_and_stops_at_its_bound() {
     assert!(inflate_with(&bomb, |_| ()).is_err(), "a message past 16 MiB is refused");
     assert!(inflate_with(&[0xff, 0xff, 0xff], |_| ()).is_err(), "not DEFLATE");
 }
+
+/// The SSE reader hands over every `data:` line once, whether a line comes whole, split over
+/// several reads, or several to a read, and skips comments and other fields.
+#[test]
+fn sse_reader_joins_lines_split_across_reads() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = parse_ws_url(&format!("ws://{}/ws", listener.local_addr().expect("addr"))).expect("url");
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.expect("accept");
+            let mut head = vec![0u8; 1024];
+            let _ = s.read(&mut head).await.expect("request");
+            let body: &[&[u8]] = &[
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n: hi\n\nevent: msg\nid: a:1:1\ndata: {\"k\":1}\n\n",
+                b"event: msg\nid: a:1:2\nda",
+                b"ta: {\"k\":",
+                b"2}\n\nevent: msg\ndata: {\"k\":3}\n\nevent: msg\ndata: {\"k\":4}\n",
+                b"\n",
+            ];
+            for part in body {
+                s.write_all(part).await.expect("write");
+                s.flush().await.expect("flush");
+                // Pauses make separate reads likely; the result must be the same either way.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        let mut conn = super::sse::SseConn::connect(&url, None, "a", Duration::from_secs(5)).await.expect("connect");
+        let mut got = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while got.len() < 4 {
+            let step = tokio::time::timeout_at(deadline, conn.recv(|m| got.push(m.to_vec())));
+            step.await.unwrap_or_else(|_| panic!("only {got:?} within 5 s")).expect("recv");
+        }
+        let want: Vec<Vec<u8>> = (1..=4).map(|k| format!("{{\"k\":{k}}}").into_bytes()).collect();
+        assert_eq!(got, want);
+        assert_eq!(conn.message_bytes, 4 * 7);
+        server.await.expect("server");
+    });
+}

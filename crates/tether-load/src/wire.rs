@@ -36,7 +36,7 @@ const MAX_INFLATED: usize = 16 << 20;
 const DEFLATE_OFFER: &str = "permessage-deflate; client_no_context_takeover; server_no_context_takeover";
 
 thread_local! {
-    static SCRATCH: RefCell<Vec<u8>> = RefCell::new(vec![0; SCRATCH_BYTES]);
+    pub(crate) static SCRATCH: RefCell<Vec<u8>> = RefCell::new(vec![0; SCRATCH_BYTES]);
     /// Per-thread raw-DEFLATE inflater and its output buffer, reset for every message (the
     /// server keeps no context, §7.1.1.1): a deflate connection holds no zlib state.
     static INFLATER: RefCell<(Decompress, Vec<u8>)> = RefCell::new((Decompress::new(false), Vec::new()));
