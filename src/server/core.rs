@@ -567,7 +567,7 @@ impl CoreState {
         self.waiting.forget(id);
         self.api.forget(id);
         // Last: the log lines above name the peer, asked of the socket.
-        self.reactor.deregister(c.fd, id);
+        self.reactor.deregister(id);
         sock::close(c.fd);
         if self.conns.slab.is_empty() {
             self.reclaim_if_spare();
@@ -578,7 +578,7 @@ impl CoreState {
     /// passed with peers that never answered), without counting them as reaped.
     pub fn close_all(&mut self) {
         for (key, c) in self.conns.slab.iter() {
-            self.reactor.deregister(c.fd, ConnId { key: key as u32, gen: c.gen });
+            self.reactor.deregister(ConnId { key: key as u32, gen: c.gen });
             sock::close(c.fd);
         }
         self.conns.slab.clear();

@@ -134,18 +134,16 @@ impl Reactor {
         }
     }
 
-    /// Removes the socket `fd` of connection `id` from the source, before it is closed (so no
-    /// event can name a descriptor number that a later accept reuses, and a ring's poll
-    /// releases the socket). An error means it was not registered.
-    pub fn deregister(&mut self, fd: RawFd, id: ConnId) {
-        match &mut self.source {
-            Source::Ring(r) => r.deregister(token(id)),
-            Source::Epoll { epoll, .. } => {
-                // SAFETY: both descriptors are open; a null event is allowed for EPOLL_CTL_DEL.
-                if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) } != 0 {
-                    tracing::trace!(fd, error = %io::Error::last_os_error(), "epoll_ctl(EPOLL_CTL_DEL) failed");
-                }
-            }
+    /// Releases the registration of connection `id`, whose socket the caller closes next: a
+    /// ring's multishot poll is cancelled (it holds a reference to the socket, which would
+    /// otherwise stay open). An epoll registration needs no call: closing the only descriptor
+    /// of a socket removes it from every epoll set (epoll(7), "Q6"), and the core never
+    /// duplicates one, so the `EPOLL_CTL_DEL` would be one more system call per connection for
+    /// nothing. A report already taken for the old socket names its [`ConnId`], whose
+    /// generation no later connection in that slot shares.
+    pub fn deregister(&mut self, id: ConnId) {
+        if let Source::Ring(r) = &mut self.source {
+            r.deregister(token(id));
         }
     }
 
