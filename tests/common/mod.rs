@@ -14,6 +14,7 @@ pub mod auth;
 pub mod drivers;
 pub mod feeds;
 pub mod moto;
+pub mod proxy;
 pub mod raw_http;
 pub mod redis;
 pub mod redis_cluster;
