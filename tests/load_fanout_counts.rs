@@ -23,7 +23,7 @@ fn start_server(echo: bool) -> Server {
 }
 
 fn common() -> CommonArgs {
-    CommonArgs { threads: 2, concurrency: 16, sources: None, child_index: None, child_of: None }
+    CommonArgs { threads: 2, concurrency: 16, sources: None, child_index: None, child_of: None, ca: None }
 }
 
 /// The fields every test leaves alone (no non-readers, WebSocket, padded payloads, no

@@ -50,6 +50,7 @@ fn fanout_with_non_readers(url: String) -> Report {
             sources: None,
             child_index: None,
             child_of: None,
+            ca: None,
         },
     };
     tether_load::fanout::run(args).expect("fanout runs")

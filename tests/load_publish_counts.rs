@@ -20,7 +20,7 @@ fn publish_acks_every_publish_with_several_in_flight() {
         duration: Duration::from_millis(300),
         channels: 2,
         grace: Duration::from_secs(2),
-        common: CommonArgs { threads: 2, concurrency: 16, sources: None, child_index: None, child_of: None },
+        common: CommonArgs { threads: 2, concurrency: 16, sources: None, child_index: None, child_of: None, ca: None },
     };
     let report = tether_load::throughput::run(args).expect("publish runs");
     let field = |k: &str| report.get(k).and_then(|v| v.as_u64()).unwrap_or(u64::MAX);

@@ -3,14 +3,17 @@
 //! write `target/bench/NAME.json`; what the broker benches read off their Redis
 //! ([`redis_figures`]).
 //!
-//! The server process, the redis-server and the bounded waits are the tests' own
-//! (tests/common/server.rs, redis.rs and wait.rs, compiled in here by `#[path]`): one harness,
-//! so a fix to how a server is started, waited for or stopped reaches tests and benches alike.
+//! The server process, the redis-server, the TLS proxies and the bounded waits are the tests'
+//! own (tests/common/server.rs, redis.rs, proxy.rs and wait.rs, compiled in here by
+//! `#[path]`): one harness, so a fix to how a server is started, waited for or stopped reaches
+//! tests and benches alike.
 //! `BIN` is the binary cargo builds for benches (`CARGO_BIN_EXE_tether`, same profile and
 //! features as the bench).
 
 #![allow(dead_code)]
 
+#[path = "../../tests/common/proxy.rs"]
+pub mod proxy;
 #[path = "../../tests/common/redis.rs"]
 pub mod redis;
 pub mod redis_figures;
@@ -32,7 +35,7 @@ pub use wait::{check, eventually, eventually_reaches, eventually_sync, within_sy
 use std::io::Read;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -175,14 +178,7 @@ pub fn fanout_args(url: String, subs: usize, rate: f64, size: usize, duration_s:
 
 /// Starts `tether load ARGS` with stdout piped (the report) and stderr inherited (the table).
 pub fn spawn_load(args: &[String]) -> Child {
-    Command::new(bin())
-        .arg("load")
-        .args(args)
-        .env("TETHER_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {} load: {e}", bin().display()))
+    server::spawn_load_with(&bin(), args)
 }
 
 /// Waits for a `tether load` child and returns its final JSON line (`null` if none).

@@ -27,6 +27,19 @@ const SCRAPE_LIMIT: Duration = Duration::from_secs(5);
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
+/// Starts `bin load ARGS` (a `tether load` run) with `TETHER_LOG=warn`, stdout piped (its
+/// final JSON line) and stderr inherited (its table).
+pub fn spawn_load_with(bin: &Path, args: &[String]) -> Child {
+    Command::new(bin)
+        .arg("load")
+        .args(args)
+        .env("TETHER_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {} load: {e}", bin.display()))
+}
+
 /// A `tether serve` child process. Dropping it SIGKILLs the process if it still runs (or, after
 /// [`Server::stop_on_drop`], stops it with SIGTERM first) and removes the files the harness
 /// wrote for it; if the thread is panicking, the tail of the server log is printed.

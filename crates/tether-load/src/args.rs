@@ -1,10 +1,13 @@
 //! Command-line arguments of `tether load` (docs/benchmarks.md, "The load generator": the flags
 //! are a stable interface) and the parsers for their values: durations (`30s`), source-address
-//! ranges (`127.0.0.2-127.0.0.254`) and `ws://` URLs.
+//! ranges (`127.0.0.2-127.0.0.254`) and `ws://` / `wss://` URLs.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 pub use tether_proto::duration::parse_duration;
+
+use crate::tls::TlsTarget;
 
 /// Options every scenario shares: thread count, handshake concurrency, source addresses and
 /// the hidden child-process flags used by `--procs`.
@@ -24,6 +27,10 @@ pub struct CommonArgs {
     /// the limit (all of 127.0.0.0/8 is loopback on Linux).
     #[arg(long, alias = "source", value_parser = parse_sources)]
     pub sources: Option<Sources>,
+    /// PEM file of the CA certificates to trust for `wss://` and `https://` URLs (e.g. a test
+    /// CA); default the system bundle, /etc/ssl/certs/ca-certificates.crt.
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
     /// Hidden: this process is child `i` of a `--procs` run (0-based).
     #[arg(long, hide = true)]
     pub child_index: Option<usize>,
@@ -35,7 +42,8 @@ pub struct CommonArgs {
 /// `tether load idle`: open N connections, subscribe each to one of K channels, hold them.
 #[derive(Debug, Clone, clap::Args)]
 pub struct IdleArgs {
-    /// Server URLs (`ws://host:port/ws`); connections are spread round-robin over them.
+    /// Server URLs (`ws://host:port/ws`, or `wss://` over TLS); connections are spread
+    /// round-robin over them.
     #[arg(required = true, num_args = 1..)]
     pub urls: Vec<String>,
     /// Connections to open in total (over all processes).
@@ -99,8 +107,9 @@ pub enum Payload {
 /// `tether load fanout`: N subscribers, M stamped messages per second of S bytes.
 #[derive(Debug, Clone, clap::Args)]
 pub struct FanoutArgs {
-    /// Server URLs (`ws://host:port/ws`); subscriber i connects to URL `i % U`, so with the
-    /// nodes of a multi-node broker (Redis) the subscribers are spread over the nodes.
+    /// Server URLs (`ws://host:port/ws`, or `wss://` over TLS; with `--sse`, `https://host:port/`
+    /// works too); subscriber i connects to URL `i % U`, so with the nodes of a multi-node
+    /// broker (Redis) the subscribers are spread over the nodes.
     #[arg(required = true, num_args = 1..)]
     pub urls: Vec<String>,
     /// Where the publisher connects; default the first URL. With a multi-node broker, a
@@ -170,7 +179,7 @@ pub struct FanoutArgs {
 /// `tether load publish`: acknowledged publishes per second from P publisher connections.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PublishArgs {
-    /// Server URL (`ws://host:port/ws`).
+    /// Server URL (`ws://host:port/ws`, or `wss://` over TLS).
     pub url: String,
     /// Publisher connections.
     #[arg(long, default_value_t = 64)]
@@ -200,7 +209,7 @@ pub struct PublishArgs {
 /// `tether load connect`: full WebSocket handshakes per second.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ConnectArgs {
-    /// Server URL (`ws://host:port/ws`).
+    /// Server URL (`ws://host:port/ws`, or `wss://` over TLS).
     pub url: String,
     /// Handshakes to perform; each connection sends close 1000 and is reset right after.
     #[arg(long)]
@@ -223,7 +232,7 @@ pub enum Trigger {
 /// `tether load storm`: N subscribers dropped at once; time until all are back and resumed.
 #[derive(Debug, Clone, clap::Args)]
 pub struct StormArgs {
-    /// Server URL (`ws://host:port/ws`).
+    /// Server URL (`ws://host:port/ws`, or `wss://` over TLS).
     pub url: String,
     /// Subscribers.
     #[arg(long)]
@@ -297,7 +306,8 @@ pub fn parse_sources(s: &str) -> Result<Sources, String> {
     Ok(Sources(out))
 }
 
-/// A `ws://` endpoint, resolved once: where to connect and what to put in the request line.
+/// A `ws://` or `wss://` endpoint, resolved once: where to connect, whether over TLS, and
+/// what to put in the request line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WsUrl {
     /// Resolved server address (the first one the name resolves to).
@@ -306,12 +316,32 @@ pub struct WsUrl {
     pub host: String,
     /// Request target, e.g. `/ws` (`/` when the URL has no path).
     pub path: String,
+    /// `Some` for `wss://` and `https://`: the TLS client and the name the certificate must carry.
+    pub tls: Option<TlsTarget>,
 }
 
-/// Parses and resolves `ws://host[:port][/path]` (port 80 by default). `wss://` is refused:
-/// the load generator speaks plain TCP only.
+impl CommonArgs {
+    /// [`parse_ws_url_with`] trusting this run's `--ca`.
+    pub fn url(&self, url: &str) -> Result<WsUrl, String> {
+        parse_ws_url_with(url, self.ca.as_deref())
+    }
+}
+
+/// [`parse_ws_url_with`] trusting the system CA bundle for `wss://`.
 pub fn parse_ws_url(url: &str) -> Result<WsUrl, String> {
-    let rest = url.strip_prefix("ws://").ok_or_else(|| format!("{url:?}: only ws:// URLs are supported"))?;
+    parse_ws_url_with(url, None)
+}
+
+/// Parses and resolves `ws://host[:port][/path]` (port 80 by default) or `wss://…` (443, TLS
+/// trusting the PEM CAs of `ca`, else the system bundle). `http://` and `https://` are taken
+/// as `ws://` and `wss://` (for `fanout --sse` only the server matters). Errors name the URL:
+/// another scheme, no host, a name that does not resolve, an unusable CA file.
+pub fn parse_ws_url_with(url: &str, ca: Option<&Path>) -> Result<WsUrl, String> {
+    let schemes = [("ws://", false), ("http://", false), ("wss://", true), ("https://", true)];
+    let (rest, secure) = schemes
+        .iter()
+        .find_map(|&(scheme, secure)| url.strip_prefix(scheme).map(|rest| (rest, secure)))
+        .ok_or_else(|| format!("{url:?}: only ws://, wss://, http:// and https:// URLs are supported"))?;
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
@@ -319,15 +349,26 @@ pub fn parse_ws_url(url: &str) -> Result<WsUrl, String> {
     if authority.is_empty() {
         return Err(format!("{url:?}: no host"));
     }
-    let with_port = if authority.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
-        authority.to_string()
-    } else {
-        format!("{authority}:80")
+    let port = authority.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok());
+    let with_port = match port {
+        Some(_) => authority.to_string(),
+        None => format!("{authority}:{}", if secure { 443 } else { 80 }),
     };
     let addr = with_port
         .to_socket_addrs()
         .map_err(|e| format!("{url:?}: cannot resolve: {e}"))?
         .next()
         .ok_or_else(|| format!("{url:?}: resolves to nothing"))?;
-    Ok(WsUrl { addr, host: authority.to_string(), path: path.to_string() })
+    let tls = match secure {
+        false => None,
+        true => {
+            let host = match port {
+                Some(_) => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+                None => authority,
+            };
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            Some(TlsTarget::new(host, ca).map_err(|e| format!("{url:?}: {e}"))?)
+        }
+    };
+    Ok(WsUrl { addr, host: authority.to_string(), path: path.to_string(), tls })
 }

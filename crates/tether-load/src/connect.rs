@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use tokio::sync::Semaphore;
 
-use super::args::{parse_ws_url, ConnectArgs};
+use super::args::ConnectArgs;
 use super::idle::STEP_TIMEOUT;
 use super::report::{round3, Errors, Latency, Report};
 use super::wire::WsConn;
@@ -34,7 +34,7 @@ pub fn run(args: ConnectArgs) -> Result<Report, String> {
     if args.conns == 0 {
         return Err("--conns must be at least 1".into());
     }
-    let url = parse_ws_url(&args.url)?;
+    let url = args.common.url(&args.url)?;
     let threads = thread_count(args.common.threads);
     let permits = (args.common.concurrency / threads).max(1);
     let started = Instant::now();

@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{watch, Semaphore};
 
-use super::args::{parse_ws_url, FanoutArgs, PublishVia, WsUrl};
+use super::args::{FanoutArgs, PublishVia, WsUrl};
 use super::idle::STEP_TIMEOUT;
 use super::nonreader::{self, NonReaderTally};
 use super::publish::{self, Mode};
@@ -96,9 +96,9 @@ pub fn run(args: FanoutArgs) -> Result<Report, String> {
     if args.raw.is_some() && args.non_readers > 0 {
         return Err("--non-readers needs tether mode (not --raw)".into());
     }
-    let urls: Vec<WsUrl> = args.urls.iter().map(|u| parse_ws_url(u)).collect::<Result<_, _>>()?;
+    let urls: Vec<WsUrl> = args.urls.iter().map(|u| args.common.url(u)).collect::<Result<_, _>>()?;
     let publish_url = match (&args.publish_url, urls.first()) {
-        (Some(u), _) => parse_ws_url(u)?,
+        (Some(u), _) => args.common.url(u)?,
         (None, Some(first)) => first.clone(),
         (None, None) => return Err("no server URL given".into()),
     };

@@ -75,7 +75,7 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
         }
         return Ok(report);
     }
-    let urls: Vec<WsUrl> = args.urls.iter().map(|u| super::args::parse_ws_url(u)).collect::<Result<_, _>>()?;
+    let urls: Vec<WsUrl> = args.urls.iter().map(|u| args.common.url(u)).collect::<Result<_, _>>()?;
     let (proc_index, procs) = proc_slot(&args.common);
     let threads = thread_count(args.common.threads);
     let mine = share(args.conns, proc_index, procs, 0, 1).count();

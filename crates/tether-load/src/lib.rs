@@ -18,8 +18,8 @@
 //!
 //! The generator runs on tokio: `--threads` OS threads, each with a single-threaded runtime
 //! owning its share of the connections and its own counters and histogram (no locks on the
-//! receive path). Connections speak raw TCP with a hand-written client handshake and the
-//! project's frame codec ([`wire`]); an idle one owns no buffer. `--procs P` re-executes this
+//! receive path). Connections speak raw TCP (or TLS over it, [`tls`]) with a hand-written
+//! client handshake and the project's frame codec ([`wire`]); an idle one owns no buffer. `--procs P` re-executes this
 //! binary P times to get past the per-process open-file limit ([`procs`]).
 //!
 //! Exit code: 0 when the run completed without errors, 1 when it completed with errors
@@ -29,6 +29,7 @@
 //! # Layout
 //! - [`args`]: the flags and their value parsers.
 //! - [`wire`]: TCP connect with a source address, client handshake, frame reading.
+//! - [`tls`]: `wss://` / `https://` (rustls on ring, `--ca FILE`) under the same client.
 //! - [`seq`]: loss / reordering / duplicate accounting per subscriber.
 //! - [`report`]: report fields, table and JSON line, latency histogram, error tallies.
 //! - [`broadcast`]: per-seq latency of stamped broadcasts, for `idle --latency-from-data`.
@@ -49,6 +50,7 @@ pub mod seq;
 pub mod sse;
 pub mod storm;
 pub mod throughput;
+pub mod tls;
 pub mod wire;
 
 use std::future::Future;

@@ -4,12 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
 use super::args::{Payload, WsUrl};
 use super::now_ns;
-use super::wire::{scan_str, scan_u64, tcp_connect, WsConn};
+use super::tls::Transport;
+use super::wire::{open, scan_str, scan_u64, SynOpts, WsConn};
 use tether_proto::ws::codec::encode_client_frame;
 
 /// How a [`publish`] run sends.
@@ -232,15 +230,15 @@ fn due(start: Instant, rate: f64, total: u64) -> u64 {
 
 /// One keep-alive HTTP/1.1 connection for `POST /publish/{ch}` (docs/http.md).
 pub struct HttpPublisher {
-    stream: TcpStream,
+    stream: Transport,
     host: String,
     buf: Vec<u8>,
 }
 
 impl HttpPublisher {
-    /// Opens the connection to `url`'s address.
+    /// Opens the connection to `url`'s address (TLS for `wss://` / `https://`).
     pub async fn connect(url: &WsUrl) -> std::io::Result<Self> {
-        let stream = tcp_connect(url.addr, None).await?;
+        let stream = open(url, None, SynOpts::default()).await?;
         Ok(HttpPublisher { stream, host: url.host.clone(), buf: Vec::with_capacity(1024) })
     }
 

@@ -7,18 +7,16 @@ use std::io;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
-
 use crate::args::WsUrl;
-use crate::wire::{read_response_head, tcp_connect_with, ConnError, Received, SynOpts, WsConn, SCRATCH};
+use crate::tls::Transport;
+use crate::wire::{open, read_response_head, ConnError, Received, SynOpts, WsConn, SCRATCH};
 
 /// Largest event line kept while incomplete, in bytes (a `data:` line is one message).
 const MAX_LINE: usize = 16 << 20;
 
 /// One open event stream.
 pub struct SseConn {
-    stream: TcpStream,
+    stream: Transport,
     /// An incomplete line; empty (no heap) between lines.
     pending: Vec<u8>,
     /// Bytes read from the stream after the response head (events, comments, heartbeats).
@@ -28,8 +26,8 @@ pub struct SseConn {
 }
 
 impl SseConn {
-    /// Connects to `url`'s server and asks for `GET /sse?ch=CH`; anything but `200` is an
-    /// error. Bytes after the head are kept as events.
+    /// Connects to `url`'s server (over TLS for `https://` / `wss://`) and asks for
+    /// `GET /sse?ch=CH`; anything but `200` is an error. Bytes after the head are kept as events.
     pub async fn connect(
         url: &WsUrl,
         source: Option<IpAddr>,
@@ -37,7 +35,7 @@ impl SseConn {
         deadline: Duration,
     ) -> Result<SseConn, ConnError> {
         let open = async {
-            let mut stream = tcp_connect_with(url.addr, source, SynOpts::default()).await?;
+            let mut stream = open(url, source, SynOpts::default()).await?;
             let request =
                 format!("GET /sse?ch={ch} HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\n\r\n", url.host);
             stream.write_all(request.as_bytes()).await?;
@@ -73,7 +71,10 @@ impl SseConn {
             }
         }
         loop {
-            self.stream.readable().await?;
+            // Over TLS, plaintext rustls already decrypted is read before waiting.
+            if !self.stream.buffered() {
+                self.stream.tcp().readable().await?;
+            }
             let step = SCRATCH.with(|scratch| {
                 let mut scratch = scratch.borrow_mut();
                 let n = match self.stream.try_read(&mut scratch) {

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use tokio::sync::{watch, Semaphore};
 
-use super::args::{parse_ws_url, StormArgs, Trigger, WsUrl};
+use super::args::{StormArgs, Trigger, WsUrl};
 use super::idle::STEP_TIMEOUT;
 use super::publish::{stamp, HttpPublisher};
 use super::report::{round3, Errors, Report};
@@ -73,7 +73,7 @@ pub fn run(args: StormArgs) -> Result<Report, String> {
     if args.conns == 0 {
         return Err("--conns must be at least 1".into());
     }
-    let url = parse_ws_url(&args.url)?;
+    let url = args.common.url(&args.url)?;
     let threads = thread_count(args.common.threads);
     let run = run_id();
     let channel_list: Vec<String> = (0..args.channels.max(1)).map(|i| format!("load.storm.{run}.{i}")).collect();

@@ -45,8 +45,9 @@ fn ws_urls_resolve() {
     assert_eq!(parse_ws_url("ws://127.0.0.1:1").unwrap().path, "/");
     // A `?token=` (docs/security.md) is part of the request target every connection sends.
     assert_eq!(parse_ws_url("ws://127.0.0.1:1/ws?token=a.b.c").unwrap().path, "/ws?token=a.b.c");
-    assert!(parse_ws_url("wss://127.0.0.1/ws").is_err());
-    assert!(parse_ws_url("http://127.0.0.1/ws").is_err());
+    assert!(parse_ws_url("ftp://127.0.0.1/ws").is_err());
+    let plain = parse_ws_url("http://127.0.0.1/ws").unwrap();
+    assert_eq!((plain.addr.port(), plain.tls.is_none()), (80, true));
 }
 
 #[test]

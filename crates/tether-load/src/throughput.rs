@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{watch, Semaphore};
 
-use super::args::{parse_ws_url, PublishArgs, WsUrl};
+use super::args::{PublishArgs, WsUrl};
 use super::idle::STEP_TIMEOUT;
 use super::publish::stamp;
 use super::report::{round3, Errors, Latency, Report};
@@ -58,7 +58,7 @@ pub fn run(args: PublishArgs) -> Result<Report, String> {
     if args.publishers == 0 || args.window == 0 {
         return Err("--publishers and --window must be at least 1".into());
     }
-    let url = parse_ws_url(&args.url)?;
+    let url = args.common.url(&args.url)?;
     let threads = thread_count(args.common.threads);
     let run = run_id();
     let k = args.channels.max(1);

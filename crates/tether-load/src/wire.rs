@@ -6,7 +6,8 @@
 //! tens of thousands of idle connections cost little more than their kernel sockets. With
 //! permessage-deflate agreed (RFC 7692, no context takeover either way), compressed messages
 //! are inflated by one inflater per thread into one per-thread buffer, so a deflate connection
-//! holds no zlib state either.
+//! holds no zlib state either. Over `wss://` the same reads go through rustls
+//! ([`crate::tls::Transport`]); plaintext lands in the same scratch buffer.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -16,10 +17,10 @@ use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use base64::Engine;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
 use super::args::WsUrl;
+use super::tls::Transport;
 use flate2::{Decompress, FlushDecompress, Status};
 use tether_proto::ws::codec::{decode_server_frame_rsv1, encode_client_frame};
 
@@ -99,8 +100,8 @@ pub enum ConnError {
 }
 
 impl ConnError {
-    /// A short stable key for error tallies: `refused`, `reset`, `io`, `status_503`,
-    /// `protocol`, `closed_1012`, `eof`, `timeout`.
+    /// A short stable key for error tallies: `refused`, `reset`, `io`, `tls` (a TLS failure:
+    /// certificate not trusted, alert), `status_503`, `protocol`, `closed_1012`, `eof`, `timeout`.
     pub fn kind(&self) -> String {
         match self {
             ConnError::Io(e) => match e.kind() {
@@ -108,6 +109,8 @@ impl ConnError {
                 io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => "reset".into(),
                 io::ErrorKind::UnexpectedEof => "eof".into(),
                 io::ErrorKind::AddrNotAvailable | io::ErrorKind::AddrInUse => "no_port".into(),
+                // Only rustls' errors are mapped to InvalidData here (crate::tls).
+                io::ErrorKind::InvalidData => "tls".into(),
                 _ if e.raw_os_error() == Some(libc::EMFILE) => "emfile".into(),
                 _ => "io".into(),
             },
@@ -194,6 +197,12 @@ pub async fn tcp_connect_with(addr: SocketAddr, source: Option<IpAddr>, opts: Sy
     Ok(stream)
 }
 
+/// [`tcp_connect_with`], then the TLS handshake when `url` is `wss://` / `https://`.
+pub async fn open(url: &WsUrl, source: Option<IpAddr>, opts: SynOpts) -> io::Result<Transport> {
+    let stream = tcp_connect_with(url.addr, source, opts).await?;
+    Transport::start(stream, url.tls.as_ref()).await
+}
+
 /// A random `Sec-WebSocket-Key` (§4.1: 16 random bytes, base64).
 fn random_key() -> String {
     let bytes: [u8; 16] = rand::random();
@@ -209,7 +218,7 @@ pub fn accept_key(key: &str) -> String {
 /// An open client WebSocket connection.
 #[derive(Debug)]
 pub struct WsConn {
-    stream: TcpStream,
+    stream: Transport,
     /// Bytes of a frame split across reads; empty (no heap) between frames.
     pending: Vec<u8>,
     /// Fragments of a message in progress (§5.4); empty otherwise.
@@ -235,7 +244,7 @@ pub struct Received {
 
 /// Reads an HTTP response head from `stream`: the bytes read (the head and whatever followed
 /// it in the same reads) and the head's length, CRLFCRLF included.
-pub async fn read_response_head(stream: &mut TcpStream) -> Result<(Vec<u8>, usize), ConnError> {
+pub async fn read_response_head(stream: &mut Transport) -> Result<(Vec<u8>, usize), ConnError> {
     let mut head = Vec::with_capacity(256);
     let mut chunk = [0u8; 1024];
     loop {
@@ -278,7 +287,7 @@ impl WsConn {
         opts: SynOpts,
         deflate: bool,
     ) -> Result<WsConn, ConnError> {
-        let mut stream = tcp_connect_with(url.addr, source, opts).await?;
+        let mut stream = open(url, source, opts).await?;
         let key = random_key();
         let offer = if deflate { format!("Sec-WebSocket-Extensions: {DEFLATE_OFFER}\r\n") } else { String::new() };
         let request = format!(
@@ -383,11 +392,12 @@ impl WsConn {
         Ok(())
     }
 
-    /// Drops the connection with a TCP reset (`SO_LINGER` 0): no close handshake, no
-    /// TIME_WAIT. Used for `storm --trigger cut` and after `connect` handshakes.
+    /// Drops the connection with a TCP reset (`SO_LINGER` 0): no close handshake (nor TLS
+    /// `close_notify`), no TIME_WAIT. Used for `storm --trigger cut` and after `connect`
+    /// handshakes.
     pub fn reset(self) {
         // A failure only means the socket is already gone.
-        let _ = self.stream.set_zero_linger();
+        let _ = self.stream.tcp().set_zero_linger();
     }
 
     /// Waits until the socket is readable, reads what is there once, and calls `on_message`
@@ -411,7 +421,9 @@ impl WsConn {
             }
         }
         loop {
-            self.stream.readable().await?;
+            if !self.stream.buffered() {
+                self.stream.tcp().readable().await?;
+            }
             let mut out = Vec::new();
             let step = SCRATCH.with(|scratch| {
                 let mut scratch = scratch.borrow_mut();
@@ -449,10 +461,10 @@ impl WsConn {
         }
     }
 
+    /// Sends the control answers in `out`, and over TLS whatever records rustls queued while
+    /// reading (e.g. a KeyUpdate answer).
     async fn flush(&mut self, out: &[u8]) -> Result<(), ConnError> {
-        if !out.is_empty() {
-            self.stream.write_all(out).await?;
-        }
+        self.stream.write_all(out).await?;
         Ok(())
     }
 
