@@ -3,11 +3,12 @@
 //! from docs/recipes/nginx.conf: the anchor a TLS-terminating tether is compared with) and
 //! `tether` (tether's own `[tls]`, on `listen_tls`). For each, per round:
 //! - handshakes: `tether load connect` (full handshakes: the load tool never resumes a TLS
-//!   session) → handshakes/s, and server CPU per handshake: the CPU time (user + system, all
-//!   threads, /proc/PID/stat) of tether, plus nginx's master and workers on the nginx path,
+//!   session) → handshakes/s, and server CPU per handshake: the time on a CPU of every thread
+//!   of tether, plus nginx's master and workers on the nginx path (/proc/PID/task/*/schedstat),
 //!   over the run, divided by the handshakes;
 //! - fan-out: `tether load fanout` of TLS_RATE msg/s to TLS_SUBS subscribers on one channel →
-//!   server CPU (same processes, sampled every 20 ms over the measured window) per delivery,
+//!   server CPU (user + system of the same processes, /proc/PID/stat sampled every 20 ms,
+//!   interpolated to the load's measured window) per delivery,
 //!   deliveries/s, p99;
 //! - idle memory: RSS of the same processes at TLS_IDLE_POINTS counts of idle subscribed
 //!   connections up to TLS_IDLE (`tether load idle`), least-squares slope in bytes per
@@ -76,8 +77,10 @@ impl Setup {
         pids
     }
 
+    /// CPU seconds of those processes, to the nanosecond (/proc/PID/task/*/schedstat: a
+    /// plain connect run takes well under a second, too short for 10 ms clock ticks).
     fn cpu(&self) -> f64 {
-        self.pids().iter().filter_map(|&p| cpu_seconds(p)).sum()
+        self.pids().iter().filter_map(|&p| cpu_seconds_fine(p)).sum()
     }
 
     fn rss(&self) -> u64 {
