@@ -1,8 +1,8 @@
-//! `tether load` over TLS (issue 30): `wss://` for `connect`, `fanout` and `idle`, `https://`
-//! for `fanout --sse`, with `--ca` trusting a test CA made at test time. The server does not
-//! speak TLS itself here: the real nginx, from the shipped docs/recipes/nginx.conf, terminates
-//! it in front of a plain `tether serve` on 127.0.0.1. Without `--ca` the test CA is not
-//! trusted and every handshake fails as `tls`.
+//! `tether load` over TLS (issue 30): `wss://` for `connect`, `fanout` (its publisher over
+//! WebSocket and over HTTP) and `idle`, `https://` for `fanout --sse`, with `--ca` trusting a
+//! test CA made at test time. The server does not speak TLS itself here: the real nginx, from
+//! the shipped docs/recipes/nginx.conf, terminates it in front of a plain `tether serve` on
+//! 127.0.0.1. Without `--ca` the test CA is not trusted and every handshake fails as `tls`.
 
 mod common;
 
@@ -68,6 +68,12 @@ fn load_connect_fanout_and_idle_run_over_wss_through_nginx() {
     // About 100 messages over 2 channels of 20 subscribers each, every one delivered.
     assert!(r["expected"].as_u64() >= Some(1900), "fanout: {r}");
     assert_eq!(r["deliveries"], r["expected"], "fanout: {r}");
+
+    // The publisher over HTTPS (`POST /publish/{ch}` on a keep-alive TLS connection).
+    let (ok, r) = load(&strings(&[&fanout[..], &["--publish", "http"]].concat()));
+    assert!(ok, "fanout --publish http: {r}");
+    assert!(r["expected"].as_u64() >= Some(1900), "fanout --publish http: {r}");
+    assert_eq!(r["deliveries"], r["expected"], "fanout --publish http: {r}");
 
     let https = url.replace("wss://", "https://").replace("/ws", "/");
     let (ok, r) =
