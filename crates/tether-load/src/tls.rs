@@ -100,16 +100,15 @@ impl Transport {
     /// the peer's EOF mid-handshake, or a TLS failure (`InvalidData`: bad certificate, alert).
     pub async fn start(stream: TcpStream, tls: Option<&TlsTarget>) -> io::Result<Transport> {
         let Some(tls) = tls else { return Ok(Transport::Plain(stream)) };
-        let conn = ClientConnection::new(tls.config.clone(), tls.name.clone()).map_err(tls_error)?;
-        let mut t = Transport::Tls(stream, Box::new(conn));
-        let Transport::Tls(stream, conn) = &mut t else { unreachable!() };
+        let mut stream = stream;
+        let mut conn = Box::new(ClientConnection::new(tls.config.clone(), tls.name.clone()).map_err(tls_error)?);
         while conn.is_handshaking() {
-            flush_tls(stream, conn).await?;
+            flush_tls(&mut stream, &mut conn).await?;
             if !conn.is_handshaking() {
                 break;
             }
             stream.readable().await?;
-            match conn.read_tls(&mut TryRead(stream)) {
+            match conn.read_tls(&mut TryRead(&stream)) {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                 Ok(_) => {
                     conn.process_new_packets().map_err(tls_error)?;
@@ -119,8 +118,8 @@ impl Transport {
             }
         }
         // The client's Finished (TLS 1.3) may still be queued.
-        flush_tls(stream, conn).await?;
-        Ok(t)
+        flush_tls(&mut stream, &mut conn).await?;
+        Ok(Transport::Tls(stream, conn))
     }
 
     /// The TCP socket underneath.
