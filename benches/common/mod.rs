@@ -11,6 +11,7 @@
 
 #![allow(dead_code)]
 
+pub mod kernel;
 #[path = "../../tests/common/redis.rs"]
 pub mod redis;
 pub mod redis_figures;
