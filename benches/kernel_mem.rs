@@ -24,7 +24,8 @@
 //! alone. The client's share is the difference. A client that closed normally, or a listener
 //! that accepted and closed, would change the server's TCP state; this changes nothing the
 //! server sees. The box's other activity moves the slab too: hence slopes over several counts
-//! and medians over rounds.
+//! and medians over rounds, and a point is measured again (up to 4 times) when the box's TCP
+//! sockets in use (sockstat) moved by more than 1 % beyond the bench's own.
 
 mod common;
 
@@ -242,6 +243,35 @@ fn measure_point(readiness: &str, n: usize, cores: usize, settle: Duration) -> P
     Point { n, pair, server: alone, queues }
 }
 
+/// Attempts at one point before its figures are taken as they are.
+const ATTEMPTS: usize = 4;
+
+/// [`measure_point`] again while another process's sockets disturbed it: the box's TCP sockets
+/// in use (sockstat) must have grown by 2N with both ends held and by N with the server's
+/// alone, within 1 % (a test on the shared box opening or closing thousands of sockets moves
+/// every socket cache by as much). After [`ATTEMPTS`], the last figures stand, and it says so.
+fn undisturbed_point(readiness: &str, n: usize, cores: usize, settle: Duration) -> Point {
+    let off = |d: &Delta, want: usize| (d.totals[3] - want as f64).abs() > 0.01 * want as f64;
+    let mut attempt = 1;
+    loop {
+        let p = measure_point(readiness, n, cores, settle);
+        let disturbed = off(&p.pair, 2 * n) || off(&p.server, n);
+        if disturbed {
+            eprintln!(
+                "kernel_mem: sockets in use moved by {:.0} (want {}) and {:.0} (want {n}): other sockets on the box; {}",
+                p.pair.totals[3],
+                2 * n,
+                p.server.totals[3],
+                if attempt < ATTEMPTS { "measuring again" } else { "keeping it" }
+            );
+        }
+        if !disturbed || attempt == ATTEMPTS {
+            return p;
+        }
+        attempt += 1;
+    }
+}
+
 /// Sum of every cache's delta.
 fn all_caches(d: &Delta) -> f64 {
     d.caches.values().sum()
@@ -320,7 +350,7 @@ fn main() {
             };
             for round in 0..rounds {
                 eprintln!("kernel_mem: {}, round {}/{rounds}", v.label(), round + 1);
-                v.rounds.push(conns.iter().map(|&n| measure_point(r, n, cores, settle)).collect());
+                v.rounds.push(conns.iter().map(|&n| undisturbed_point(r, n, cores, settle)).collect());
             }
             variants.push(v);
         }
