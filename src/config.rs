@@ -65,7 +65,8 @@ pub struct Config {
     /// Upgraded WebSocket connections this process holds at once; beyond it the handshake gets
     /// HTTP 503 with `Retry-After` (docs/operations.md, admission). Default 1,000,000.
     /// Trade-off: it must fit under `RLIMIT_NOFILE` (`tether check-limits` says whether it
-    /// does) and under memory (about 1 KiB user + 3 KiB kernel per idle connection). Danger: a
+    /// does) and under memory (about 0.2 KiB user + 4 KiB kernel per idle connection,
+    /// docs/operations.md "What a connection costs"). Danger: a
     /// value above what the box can hold turns overload into `EMFILE`/OOM instead of a clean 503.
     pub max_connections: usize,
     /// New connections accepted per second per process; `0` (default) = unlimited.
