@@ -79,6 +79,7 @@ pub mod requests;
 pub mod subscribe;
 pub mod tick;
 pub mod timer;
+pub mod tls;
 
 use std::cell::RefCell;
 use std::future::{poll_fn, Future};
@@ -141,6 +142,9 @@ pub struct Shared {
     /// `lease_owner` of its feeds' leases and the first part of its connections' presence
     /// client ids.
     pub node_id: Arc<str>,
+    /// The certificate and key of new TLS handshakes when `[tls]` is set (reloaded at
+    /// `SIGHUP`, [`Server::reload_tls`]); `None`: no TLS listener.
+    pub tls: Option<Arc<tls::keys::Keys>>,
 }
 
 impl Shared {
@@ -191,12 +195,17 @@ pub struct ServeOptions {
     /// [`Verifier::from_config`] (which reads the key file: `tether serve` does it before
     /// starting so a bad key exits 2). `None`: [`Server::start`] builds it itself.
     pub auth: Option<Verifier>,
+    /// The `[tls]` pair, already read with [`tls::keys::Keys::load`] (`tether serve` does it
+    /// before starting so an unusable pair exits 2). `None`: [`Server::start`] reads it itself
+    /// when `[tls]` is set.
+    pub tls: Option<Arc<tls::keys::Keys>>,
 }
 
 /// A running server: its address, and the means to drain it and wait for its end.
 pub struct Server {
     shared: Arc<Shared>,
     addr: SocketAddr,
+    tls_addr: Option<SocketAddr>,
     threads: Vec<JoinHandle<()>>,
     feeds: crate::feeds::runtime::FeedRuntime,
 }
@@ -215,6 +224,14 @@ impl Server {
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
         }
         .map(|v| v.with_info_limit(config.presence.info_max_bytes));
+        let keys = match (opts.tls, &config.tls) {
+            (Some(k), _) => Some(k),
+            (None, Some(t)) => Some(Arc::new(
+                tls::keys::Keys::load(t)
+                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
+            )),
+            (None, None) => None,
+        };
         let cores = config.effective_cores().max(1);
         let bus = Bus::new(cores);
         let (feed_commands, feed_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -233,11 +250,30 @@ impl Server {
             feed_commands,
             feeds: crate::feeds::metrics::FeedMetrics::default(),
             node_id: crate::feeds::runtime::new_node_id().into(),
+            tls: keys,
             config,
         });
+        let tls = shared.config.tls.as_ref();
         let (addr, listeners) = bind_listeners(shared.config.listen, cores)?;
+        // Each core's listeners, with whether each speaks TLS.
+        let plain_is_tls = tls.is_some_and(|t| t.listen_tls.is_none());
+        let mut listeners: Vec<Vec<(std::net::TcpListener, bool)>> =
+            listeners.into_iter().map(|l| vec![(l, plain_is_tls)]).collect();
+        let tls_addr = match tls.and_then(|t| t.listen_tls) {
+            Some(at) => {
+                let (bound, extra) = bind_listeners(at, cores)?;
+                for (core, l) in listeners.iter_mut().zip(extra) {
+                    core.push((l, true));
+                }
+                Some(bound)
+            }
+            None => plain_is_tls.then_some(addr),
+        };
         let brokers = broker::open(&shared)?;
-        tracing::info!(%addr, listeners = cores, "listening (one SO_REUSEPORT listener per core)");
+        tracing::info!(%addr, listeners = cores, tls = plain_is_tls, "listening (one SO_REUSEPORT listener per core)");
+        if let Some(at) = tls_addr.filter(|_| !plain_is_tls) {
+            tracing::info!(addr = %at, listeners = cores, "listening for TLS (one SO_REUSEPORT listener per core)");
+        }
         let start = Instant::now();
         let endpoints = bus.into_endpoints();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -259,12 +295,28 @@ impl Server {
             }
         }
         let feeds = crate::feeds::runtime::FeedRuntime::start(shared.clone(), feed_rx)?;
-        Ok(Server { shared, addr, threads, feeds })
+        Ok(Server { shared, addr, tls_addr, threads, feeds })
     }
 
     /// The bound address (with the real port when `listen` had port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The address TLS is served on (`tls.listen_tls`, or `listen` when that speaks TLS);
+    /// `None` without `[tls]`.
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls_addr
+    }
+
+    /// Reads the `[tls]` certificate and key again (`SIGHUP`): new handshakes use the new pair,
+    /// live connections keep theirs. Errors: no `[tls]` (nothing to reload), or the pair is
+    /// unusable (the message names the file; the pair in use stays). Logged either way.
+    pub fn reload_tls(&self) -> Result<(), String> {
+        match &self.shared.tls {
+            Some(k) => k.reload().map_err(|e| e.to_string()),
+            None => Err("no [tls] section: nothing to reload".into()),
+        }
     }
 
     /// Process-wide state (metrics, flags).
@@ -417,7 +469,7 @@ fn build_runtime(core: usize) -> std::io::Result<CoreRuntime> {
 fn core_thread(
     i: usize,
     shared: Arc<Shared>,
-    listener: std::net::TcpListener,
+    listeners: Vec<(std::net::TcpListener, bool)>,
     ep: Endpoint,
     start: Instant,
     broker: Box<dyn broker::Broker + Send>,
@@ -442,13 +494,16 @@ fn core_thread(
     };
     tracing::info!(core = i, driver, "core started");
     rt.block_on(async move {
-        let listener = match TcpListener::from_std(listener) {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = ready.send(Err(e));
-                return;
+        let mut accepting = Vec::with_capacity(listeners.len());
+        for (l, tls) in listeners {
+            match TcpListener::from_std(l) {
+                Ok(l) => accepting.push((l, tls)),
+                Err(e) => {
+                    let _ = ready.send(Err(e));
+                    return;
+                }
             }
-        };
+        }
         let reactor = match reactor::Reactor::new(shared.config.io.readiness) {
             Ok(r) => r,
             Err(e) => {
@@ -465,7 +520,9 @@ fn core_thread(
         let core = Rc::new(RefCell::new(CoreState::new(i, shared, ep, start, broker, reactor)));
         monoio::spawn(processor::run(core.clone()));
         monoio::spawn(reactor::run(core.clone()));
-        monoio::spawn(accept_loop(core.clone(), listener));
+        for (listener, tls) in accepting {
+            monoio::spawn(accept_loop(core.clone(), listener, tls));
+        }
         let _ = ready.send(Ok(()));
         tick::run(core.clone()).await;
         core.borrow_mut().close_all();
@@ -474,8 +531,10 @@ fn core_thread(
 
 /// Accepts until the drain starts, then drops the listener (closing it). Each accepted socket
 /// leaves monoio (`into_raw_fd` drops the driver's state of it) for the core's slab and
-/// reactor: no task per connection.
-async fn accept_loop(core: Rc<RefCell<CoreState>>, listener: TcpListener) {
+/// reactor: no task per connection. `tls`: the listener speaks TLS; each connection takes an
+/// `accept_rate` token before its handshake (closed at once without one) and starts its
+/// handshake with the pair in use now.
+async fn accept_loop(core: Rc<RefCell<CoreState>>, listener: TcpListener, tls: bool) {
     let mut acc = pin!(listener.accept().fuse());
     loop {
         let r = poll_fn(|cx| {
@@ -494,8 +553,20 @@ async fn accept_loop(core: Rc<RefCell<CoreState>>, listener: TcpListener) {
                 let _ = stream.set_nodelay(true);
                 let mut st = core.borrow_mut();
                 st.metrics().accepted.fetch_add(1, Relaxed);
-                if let Err(e) = st.insert_conn(stream.into_raw_fd()) {
-                    events::accept_failed(st.me, &e);
+                let config = if tls { st.shared.tls.as_ref().map(|k| k.current()) } else { None };
+                if config.is_some() && !st.take_accept_token() {
+                    // The handshake is the costly part of a TLS connection: refused before it.
+                    st.metrics().tls.failed(tls::Failure::Rate);
+                    drop(stream);
+                    continue;
+                }
+                match st.insert_conn(stream.into_raw_fd(), config) {
+                    Ok(id) => {
+                        if let Some(t) = st.tls.get(id.key) {
+                            t.flags |= tls::TlsConn::RATED;
+                        }
+                    }
+                    Err(e) => events::accept_failed(st.me, &e),
                 }
             }
             Err(e) => {
@@ -550,12 +621,13 @@ fn term_and_int() -> libc::sigset_t {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         set
     }
 }
 
-/// Blocks SIGTERM and SIGINT in the calling thread (and the threads it starts later), so
-/// [`wait_signal`] can take them synchronously. Errors: `pthread_sigmask` failed (then the
+/// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread (and the threads it starts later),
+/// so [`wait_signal`] can take them synchronously. Errors: `pthread_sigmask` failed (then the
 /// signals keep their default action, ending the process without a drain).
 pub fn block_signals() -> std::io::Result<()> {
     let set = term_and_int();
@@ -568,7 +640,8 @@ pub fn block_signals() -> std::io::Result<()> {
     Ok(())
 }
 
-/// Waits for SIGTERM or SIGINT (blocked by [`block_signals`]); returns the signal number.
+/// Waits for SIGTERM, SIGINT or SIGHUP (blocked by [`block_signals`]); returns the signal
+/// number.
 /// Errors: `sigwait` failed.
 pub fn wait_signal() -> std::io::Result<i32> {
     let set = term_and_int();
