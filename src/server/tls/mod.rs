@@ -202,3 +202,20 @@ pub fn render(out: &mut String, cores: &[super::metrics::CoreMetrics], keys: Opt
         let _ = writeln!(out, "tether_tls_reloads_total{{result=\"failed\"}} {}", k.reloads[1].load(Relaxed));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tls_connection_is_one_pointer_in_the_side_table_and_no_byte_in_conn() {
+        // The TLS state lives out of line: `Conn` keeps its size (conn.rs checks it) and the
+        // side table holds a key and a box per TLS connection.
+        let inline = std::mem::size_of::<TlsConn>();
+        eprintln!("TlsConn (boxed, per TLS connection): {inline} bytes");
+        assert_eq!(std::mem::size_of::<Option<Box<TlsConn>>>(), 8);
+        // The unbuffered connection holds keys, sequence numbers and the state machine; the
+        // idle memory of a TLS connection is measured with a live server (tests/tls_idle_memory.rs).
+        assert!(inline <= 1536, "TlsConn is {inline} bytes inline");
+    }
+}
