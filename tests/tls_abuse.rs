@@ -149,3 +149,41 @@ fn listen_tls_serves_tls_there_and_plain_text_on_listen() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(String::from_utf8_lossy(&srv.log_bytes()).contains("listening for TLS"), "{}", srv.log_tail(20));
 }
+
+#[test]
+fn a_forged_record_on_an_open_tls_connection_ends_that_connection_only() {
+    use futures::{SinkExt, StreamExt};
+    use tokio::io::AsyncWriteExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let pki = Pki::new("forged");
+    let leaf = pki.leaf("server");
+    let srv = Server::start(&tls::section(&leaf), &["--cores", "1"]);
+    let cfg = pki.client();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut bystander = tls::wss(srv.addr, &cfg).await;
+        bystander.send(Message::text(r#"{"op":"sub","ch":"forged"}"#)).await.unwrap();
+        let sub = tokio::time::timeout(Duration::from_secs(10), bystander.next()).await.expect("subscribed");
+        assert!(format!("{sub:?}").contains("subscribed"), "{sub:?}");
+        let mut victim = tls::wss(srv.addr, &cfg).await;
+        // An application-data record whose tag cannot verify, written under rustls' feet.
+        let tcp = victim.get_mut().get_mut().0;
+        tcp.write_all(&[23, 3, 3, 0, 20, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20])
+            .await
+            .unwrap();
+        let end = tokio::time::timeout(Duration::from_secs(2), async {
+            loop {
+                match victim.next().await {
+                    None | Some(Err(_)) => return,
+                    Some(Ok(_)) => continue,
+                }
+            }
+        })
+        .await;
+        assert!(end.is_ok(), "the connection with the forged record is still open after 2 s");
+        let answer = tls::https(srv.addr, &cfg, "POST", "/publish/forged", "{\"still\":1}").await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let m = tokio::time::timeout(Duration::from_secs(10), bystander.next()).await.expect("the bystander receives");
+        assert!(format!("{m:?}").contains("still"), "{m:?}");
+    });
+}

@@ -166,3 +166,40 @@ fn openssl_s_client_sees_tls13_tls12_and_alpn() {
     let out = s_client(srv.addr, &pki.ca, "-tls1_1");
     assert!(!out.contains("New, TLSv1.1"), "TLS 1.1 must be refused:\n{out}");
 }
+
+/// SIGTERM's drain reaches a wss:// connection as on ws://: a 1012 close frame, then
+/// close_notify and the FIN, and the process exits 0.
+#[test]
+fn the_drain_closes_wss_connections_with_1012_and_close_notify() {
+    let pki = Pki::new("drain");
+    let leaf = pki.leaf("server");
+    let cfg = pki.client();
+    let mut srv = Server::start(&format!("{}\n[drain]\nwindow_ms = 200\n", tls::section(&leaf)), &["--cores", "2"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut ws = tls::wss(srv.addr, &cfg).await;
+        srv.signal(libc::SIGTERM);
+        let code = tokio::time::timeout(T, async {
+            loop {
+                match ws.next().await {
+                    Some(Ok(Message::Close(Some(f)))) => return u16::from(f.code),
+                    Some(Ok(_)) => continue,
+                    other => panic!("no close frame: {other:?}"),
+                }
+            }
+        })
+        .await
+        .expect("a close frame within the drain");
+        assert_eq!(code, 1012);
+        // Our answer, then the server's close_notify ends the stream without an error.
+        let end = tokio::time::timeout(T, async {
+            while let Some(m) = ws.next().await {
+                m.expect("a clean end");
+            }
+        })
+        .await;
+        assert!(end.is_ok(), "the stream did not end");
+    });
+    let st = srv.wait_exit(T).expect("tether exits after the drain");
+    assert!(st.success(), "exit status {st:?}");
+}
