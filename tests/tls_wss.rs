@@ -162,6 +162,24 @@ fn openssl_s_client_sees_tls13_tls12_and_alpn() {
     let out = s_client(srv.addr, &pki.ca, "-tls1_2");
     assert!(out.contains("Protocol  : TLSv1.2") || out.contains("New, TLSv1.2"), "TLS 1.2 expected:\n{out}");
     assert!(out.contains("ALPN protocol: http/1.1"), "ALPN over TLS 1.2:\n{out}");
+    // Clients that close right behind their Finished (close_notify in the same read) count
+    // as done handshakes, not failed ones.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cfg = pki.client();
+    rt.block_on(async {
+        use tokio::io::AsyncWriteExt;
+        for _ in 0..20 {
+            let mut s = tls::connect(srv.addr, &cfg).await;
+            s.shutdown().await.expect("close_notify and FIN");
+        }
+    });
+    let m = eventually_sync(T, "21 TLS 1.3 handshakes counted", || {
+        let m = rt.block_on(tls::metrics(srv.addr, &cfg));
+        let n = m.sum("tether_tls_handshakes_total", &["version=\"TLSv1.3\""]);
+        check(n >= 22.0, || n).map(|_| m)
+    });
+    assert_eq!(m.sum("tether_tls_handshakes_total", &["version=\"TLSv1.2\""]), 1.0);
+    assert_eq!(m.sum("tether_tls_handshake_failures_total", &[]), 0.0, "no handshake counted as failed");
     // TLS 1.1 and older are refused.
     let out = s_client(srv.addr, &pki.ca, "-tls1_1");
     assert!(!out.contains("New, TLSv1.1"), "TLS 1.1 must be refused:\n{out}");

@@ -201,8 +201,21 @@ impl CoreState {
 
     /// Processes the records in `buf`: decrypted application data goes to the session,
     /// handshake records are encoded and written. Returns how many bytes of `buf` are done
-    /// with (the rest is a record still arriving) and the state reached.
+    /// with (the rest is a record still arriving) and the state reached. A handshake that
+    /// completed on the way is counted, even when the peer's close_notify came right behind
+    /// its Finished (as from a client that only connects).
     fn process(&mut self, id: ConnId, fd: i32, t: &mut TlsConn, buf: &mut [u8]) -> (usize, Records) {
+        let r = self.process_records(id, fd, t, buf);
+        if !t.has(TlsConn::ESTABLISHED) && !t.conn.is_handshaking() {
+            t.flags |= TlsConn::ESTABLISHED;
+            let v = usize::from(t.version() != Some(rustls::ProtocolVersion::TLSv1_3));
+            self.metrics().tls.handshakes[v].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// [`CoreState::process`] without the count.
+    fn process_records(&mut self, id: ConnId, fd: i32, t: &mut TlsConn, buf: &mut [u8]) -> (usize, Records) {
         let mut used = 0;
         loop {
             let UnbufferedStatus { discard, state } = t.conn.process_tls_records(&mut buf[used..]);
@@ -241,15 +254,9 @@ impl CoreState {
                         }
                     }
                 }
-                Ok(ConnectionState::WriteTraffic(_)) => {
-                    if !t.has(TlsConn::ESTABLISHED) {
-                        t.flags |= TlsConn::ESTABLISHED;
-                        let v = usize::from(t.version() != Some(rustls::ProtocolVersion::TLSv1_3));
-                        self.metrics().tls.handshakes[v].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    return (used + discard, Records::More);
+                Ok(ConnectionState::WriteTraffic(_) | ConnectionState::BlockedHandshake) => {
+                    return (used + discard, Records::More)
                 }
-                Ok(ConnectionState::BlockedHandshake) => return (used + discard, Records::More),
                 Ok(ConnectionState::PeerClosed | ConnectionState::Closed) => {
                     return (used + discard, Records::PeerClosed)
                 }
