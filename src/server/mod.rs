@@ -12,6 +12,10 @@
 //!   (`tether_proto::session`: frames, the close handshake, heartbeats, the outbound queue and
 //!   its overflow policies, resume replay pacing) beside its socket, generation, subscription
 //!   list, timer entry and readiness conditions.
+//! - [`listen`]: the `SO_REUSEPORT` listeners of each core and its accept loop (a TLS
+//!   listener's connections start their handshake: [`tls`]).
+//! - [`tls`]: TLS between the socket calls and the session (rustls' unbuffered API): the
+//!   certificate in use, reloaded at `SIGHUP`, and each TLS connection's records.
 //! - [`io`]: every socket call (`recv`, `sendmsg`, `shutdown`, `close`), and
 //!   [`io::batch`]: the core's send ring (a chunk of `sendmsg`s per `io_uring_enter`).
 //! - [`flush`]: the send path: writing what the sessions queued, one `sendmsg` per connection
@@ -69,6 +73,7 @@ pub mod feed_port;
 pub mod flush;
 pub mod http;
 pub mod io;
+pub mod listen;
 pub mod local;
 pub mod metrics;
 pub mod presence;
@@ -82,18 +87,13 @@ pub mod timer;
 pub mod tls;
 
 use std::cell::RefCell;
-use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
-use std::os::fd::IntoRawFd;
-use std::pin::pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
-use std::task::Poll;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use futures::FutureExt;
 use monoio::net::TcpListener;
 
 pub use self::conn::ConnId;
@@ -254,14 +254,14 @@ impl Server {
             config,
         });
         let tls = shared.config.tls.as_ref();
-        let (addr, listeners) = bind_listeners(shared.config.listen, cores)?;
+        let (addr, listeners) = listen::bind_listeners(shared.config.listen, cores)?;
         // Each core's listeners, with whether each speaks TLS.
         let plain_is_tls = tls.is_some_and(|t| t.listen_tls.is_none());
         let mut listeners: Vec<Vec<(std::net::TcpListener, bool)>> =
             listeners.into_iter().map(|l| vec![(l, plain_is_tls)]).collect();
         let tls_addr = match tls.and_then(|t| t.listen_tls) {
             Some(at) => {
-                let (bound, extra) = bind_listeners(at, cores)?;
+                let (bound, extra) = listen::bind_listeners(at, cores)?;
                 for (core, l) in listeners.iter_mut().zip(extra) {
                     core.push((l, true));
                 }
@@ -355,61 +355,6 @@ impl Server {
             let _ = t.join();
         }
     }
-}
-
-/// One listener per core on `addr`, sharing its port with `SO_REUSEPORT`, after making sure
-/// no other process listens there: `SO_REUSEPORT` would let a second process share the port
-/// silently, the kernel would split connections between the two, and the two memory brokers
-/// would number the same channel twice (docs/operations.md, one server per port).
-///
-/// The check is a probe socket bound to `addr` *without* `SO_REUSEPORT` (with
-/// `SO_REUSEADDR`, so sockets in TIME_WAIT do not count): the bind fails with `EADDRINUSE`
-/// exactly when another socket listens on the address (or on a wildcard covering it). The
-/// probe stays bound (not listening) until our listeners listen, which it does not hinder,
-/// and picks the port when `addr` has port 0. Two processes started in the same instant can
-/// both pass the probe; one started while another serves cannot.
-fn bind_listeners(addr: SocketAddr, cores: usize) -> std::io::Result<(SocketAddr, Vec<std::net::TcpListener>)> {
-    let named = |e: std::io::Error| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}"));
-    let probe = socket_for(addr).map_err(named)?;
-    match probe.bind(&addr.into()) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::AddrInUse,
-                format!("address {addr} is already in use by another process (stop it, or choose another address with --listen or `listen` in the config)"),
-            ));
-        }
-        Err(e) => return Err(named(e)),
-    }
-    let bound = probe.local_addr().map_err(named)?.as_socket().unwrap_or(addr);
-    let mut listeners = Vec::with_capacity(cores);
-    for _ in 0..cores {
-        listeners.push(bind_reuseport(bound).map_err(named)?);
-    }
-    drop(probe);
-    Ok((bound, listeners))
-}
-
-/// A TCP socket for `addr` with `SO_REUSEADDR` (and dual-stack for IPv6).
-fn socket_for(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
-    use socket2::{Domain, Socket, Type};
-    let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
-    s.set_reuse_address(true)?;
-    if addr.is_ipv6() {
-        s.set_only_v6(false)?;
-    }
-    Ok(s)
-}
-
-/// A listening socket with `SO_REUSEPORT`, so each core accepts on its own queue.
-fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    let s = socket_for(addr)?;
-    s.set_reuse_port(true)?;
-    s.bind(&addr.into())?;
-    // The kernel caps this at net.core.somaxconn (sysctl/99-tether.conf raises it).
-    s.listen(65_535)?;
-    s.set_nonblocking(true)?;
-    Ok(s.into())
 }
 
 /// Pins the calling thread to the `i`-th CPU this process may run on (its affinity mask,
@@ -521,62 +466,12 @@ fn core_thread(
         monoio::spawn(processor::run(core.clone()));
         monoio::spawn(reactor::run(core.clone()));
         for (listener, tls) in accepting {
-            monoio::spawn(accept_loop(core.clone(), listener, tls));
+            monoio::spawn(listen::accept_loop(core.clone(), listener, tls));
         }
         let _ = ready.send(Ok(()));
         tick::run(core.clone()).await;
         core.borrow_mut().close_all();
     });
-}
-
-/// Accepts until the drain starts, then drops the listener (closing it). Each accepted socket
-/// leaves monoio (`into_raw_fd` drops the driver's state of it) for the core's slab and
-/// reactor: no task per connection. `tls`: the listener speaks TLS; each connection takes an
-/// `accept_rate` token before its handshake (closed at once without one) and starts its
-/// handshake with the pair in use now.
-async fn accept_loop(core: Rc<RefCell<CoreState>>, listener: TcpListener, tls: bool) {
-    let mut acc = pin!(listener.accept().fuse());
-    loop {
-        let r = poll_fn(|cx| {
-            let mut st = core.borrow_mut();
-            if st.drain.started {
-                return Poll::Ready(None);
-            }
-            st.drain.accept_waker = Some(cx.waker().clone());
-            acc.as_mut().poll(cx).map(Some)
-        })
-        .await;
-        let Some(r) = r else { break };
-        acc.set(listener.accept().fuse());
-        match r {
-            Ok((stream, _peer)) => {
-                let _ = stream.set_nodelay(true);
-                let mut st = core.borrow_mut();
-                st.metrics().accepted.fetch_add(1, Relaxed);
-                let config = if tls { st.shared.tls.as_ref().map(|k| k.current()) } else { None };
-                if config.is_some() && !st.take_accept_token() {
-                    // The handshake is the costly part of a TLS connection: refused before it.
-                    st.metrics().tls.failed(tls::Failure::Rate);
-                    drop(stream);
-                    continue;
-                }
-                match st.insert_conn(stream.into_raw_fd(), config) {
-                    Ok(id) => {
-                        if let Some(t) = st.tls.get(id.key) {
-                            t.flags |= tls::TlsConn::RATED;
-                        }
-                    }
-                    Err(e) => events::accept_failed(st.me, &e),
-                }
-            }
-            Err(e) => {
-                // EMFILE/ENFILE: back off briefly instead of spinning on a full fd table.
-                events::accept_failed(core.borrow().me, &e);
-                monoio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    }
-    tracing::info!(core = core.borrow().me, "listener closed");
 }
 
 /// The open-file limit before and after [`raise_nofile`].
