@@ -15,6 +15,7 @@
 //! - `broker`: the `[broker]` section (memory or Redis).
 //! - `io`: the `[io]` section (the send path).
 //! - `compression`: the `[compression]` section (permessage-deflate).
+//! - `tls`: the `[tls]` section (certificate, key, TLS listener).
 //! - `toml_error`: turning a `toml` parse or type error into a [`ConfigError`] with a key path.
 
 mod broker;
@@ -24,6 +25,7 @@ mod feeds;
 mod io;
 mod presence;
 mod security;
+mod tls;
 mod toml_error;
 mod validate;
 
@@ -35,6 +37,7 @@ pub use io::{Io, Readiness, SendBatch};
 pub use presence::{Presence, MAX_PRESENCE_MEMBERS};
 pub use security::{Admin, Auth, PerConnection};
 pub use tether_proto::duration::parse_duration;
+pub use tls::Tls;
 pub use validate::{QUEUE_CONTROL_RESERVE, SHIPPED_UNIT_STOP_TIMEOUT_MS};
 
 #[cfg(test)]
@@ -111,6 +114,10 @@ pub struct Config {
     pub presence: Presence,
     /// permessage-deflate (`[compression]`, RFC 7692): offered, what is compressed, how hard.
     pub compression: Compression,
+    /// TLS on tether itself (`[tls]`, docs/configuration.md "TLS"): `wss://` and `https://`.
+    /// `None` (section absent, the default): plain TCP only, TLS terminated by a proxy in front
+    /// if at all (docs/operations.md).
+    pub tls: Option<Tls>,
 }
 
 /// Handshake, header, message and outbound-queue limits (`[limits]`).
@@ -402,6 +409,7 @@ impl Default for Config {
             io: Io::default(),
             presence: Presence::default(),
             compression: Compression::default(),
+            tls: None,
         }
     }
 }
@@ -510,6 +518,15 @@ impl Config {
             if self.admin.token.is_empty() { "unset" } else { "set" },
             self.admin.protect_metrics,
         ));
+        match &self.tls {
+            Some(t) => out.push_str(&format!(
+                " tls.cert_file={} tls.key_file={} tls.listen_tls={}",
+                t.cert_file.display(),
+                t.key_file.display(),
+                t.listen_tls.map_or_else(|| "(listen)".to_string(), |a| a.to_string()),
+            )),
+            None => out.push_str(" tls=off"),
+        }
         for (i, r) in self.channels.iter().enumerate() {
             out.push_str(&format!(
                 " channels[{i}]={{pattern={:?},overflow={},history={}",

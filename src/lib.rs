@@ -30,9 +30,10 @@
 //!   each process (reconcile, renew, the owner task that republishes an upstream, release on
 //!   drain, the `/feeds` admin requests). It reaches the server only through
 //!   [`feeds::FeedHost`], which the server implements.
-//! - [`server`]: the thread-per-core engine: one monoio runtime per core, its listener, its slab
-//!   of connections, its side of the subscription index, the channels whose home it is, and the
-//!   bounded queues between cores.
+//! - [`server`]: the thread-per-core engine: one monoio runtime per core, its listener(s), its
+//!   slab of connections, its side of the subscription index, the channels whose home it is,
+//!   the bounded queues between cores, and TLS between the socket calls and the sessions
+//!   (`server::tls`).
 //!
 //! The fuzz targets (parsers and session) are the `tether-fuzz` crate (crates/tether-fuzz): they
 //! need the sans-IO crate alone.

@@ -239,6 +239,14 @@ fn serve(config: Option<PathBuf>, listen: Option<String>, cores: Option<usize>, 
             return ExitCode::from(2);
         }
     };
+    // The TLS pair too: an unreadable file or a key that does not match is a config error.
+    let tls = match cfg.tls.as_ref().map(tether::server::tls::keys::Keys::load).transpose() {
+        Ok(k) => k.map(std::sync::Arc::new),
+        Err(e) => {
+            eprintln!("tls: {e}");
+            return ExitCode::from(2);
+        }
+    };
     tracing::info!(source = %source, "config in effect: {}", cfg.summary());
     let memory =
         std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| tether::limits::meminfo_bytes(&m, "MemTotal"));
@@ -268,10 +276,10 @@ fn serve(config: Option<PathBuf>, listen: Option<String>, cores: Option<usize>, 
         );
     }
     if let Err(e) = server::block_signals() {
-        eprintln!("tether: cannot block SIGTERM/SIGINT for the drain (pthread_sigmask: {e})");
+        eprintln!("tether: cannot block SIGTERM/SIGINT/SIGHUP for the drain (pthread_sigmask: {e})");
         return ExitCode::FAILURE;
     }
-    let srv = match Server::start(cfg, ServeOptions { echo, auth }) {
+    let srv = match Server::start(cfg, ServeOptions { echo, auth, tls }) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("tether: cannot start: {e}");
@@ -280,20 +288,35 @@ fn serve(config: Option<PathBuf>, listen: Option<String>, cores: Option<usize>, 
     };
     // Tests and scripts read the bound address from this line.
     println!("tether listening on {}", srv.local_addr());
-    let code = match server::wait_signal() {
-        Ok(libc::SIGINT) => CloseCode::Away,
-        Ok(_) => CloseCode::from(srv.shared().config.drain.close_code),
-        Err(e) => {
-            tracing::error!(error = %e, "sigwait failed; draining with 1001");
-            CloseCode::Away
+    if let Some(at) = srv.tls_addr().filter(|&a| a != srv.local_addr()) {
+        println!("tether listening for TLS on {at}");
+    }
+    let code = loop {
+        match server::wait_signal() {
+            // `systemctl reload`: the TLS pair is read again (logged either way).
+            Ok(libc::SIGHUP) => {
+                if let Err(e) = srv.reload_tls() {
+                    tracing::warn!("SIGHUP: {e}");
+                }
+            }
+            Ok(libc::SIGINT) => break CloseCode::Away,
+            Ok(_) => break CloseCode::from(srv.shared().config.drain.close_code),
+            Err(e) => {
+                tracing::error!(error = %e, "sigwait failed; draining with 1001");
+                break CloseCode::Away;
+            }
         }
     };
     srv.shutdown(code);
-    // A second signal while draining ends the process at once.
-    std::thread::spawn(|| {
-        if server::wait_signal().is_ok() {
-            tracing::warn!("second signal: exiting without finishing the drain");
-            std::process::exit(1);
+    // A second SIGTERM or SIGINT while draining ends the process at once.
+    std::thread::spawn(|| loop {
+        match server::wait_signal() {
+            Ok(libc::SIGHUP) => tracing::info!("SIGHUP while draining: ignored"),
+            Ok(_) => {
+                tracing::warn!("second signal: exiting without finishing the drain");
+                std::process::exit(1);
+            }
+            Err(_) => return,
         }
     });
     srv.wait();

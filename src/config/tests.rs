@@ -183,6 +183,12 @@ fn every_range_check_names_key_and_value() {
         ("[broker]\nkind = \"redis\"\nurl = \"http://x\"", "broker.url", "\"http://x\""),
         ("allowed_origins = [\"https://a.example/path\"]", "allowed_origins[0]", "\"https://a.example/path\""),
         ("allowed_origins = [\"a.example\"]", "allowed_origins[0]", "\"a.example\""),
+        ("[tls]\ncert_file = \"\"\nkey_file = \"k.pem\"", "tls.cert_file", "\"\""),
+        (
+            "listen = \"127.0.0.1:8443\"\n[tls]\ncert_file = \"c\"\nkey_file = \"k\"\nlisten_tls = \"127.0.0.1:8443\"",
+            "tls.listen_tls",
+            "127.0.0.1:8443",
+        ),
     ];
     for (toml, key, value) in cases {
         let e = err(toml);
@@ -456,4 +462,20 @@ fn presence_keys_need_presence_and_info_must_fit_the_request_head() {
     assert!(
         Config::from_toml_str(&format!("{rule}presence_max_members = 5")).unwrap().channel_rule("r").max_members() == 5
     );
+}
+
+#[test]
+fn tls_needs_both_files_and_a_listen_tls_apart_from_listen() {
+    let c = Config::from_toml_str("[tls]\ncert_file = \"/etc/tether/cert.pem\"\nkey_file = \"/etc/tether/key.pem\"")
+        .unwrap();
+    let t = c.tls.expect("tls on");
+    assert_eq!(t.listen_tls, None, "listen itself speaks TLS by default");
+    assert_eq!(Config::default().tls, None, "TLS is off by default");
+    let e = err("[tls]\ncert_file = \"c.pem\"");
+    assert!(e.to_string().contains("key_file"), "both files are required: {e}");
+    let e = err("[tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\nciphers = \"all\"");
+    assert!(e.to_string().contains("ciphers"), "unknown keys are errors: {e}");
+    let c = Config::from_toml_str("[tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\nlisten_tls = \"0.0.0.0:8443\"")
+        .unwrap();
+    assert_eq!(c.tls.unwrap().listen_tls, Some("0.0.0.0:8443".parse().unwrap()));
 }

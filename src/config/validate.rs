@@ -103,6 +103,7 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     super::security::validate(c)?;
     super::presence::validate(c)?;
     super::compression::validate(c)?;
+    super::tls::validate(c)?;
     super::feeds::validate(c)?;
     validate_origins(c)
 }

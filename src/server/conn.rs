@@ -82,6 +82,11 @@ impl IoFlags {
     /// must go on to the `recv` that returns 0 (or the error) instead of stopping at a short
     /// read (docs/architecture.md, "Readiness").
     pub const INPUT_ENDED: IoFlags = IoFlags(64);
+    /// Accepted on a TLS listener: its bytes pass through its [`TlsConn`] in the core's side
+    /// table (`server::tls`), which a plain connection does not have.
+    ///
+    /// [`TlsConn`]: super::tls::TlsConn
+    pub const TLS: IoFlags = IoFlags(128);
 
     /// Whether every bit of `f` is set.
     pub fn has(self, f: IoFlags) -> bool {

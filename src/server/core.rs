@@ -216,6 +216,8 @@ pub struct CoreState {
     pub api: super::control::ApiState,
     /// Token bucket for `accept_rate` (tokens, last refill in ms).
     rate: (f64, u64),
+    /// The state of this core's TLS connections, by slab key (`server::tls`).
+    pub tls: super::tls::TlsConns,
 }
 
 impl CoreState {
@@ -257,6 +259,7 @@ impl CoreState {
             waiting: Waiting::default(),
             api: Default::default(),
             rate: (cfg.accept_rate as f64, 0),
+            tls: Default::default(),
             shared,
         }
     }
@@ -305,19 +308,34 @@ impl CoreState {
     }
 
     /// Takes a freshly accepted socket `fd` (owned from now on: closed at
-    /// [`CoreState::teardown`]) and registers it with the reactor; returns its id. Errors: the
-    /// registration failed (`ENOSPC` at `fs.epoll.max_user_watches`, `ENOMEM`); the socket is
-    /// closed then.
-    pub fn insert_conn(&mut self, fd: RawFd) -> io::Result<ConnId> {
+    /// [`CoreState::teardown`]) and registers it with the reactor; returns its id. `tls`: it
+    /// was accepted on a TLS listener, whose handshake starts with this configuration. Errors:
+    /// the registration failed (`ENOSPC` at `fs.epoll.max_user_watches`, `ENOMEM`), or rustls
+    /// refused to start a connection; the socket is closed then.
+    pub fn insert_conn(&mut self, fd: RawFd, tls: Option<Arc<rustls::ServerConfig>>) -> io::Result<ConnId> {
+        let tls = match tls.map(super::tls::TlsConn::new).transpose() {
+            Ok(t) => t,
+            Err(e) => {
+                sock::close(fd);
+                return Err(io::Error::other(e));
+            }
+        };
         self.conns.next_gen = self.conns.next_gen.wrapping_add(1);
         let gen = self.conns.next_gen;
-        let c = Conn::new(gen, fd, self.clock.now(), &self.clock.cfg);
+        let mut c = Conn::new(gen, fd, self.clock.now(), &self.clock.cfg);
+        if tls.is_some() {
+            c.io.set(IoFlags::TLS);
+        }
         let due = c.armed;
         let id = ConnId { key: self.conns.slab.insert(c) as u32, gen };
         if let Err(e) = self.reactor.register(fd, id) {
             self.conns.slab.remove(id.key as usize);
             sock::close(fd);
             return Err(e);
+        }
+        if let Some(t) = tls {
+            self.tls.put(id.key, Box::new(t));
+            self.metrics().tls.connections.fetch_add(1, Relaxed);
         }
         super::tick::due_at(self.clock.wheel.schedule(id, due));
         Ok(id)
@@ -339,6 +357,9 @@ impl CoreState {
         }
         SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
+            if self.conn(id).is_some_and(|c| c.io.has(IoFlags::TLS)) {
+                return self.read_tls(id, fd, &mut scratch, READS_PER_WAKE);
+            }
             for _ in 0..READS_PER_WAKE {
                 let n = match sock::recv(fd, &mut scratch) {
                     Ok(0) => return self.end(id, ReapReason::Eof),
@@ -566,6 +587,9 @@ impl CoreState {
         }
         self.waiting.forget(id);
         self.api.forget(id);
+        if c.io.has(IoFlags::TLS) {
+            self.tls_teardown(id, c.fd, why);
+        }
         // Last: the log lines above name the peer, asked of the socket.
         self.reactor.deregister(id);
         sock::close(c.fd);
@@ -582,6 +606,7 @@ impl CoreState {
             sock::close(c.fd);
         }
         self.conns.slab.clear();
+        self.tls = Default::default();
     }
 
     /// One token of the `accept_rate` bucket (always granted when the rate is 0).

@@ -119,6 +119,14 @@ pub fn handshake_failed(
     }
 }
 
+/// A TLS connection failed by rustls (`why`: the `tether_tls_handshake_failures_total`
+/// reason, `reason`: rustls' error): `debug`, rate-limited with the handshake failures.
+pub fn tls_failed(core: usize, fd: Option<RawFd>, why: &str, reason: &str) {
+    if tracing::enabled!(Level::DEBUG) && admit(Kind::Handshake, Level::DEBUG, core) {
+        tracing::debug!(core, peer = %peer(fd), why, reason, "TLS failed");
+    }
+}
+
 /// An HTTP API request refused for its credentials (`endpoint`: `publish` or `admin`):
 /// `debug`, rate-limited with the handshake failures. The credentials are never logged.
 pub fn http_auth_failed(core: usize, fd: Option<RawFd>, endpoint: &str, reason: &str) {

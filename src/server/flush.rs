@@ -19,6 +19,7 @@ use super::io::batch::{SendBatch, BATCH};
 use super::io::{self as sock};
 use crate::config;
 use crate::session::queue::MAX_IOV;
+use crate::session::replay::Fetch;
 use crate::session::{Ctx, ReapReason};
 use crate::tick::Tick;
 
@@ -76,6 +77,12 @@ impl CoreState {
         if first.is_none() && c.io.has(IoFlags::WANT_WRITE) {
             return;
         }
+        if c.io.has(IoFlags::TLS) {
+            // Its state is out while its records are read (`tls::io`): the read flushes after.
+            let Some(t) = self.tls.get(id.key) else { return };
+            super::tls::io::transmit(t, c, &ctx, &mut fetch);
+            return self.flushed(id, fetch);
+        }
         let (s, fd) = (&mut c.session, c.fd);
         loop {
             let written = match first.take() {
@@ -111,8 +118,16 @@ impl CoreState {
         if c.session.poll_fin(&ctx) {
             sock::shutdown_write(fd);
         }
-        arm(&mut self.clock.wheel, self.clock.heartbeat_slack, id, c);
-        notice(&mut self.reactor, id, c);
+        self.flushed(id, fetch);
+    }
+
+    /// After a flush of `id`: files its deadline, hands its wish to be looked at to the
+    /// reactor, and asks for the next replay batch `fetch`.
+    fn flushed(&mut self, id: ConnId, fetch: Option<Fetch>) {
+        if let Some(c) = conn(&mut self.conns.slab, id) {
+            arm(&mut self.clock.wheel, self.clock.heartbeat_slack, id, c);
+            notice(&mut self.reactor, id, c);
+        }
         if let Some(f) = fetch {
             self.fetch(id, f);
         }
@@ -171,7 +186,9 @@ impl CoreState {
             // its second listing finds DIRTY clear and is flushed after the first.
             // A ring that broke in an earlier chunk of this pass is not used again: the
             // connections of this one are flushed with `sendmsg` below.
-            if !c.io.has(IoFlags::DIRTY) || c.io.has(IoFlags::WANT_WRITE) || batch.is_broken() {
+            // A TLS connection encrypts first: `flush_at` writes it below.
+            if !c.io.has(IoFlags::DIRTY) || c.io.has(IoFlags::WANT_WRITE) || c.io.has(IoFlags::TLS) || batch.is_broken()
+            {
                 continue;
             }
             c.io.clear(IoFlags::DIRTY);

@@ -53,6 +53,8 @@ pub struct CoreMetrics {
     pub presence_untracked: AtomicU64,
     /// Presence windows announced by the channels homed here: `[diffs, resets]` (counter).
     pub presence_frames: [AtomicU64; 2],
+    /// TLS connections, handshakes and their failures (`tether_tls_*`, `server::tls`).
+    pub tls: super::tls::TlsMetrics,
 }
 
 impl CoreMetrics {

@@ -12,6 +12,10 @@
 //!   (`tether_proto::session`: frames, the close handshake, heartbeats, the outbound queue and
 //!   its overflow policies, resume replay pacing) beside its socket, generation, subscription
 //!   list, timer entry and readiness conditions.
+//! - [`listen`]: the `SO_REUSEPORT` listeners of each core and its accept loop (a TLS
+//!   listener's connections start their handshake: [`tls`]).
+//! - [`tls`]: TLS between the socket calls and the session (rustls' unbuffered API): the
+//!   certificate in use, reloaded at `SIGHUP`, and each TLS connection's records.
 //! - [`io`]: every socket call (`recv`, `sendmsg`, `shutdown`, `close`), and
 //!   [`io::batch`]: the core's send ring (a chunk of `sendmsg`s per `io_uring_enter`).
 //! - [`flush`]: the send path: writing what the sessions queued, one `sendmsg` per connection
@@ -69,6 +73,7 @@ pub mod feed_port;
 pub mod flush;
 pub mod http;
 pub mod io;
+pub mod listen;
 pub mod local;
 pub mod metrics;
 pub mod presence;
@@ -79,20 +84,16 @@ pub mod requests;
 pub mod subscribe;
 pub mod tick;
 pub mod timer;
+pub mod tls;
 
 use std::cell::RefCell;
-use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
-use std::os::fd::IntoRawFd;
-use std::pin::pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
-use std::task::Poll;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use futures::FutureExt;
 use monoio::net::TcpListener;
 
 pub use self::conn::ConnId;
@@ -141,6 +142,9 @@ pub struct Shared {
     /// `lease_owner` of its feeds' leases and the first part of its connections' presence
     /// client ids.
     pub node_id: Arc<str>,
+    /// The certificate and key of new TLS handshakes when `[tls]` is set (reloaded at
+    /// `SIGHUP`, [`Server::reload_tls`]); `None`: no TLS listener.
+    pub tls: Option<Arc<tls::keys::Keys>>,
 }
 
 impl Shared {
@@ -191,12 +195,17 @@ pub struct ServeOptions {
     /// [`Verifier::from_config`] (which reads the key file: `tether serve` does it before
     /// starting so a bad key exits 2). `None`: [`Server::start`] builds it itself.
     pub auth: Option<Verifier>,
+    /// The `[tls]` pair, already read with [`tls::keys::Keys::load`] (`tether serve` does it
+    /// before starting so an unusable pair exits 2). `None`: [`Server::start`] reads it itself
+    /// when `[tls]` is set.
+    pub tls: Option<Arc<tls::keys::Keys>>,
 }
 
 /// A running server: its address, and the means to drain it and wait for its end.
 pub struct Server {
     shared: Arc<Shared>,
     addr: SocketAddr,
+    tls_addr: Option<SocketAddr>,
     threads: Vec<JoinHandle<()>>,
     feeds: crate::feeds::runtime::FeedRuntime,
 }
@@ -215,6 +224,14 @@ impl Server {
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
         }
         .map(|v| v.with_info_limit(config.presence.info_max_bytes));
+        let keys = match (opts.tls, &config.tls) {
+            (Some(k), _) => Some(k),
+            (None, Some(t)) => Some(Arc::new(
+                tls::keys::Keys::load(t)
+                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
+            )),
+            (None, None) => None,
+        };
         let cores = config.effective_cores().max(1);
         let bus = Bus::new(cores);
         let (feed_commands, feed_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -233,11 +250,30 @@ impl Server {
             feed_commands,
             feeds: crate::feeds::metrics::FeedMetrics::default(),
             node_id: crate::feeds::runtime::new_node_id().into(),
+            tls: keys,
             config,
         });
-        let (addr, listeners) = bind_listeners(shared.config.listen, cores)?;
+        let tls = shared.config.tls.as_ref();
+        let (addr, listeners) = listen::bind_listeners(shared.config.listen, cores)?;
+        // Each core's listeners, with whether each speaks TLS.
+        let plain_is_tls = tls.is_some_and(|t| t.listen_tls.is_none());
+        let mut listeners: Vec<Vec<(std::net::TcpListener, bool)>> =
+            listeners.into_iter().map(|l| vec![(l, plain_is_tls)]).collect();
+        let tls_addr = match tls.and_then(|t| t.listen_tls) {
+            Some(at) => {
+                let (bound, extra) = listen::bind_listeners(at, cores)?;
+                for (core, l) in listeners.iter_mut().zip(extra) {
+                    core.push((l, true));
+                }
+                Some(bound)
+            }
+            None => plain_is_tls.then_some(addr),
+        };
         let brokers = broker::open(&shared)?;
-        tracing::info!(%addr, listeners = cores, "listening (one SO_REUSEPORT listener per core)");
+        tracing::info!(%addr, listeners = cores, tls = plain_is_tls, "listening (one SO_REUSEPORT listener per core)");
+        if let Some(at) = tls_addr.filter(|_| !plain_is_tls) {
+            tracing::info!(addr = %at, listeners = cores, "listening for TLS (one SO_REUSEPORT listener per core)");
+        }
         let start = Instant::now();
         let endpoints = bus.into_endpoints();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -259,12 +295,28 @@ impl Server {
             }
         }
         let feeds = crate::feeds::runtime::FeedRuntime::start(shared.clone(), feed_rx)?;
-        Ok(Server { shared, addr, threads, feeds })
+        Ok(Server { shared, addr, tls_addr, threads, feeds })
     }
 
     /// The bound address (with the real port when `listen` had port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The address TLS is served on (`tls.listen_tls`, or `listen` when that speaks TLS);
+    /// `None` without `[tls]`.
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls_addr
+    }
+
+    /// Reads the `[tls]` certificate and key again (`SIGHUP`): new handshakes use the new pair,
+    /// live connections keep theirs. Errors: no `[tls]` (nothing to reload), or the pair is
+    /// unusable (the message names the file; the pair in use stays). Logged either way.
+    pub fn reload_tls(&self) -> Result<(), String> {
+        match &self.shared.tls {
+            Some(k) => k.reload().map_err(|e| e.to_string()),
+            None => Err("no [tls] section: nothing to reload".into()),
+        }
     }
 
     /// Process-wide state (metrics, flags).
@@ -303,65 +355,6 @@ impl Server {
             let _ = t.join();
         }
     }
-}
-
-/// One listener per core on `addr`, sharing its port with `SO_REUSEPORT`, after making sure
-/// no other process listens there: `SO_REUSEPORT` would let a second process share the port
-/// silently, the kernel would split connections between the two, and the two memory brokers
-/// would number the same channel twice (docs/operations.md, one server per port).
-///
-/// The check is a probe socket bound to `addr` *without* `SO_REUSEPORT` (with
-/// `SO_REUSEADDR`, so sockets in TIME_WAIT do not count): the bind fails with `EADDRINUSE`
-/// exactly when another socket listens on the address (or on a wildcard covering it). The
-/// probe stays bound (not listening) until our listeners listen, which it does not hinder,
-/// and picks the port when `addr` has port 0. Two processes started in the same instant can
-/// both pass the probe; one started while another serves cannot.
-fn bind_listeners(addr: SocketAddr, cores: usize) -> std::io::Result<(SocketAddr, Vec<std::net::TcpListener>)> {
-    let named = |e: std::io::Error| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}"));
-    let probe = socket_for(addr).map_err(named)?;
-    match probe.bind(&addr.into()) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::AddrInUse,
-                format!("address {addr} is already in use by another process (stop it, or choose another address with --listen or `listen` in the config)"),
-            ));
-        }
-        Err(e) => return Err(named(e)),
-    }
-    let bound = probe.local_addr().map_err(named)?.as_socket().unwrap_or(addr);
-    let mut listeners = Vec::with_capacity(cores);
-    for _ in 0..cores {
-        listeners.push(bind_reuseport(bound).map_err(named)?);
-    }
-    drop(probe);
-    Ok((bound, listeners))
-}
-
-/// A TCP socket for `addr` with `SO_REUSEADDR` (and dual-stack for IPv6).
-fn socket_for(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
-    use socket2::{Domain, Socket, Type};
-    let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
-    s.set_reuse_address(true)?;
-    if addr.is_ipv6() {
-        s.set_only_v6(false)?;
-    }
-    Ok(s)
-}
-
-/// A listening socket with `SO_REUSEPORT`, so each core accepts on its own queue.
-fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    let s = socket_for(addr)?;
-    s.set_reuse_port(true)?;
-    // Every accepted socket is a copy of the listener's and keeps its TCP_NODELAY (Linux), so
-    // set once here saves a setsockopt per handshake: the engine gathers each flush into one
-    // sendmsg itself and Nagle would only hold its small frames back.
-    s.set_tcp_nodelay(true)?;
-    s.bind(&addr.into())?;
-    // The kernel caps this at net.core.somaxconn (sysctl/99-tether.conf raises it).
-    s.listen(65_535)?;
-    s.set_nonblocking(true)?;
-    Ok(s.into())
 }
 
 /// Pins the calling thread to the `i`-th CPU this process may run on (its affinity mask,
@@ -421,7 +414,7 @@ fn build_runtime(core: usize) -> std::io::Result<CoreRuntime> {
 fn core_thread(
     i: usize,
     shared: Arc<Shared>,
-    listener: std::net::TcpListener,
+    listeners: Vec<(std::net::TcpListener, bool)>,
     ep: Endpoint,
     start: Instant,
     broker: Box<dyn broker::Broker + Send>,
@@ -446,13 +439,16 @@ fn core_thread(
     };
     tracing::info!(core = i, driver, "core started");
     rt.block_on(async move {
-        let listener = match TcpListener::from_std(listener) {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = ready.send(Err(e));
-                return;
+        let mut accepting = Vec::with_capacity(listeners.len());
+        for (l, tls) in listeners {
+            match TcpListener::from_std(l) {
+                Ok(l) => accepting.push((l, tls)),
+                Err(e) => {
+                    let _ = ready.send(Err(e));
+                    return;
+                }
             }
-        };
+        }
         let reactor = match reactor::Reactor::new(shared.config.io.readiness) {
             Ok(r) => r,
             Err(e) => {
@@ -469,46 +465,13 @@ fn core_thread(
         let core = Rc::new(RefCell::new(CoreState::new(i, shared, ep, start, broker, reactor)));
         monoio::spawn(processor::run(core.clone()));
         monoio::spawn(reactor::run(core.clone()));
-        monoio::spawn(accept_loop(core.clone(), listener));
+        for (listener, tls) in accepting {
+            monoio::spawn(listen::accept_loop(core.clone(), listener, tls));
+        }
         let _ = ready.send(Ok(()));
         tick::run(core.clone()).await;
         core.borrow_mut().close_all();
     });
-}
-
-/// Accepts until the drain starts, then drops the listener (closing it). Each accepted socket
-/// leaves monoio (`into_raw_fd` drops the driver's state of it) for the core's slab and
-/// reactor: no task per connection.
-async fn accept_loop(core: Rc<RefCell<CoreState>>, listener: TcpListener) {
-    let mut acc = pin!(listener.accept().fuse());
-    loop {
-        let r = poll_fn(|cx| {
-            let mut st = core.borrow_mut();
-            if st.drain.started {
-                return Poll::Ready(None);
-            }
-            st.drain.accept_waker = Some(cx.waker().clone());
-            acc.as_mut().poll(cx).map(Some)
-        })
-        .await;
-        let Some(r) = r else { break };
-        acc.set(listener.accept().fuse());
-        match r {
-            Ok((stream, _peer)) => {
-                let mut st = core.borrow_mut();
-                st.metrics().accepted.fetch_add(1, Relaxed);
-                if let Err(e) = st.insert_conn(stream.into_raw_fd()) {
-                    events::accept_failed(st.me, &e);
-                }
-            }
-            Err(e) => {
-                // EMFILE/ENFILE: back off briefly instead of spinning on a full fd table.
-                events::accept_failed(core.borrow().me, &e);
-                monoio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    }
-    tracing::info!(core = core.borrow().me, "listener closed");
 }
 
 /// The open-file limit before and after [`raise_nofile`].
@@ -553,12 +516,13 @@ fn term_and_int() -> libc::sigset_t {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         set
     }
 }
 
-/// Blocks SIGTERM and SIGINT in the calling thread (and the threads it starts later), so
-/// [`wait_signal`] can take them synchronously. Errors: `pthread_sigmask` failed (then the
+/// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread (and the threads it starts later),
+/// so [`wait_signal`] can take them synchronously. Errors: `pthread_sigmask` failed (then the
 /// signals keep their default action, ending the process without a drain).
 pub fn block_signals() -> std::io::Result<()> {
     let set = term_and_int();
@@ -571,7 +535,8 @@ pub fn block_signals() -> std::io::Result<()> {
     Ok(())
 }
 
-/// Waits for SIGTERM or SIGINT (blocked by [`block_signals`]); returns the signal number.
+/// Waits for SIGTERM, SIGINT or SIGHUP (blocked by [`block_signals`]); returns the signal
+/// number.
 /// Errors: `sigwait` failed.
 pub fn wait_signal() -> std::io::Result<i32> {
     let set = term_and_int();
@@ -587,16 +552,3 @@ pub fn wait_signal() -> std::io::Result<i32> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    /// The listener's TCP_NODELAY reaches every accepted socket, which the accept loop relies
-    /// on instead of one setsockopt per connection.
-    #[test]
-    fn accepted_sockets_inherit_the_listeners_nodelay() {
-        let listener = super::bind_reuseport("127.0.0.1:0".parse().expect("addr")).expect("bind");
-        listener.set_nonblocking(false).expect("blocking");
-        let _peer = std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
-        let (accepted, _) = listener.accept().expect("accept");
-        assert!(accepted.nodelay().expect("getsockopt"), "TCP_NODELAY not inherited");
-    }
-}

@@ -20,6 +20,7 @@ pub mod redis;
 pub mod redis_cluster;
 pub mod server;
 pub mod sse;
+pub mod tls;
 pub mod traffic;
 pub mod tung;
 pub mod upstream;

@@ -203,6 +203,7 @@ impl CoreState {
             (Method::Get | Method::Head, "/metrics") => {
                 let mut text = metrics::render(&self.shared.metrics, draining);
                 metrics::render_channels(&mut text, self.shared.channels.count());
+                crate::server::tls::render(&mut text, &self.shared.metrics, self.shared.tls.as_deref());
                 self.shared.broker.render_into(&mut text, self.shared.config.broker.kind.as_str());
                 self.shared.feeds.render_into(&mut text, crate::feeds::runtime::now_ms());
                 http::response(StatusCode::OK, "text/plain; version=0.0.4", text.as_bytes(), &[], keep_alive)
@@ -364,7 +365,9 @@ impl CoreState {
     pub(super) fn admit_capacity(&mut self, id: ConnId, req: &Request) -> bool {
         let shared = self.shared.clone();
         let retry = [("Retry-After", RETRY_AFTER_S)];
-        if !self.take_accept_token() {
+        // A TLS connection took its token when accepted: its handshake counted against the rate.
+        let rated = self.tls.get(id.key).is_some_and(|t| t.has(crate::server::tls::TlsConn::RATED));
+        if !rated && !self.take_accept_token() {
             let e = HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "accept_rate exceeded");
             self.refuse(id, req, e, HandshakeFailure::RateLimited, &retry);
             return false;

@@ -1,0 +1,221 @@
+//! TLS on tether itself (`[tls]`; docs/architecture.md, "TLS"): between a core's socket calls
+//! and the sans-IO session, with rustls' unbuffered API.
+//!
+//! - [`keys`]: the certificate and key of new handshakes, read at start and at `SIGHUP`.
+//! - [`io`]: a TLS connection's read path (records decrypted in the core's read scratch
+//!   buffer, the plaintext handed to the session as a plain connection's bytes are) and send
+//!   path (what the session queued, encrypted into a per-core scratch buffer and written from
+//!   there).
+//!
+//! A TLS connection is a plain [`Conn`](super::conn::Conn) with [`IoFlags::TLS`] set and a
+//! [`TlsConn`] in the core's side table [`TlsConns`], keyed by slab key: a plain connection
+//! does not grow by a byte. An idle TLS connection holds its rustls connection (keys, sequence
+//! numbers, the state machine) and no buffer: only ciphertext the socket did not take and a
+//! partial incoming record are kept, and released once drained.
+//!
+//! [`IoFlags::TLS`]: super::conn::IoFlags::TLS
+
+pub mod io;
+pub mod keys;
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use rustls::server::{ServerConfig, UnbufferedServerConnection};
+
+/// One TLS connection's state beside its [`Conn`](super::conn::Conn) (see the module docs).
+pub struct TlsConn {
+    /// The rustls connection (unbuffered: it owns no record buffer).
+    pub(super) conn: UnbufferedServerConnection,
+    /// Received bytes that do not make a whole record yet (empty, with no allocation, between
+    /// records).
+    pub(super) input: Vec<u8>,
+    /// Encrypted or encoded bytes the socket did not take yet (empty, with no allocation, once
+    /// written).
+    pub(super) output: Vec<u8>,
+    /// Conditions of the connection ([`TlsConn::ESTABLISHED`], …).
+    pub(super) flags: u8,
+}
+
+impl TlsConn {
+    /// The handshake completed (counted in `tether_tls_handshakes_total`).
+    pub const ESTABLISHED: u8 = 1;
+    /// Our close_notify is encrypted (sent, or waiting in `output`).
+    pub const CLOSE_NOTIFY: u8 = 2;
+    /// TCP is half-closed once `output` is written (the close_notify went before it).
+    pub const FIN_OWED: u8 = 4;
+    /// The handshake failed and was counted, so the teardown does not count it again.
+    pub const FAILED: u8 = 8;
+    /// It took an `accept_rate` token when accepted (its handshake counts against the rate),
+    /// so its upgrade does not take a second one.
+    pub const RATED: u8 = 16;
+
+    /// A connection whose handshake will use `config`. Errors: rustls refused to start one
+    /// (only with a configuration it cannot use).
+    pub fn new(config: Arc<ServerConfig>) -> Result<TlsConn, rustls::Error> {
+        Ok(TlsConn { conn: UnbufferedServerConnection::new(config)?, input: Vec::new(), output: Vec::new(), flags: 0 })
+    }
+
+    /// Whether every bit of `f` is set.
+    pub fn has(&self, f: u8) -> bool {
+        self.flags & f == f
+    }
+
+    /// The negotiated protocol version (`TLSv1_3`, `TLSv1_2`), once the handshake got that far.
+    pub fn version(&self) -> Option<rustls::ProtocolVersion> {
+        self.conn.protocol_version()
+    }
+}
+
+/// The TLS connections of one core, by slab key (only TLS connections have an entry).
+#[derive(Default)]
+pub struct TlsConns {
+    map: HashMap<u32, Box<TlsConn>>,
+}
+
+impl TlsConns {
+    /// The state of the connection at slab key `key`, when it is a TLS connection and not
+    /// lent out ([`TlsConns::take`]).
+    pub fn get(&mut self, key: u32) -> Option<&mut TlsConn> {
+        self.map.get_mut(&key).map(|b| &mut **b)
+    }
+
+    /// Takes the state of `key` out while its records are processed (the session is fed
+    /// meanwhile, and may be written to: the send path skips a connection whose state is out).
+    pub fn take(&mut self, key: u32) -> Option<Box<TlsConn>> {
+        self.map.remove(&key)
+    }
+
+    /// Puts `t` in for `key` (a new connection, or one taken out).
+    pub fn put(&mut self, key: u32, t: Box<TlsConn>) {
+        self.map.insert(key, t);
+    }
+
+    /// Every TLS connection of the core (the reclaim step shrinks the table when it emptied).
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether the core has no TLS connection.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Gives back the table's memory once no TLS connection is left.
+    pub fn shrink(&mut self) {
+        if self.map.is_empty() {
+            self.map = HashMap::new();
+        }
+    }
+}
+
+/// Why a TLS handshake failed (`tether_tls_handshake_failures_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The peer spoke plain text (an HTTP request) to the TLS port.
+    Plaintext = 0,
+    /// Anything else rustls refused: a bad record, an unsupported version or cipher suite, an
+    /// alert from the peer.
+    Protocol,
+    /// The handshake (TLS, then the HTTP request head) did not finish within
+    /// `limits.handshake_timeout_ms`.
+    Timeout,
+    /// The peer closed or reset TCP before the handshake finished.
+    Closed,
+    /// Closed at accept, before any handshake: `accept_rate` was exceeded.
+    Rate,
+}
+
+impl Failure {
+    /// Every reason, in label order.
+    pub const ALL: [Failure; 5] =
+        [Failure::Plaintext, Failure::Protocol, Failure::Timeout, Failure::Closed, Failure::Rate];
+
+    /// The `reason` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Failure::Plaintext => "plaintext",
+            Failure::Protocol => "protocol",
+            Failure::Timeout => "timeout",
+            Failure::Closed => "closed",
+            Failure::Rate => "accept_rate",
+        }
+    }
+}
+
+/// One core's TLS counters (part of its [`CoreMetrics`](super::metrics::CoreMetrics)).
+#[derive(Default)]
+pub struct TlsMetrics {
+    /// TCP connections accepted on a TLS listener and open now, whatever their state (gauge).
+    pub connections: AtomicI64,
+    /// Handshakes completed, by version: `[TLS 1.3, TLS 1.2]` (counter).
+    pub handshakes: [AtomicU64; 2],
+    /// Handshakes that failed, by [`Failure`] (counter).
+    pub failures: [AtomicU64; Failure::ALL.len()],
+}
+
+impl TlsMetrics {
+    /// Counts a failed handshake.
+    pub fn failed(&self, why: Failure) {
+        self.failures[why as usize].fetch_add(1, Relaxed);
+    }
+}
+
+/// Appends the `tether_tls_*` families for `cores` (and the reload counters of `keys`, when
+/// TLS is on) to a Prometheus text exposition.
+pub fn render(out: &mut String, cores: &[super::metrics::CoreMetrics], keys: Option<&keys::Keys>) {
+    let _ = writeln!(
+        out,
+        "# HELP tether_tls_connections TCP connections accepted on a TLS listener and open now (handshaking or not).\n# TYPE tether_tls_connections gauge"
+    );
+    for (i, m) in cores.iter().enumerate() {
+        let _ = writeln!(out, "tether_tls_connections{{core=\"{i}\"}} {}", m.tls.connections.load(Relaxed).max(0));
+    }
+    let _ = writeln!(
+        out,
+        "# HELP tether_tls_handshakes_total TLS handshakes completed, by protocol version.\n# TYPE tether_tls_handshakes_total counter"
+    );
+    for (i, m) in cores.iter().enumerate() {
+        for (v, name) in ["TLSv1.3", "TLSv1.2"].iter().enumerate() {
+            let n = m.tls.handshakes[v].load(Relaxed);
+            let _ = writeln!(out, "tether_tls_handshakes_total{{core=\"{i}\",version=\"{name}\"}} {n}");
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP tether_tls_handshake_failures_total TLS handshakes that failed, by reason (plaintext, protocol, timeout, closed, accept_rate).\n# TYPE tether_tls_handshake_failures_total counter"
+    );
+    for (i, m) in cores.iter().enumerate() {
+        for f in Failure::ALL {
+            let n = m.tls.failures[f as usize].load(Relaxed);
+            let _ = writeln!(out, "tether_tls_handshake_failures_total{{core=\"{i}\",reason=\"{}\"}} {n}", f.label());
+        }
+    }
+    if let Some(k) = keys {
+        let _ = writeln!(
+            out,
+            "# HELP tether_tls_reloads_total Certificate reloads (SIGHUP) by result: ok, or failed (the pair in use stayed).\n# TYPE tether_tls_reloads_total counter"
+        );
+        let _ = writeln!(out, "tether_tls_reloads_total{{result=\"ok\"}} {}", k.reloads[0].load(Relaxed));
+        let _ = writeln!(out, "tether_tls_reloads_total{{result=\"failed\"}} {}", k.reloads[1].load(Relaxed));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tls_connection_is_one_pointer_in_the_side_table_and_no_byte_in_conn() {
+        // The TLS state lives out of line: `Conn` keeps its size (conn.rs checks it) and the
+        // side table holds a key and a box per TLS connection.
+        let inline = std::mem::size_of::<TlsConn>();
+        eprintln!("TlsConn (boxed, per TLS connection): {inline} bytes");
+        assert_eq!(std::mem::size_of::<Option<Box<TlsConn>>>(), 8);
+        // The unbuffered connection holds keys, sequence numbers and the state machine; the
+        // idle memory of a TLS connection is measured with a live server (tests/tls_idle_memory.rs).
+        assert!(inline <= 1536, "TlsConn is {inline} bytes inline");
+    }
+}
