@@ -551,4 +551,3 @@ pub fn wait_signal() -> std::io::Result<i32> {
         }
     }
 }
-
