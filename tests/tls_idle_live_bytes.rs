@@ -3,9 +3,11 @@
 //! counting allocator, the idle subscribed connections are held by a Python `websockets`
 //! process (tests/tls/idle_clients.py, so nothing of the clients is counted), and the live
 //! bytes are sampled at several counts, plain and TLS; the per-connection cost is the
-//! least-squares slope. Prints both and asserts the TLS connection holds no buffer: its extra
-//! live bytes stay under 4 KiB (measured: 3,335 B, what rustls and ring keep after the
-//! handshake plus `TlsConn`; a kept record buffer would add 16 KiB or more).
+//! least-squares slope. Prints both, and what a TLS connection holds by allocation size (the
+//! live allocations at the last count against the first, per connection: docs/architecture.md
+//! "TLS" names each), and asserts the TLS connection holds no buffer: its extra live bytes stay
+//! under 4 KiB (measured: 3,311 B, what rustls and ring keep after the handshake plus
+//! `TlsConn`; a kept record buffer would add 16 KiB or more).
 //!
 //! `cargo test --release --test tls_idle_live_bytes -- --nocapture`.
 
@@ -19,7 +21,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use common::tls::{self, Pki};
-use counting_alloc::{Counting, LIVE};
+use counting_alloc::{live_by_size, Counting, LIVE};
 use tether::config::Config;
 use tether::server::{ServeOptions, Server};
 
@@ -61,6 +63,7 @@ fn live_bytes(tls: Option<(&Pki, &tls::Leaf)>) -> Vec<(f64, f64)> {
     });
     let open = || srv.shared().metrics.iter().map(|m| m.connections.load(Relaxed)).sum::<i64>();
     let mut samples = Vec::new();
+    let mut first = Vec::new();
     for n in STEPS {
         writeln!(to, "{n}").unwrap();
         let line = rx.recv_timeout(Duration::from_secs(120)).expect("the clients opened their connections");
@@ -72,12 +75,32 @@ fn live_bytes(tls: Option<(&Pki, &tls::Leaf)>) -> Vec<(f64, f64)> {
         let live = LIVE.load(Relaxed) as f64;
         eprintln!("  {} {n}: {:.2} MiB live", if tls.is_some() { "TLS" } else { "plain" }, live / 1048576.0);
         samples.push((n as f64, live));
+        if n == STEPS[0] {
+            first = live_by_size();
+        } else if n == STEPS[STEPS.len() - 1] {
+            print_breakdown(&first, &live_by_size(), n - STEPS[0]);
+        }
     }
     drop(to);
     common::wait_child(child, Duration::from_secs(60), "the idle clients");
     srv.shutdown(tether::ws::codec::CloseCode::Away);
     srv.wait();
     samples
+}
+
+/// Prints the allocations held per connection between two [`live_by_size`] snapshots taken
+/// `conns` connections apart: where the slope's bytes go, by allocation size.
+fn print_breakdown(before: &[(usize, isize)], after: &[(usize, isize)], conns: usize) {
+    let at = |v: &[(usize, isize)], s: usize| v.iter().find(|p| p.0 == s).map_or(0, |p| p.1);
+    let mut rows: Vec<(usize, f64)> = after
+        .iter()
+        .map(|&(s, c)| (s, (c - at(before, s)) as f64 / conns as f64))
+        .filter(|&(_, per)| per.abs() >= 0.05)
+        .collect();
+    rows.sort_by(|a, b| (b.0 as f64 * b.1).total_cmp(&(a.0 as f64 * a.1)));
+    for (size, per) in rows {
+        eprintln!("    {size:>5} B x {per:.2} per connection = {:.0} B", size as f64 * per);
+    }
 }
 
 #[test]

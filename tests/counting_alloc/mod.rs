@@ -7,13 +7,28 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering::Relaxed};
 
 /// The system allocator, counting live bytes.
 pub struct Counting;
 
 pub static LIVE: AtomicUsize = AtomicUsize::new(0);
 pub static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+/// Live allocations by size in bytes (index [`SIZE_CAP`] counts every larger one), for tests
+/// that say where their bytes go ([`live_by_size`]).
+pub const SIZE_CAP: usize = 8192;
+static BY_SIZE: [AtomicIsize; SIZE_CAP + 1] = [const { AtomicIsize::new(0) }; SIZE_CAP + 1];
+
+fn by_size(size: usize, d: isize) {
+    BY_SIZE[size.min(SIZE_CAP)].fetch_add(d, Relaxed);
+}
+
+/// The live allocations now, by size: `(size, count)` for every size with a live one
+/// (`SIZE_CAP` stands for "that or more").
+pub fn live_by_size() -> Vec<(usize, isize)> {
+    BY_SIZE.iter().enumerate().map(|(s, c)| (s, c.load(Relaxed))).filter(|&(_, c)| c != 0).collect()
+}
 
 thread_local! {
     // Const-initialised and without destructors: usable from inside the allocator. Signed,
@@ -52,11 +67,13 @@ unsafe impl GlobalAlloc for Counting {
         let live = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
         PEAK.fetch_max(live, Relaxed);
         thread_grow(layout.size());
+        by_size(layout.size(), 1);
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         LIVE.fetch_sub(layout.size(), Relaxed);
         thread_shrink(layout.size());
+        by_size(layout.size(), -1);
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
@@ -68,6 +85,8 @@ unsafe impl GlobalAlloc for Counting {
             LIVE.fetch_sub(layout.size() - new_size, Relaxed);
             thread_shrink(layout.size() - new_size);
         }
+        by_size(layout.size(), -1);
+        by_size(new_size, 1);
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }

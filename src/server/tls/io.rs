@@ -49,15 +49,13 @@ enum Wrote {
 /// that waited for it.
 fn write_output(t: &mut TlsConn, fd: i32) -> Wrote {
     while !t.output.is_empty() {
-        match sock::send(fd, &[IoSlice::new(&t.output)]) {
-            Ok(n) => {
-                t.output.drain(..n);
-            }
+        match sock::send(fd, &[IoSlice::new(t.output.bytes())]) {
+            Ok(n) => t.output.consume(n),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Wrote::Blocked,
             Err(_) => return Wrote::Failed,
         }
     }
-    t.output = Vec::new();
+    t.output.clear();
     if t.has(TlsConn::FIN_OWED) {
         t.flags &= !TlsConn::FIN_OWED;
         sock::shutdown_write(fd);
@@ -85,7 +83,7 @@ fn send_alert(t: &mut TlsConn, fd: i32) {
     for _ in 0..4 {
         let UnbufferedStatus { state, .. } = t.conn.process_tls_records(&mut []);
         match state {
-            Ok(ConnectionState::EncodeTlsData(e)) => encode(e, &mut t.output),
+            Ok(ConnectionState::EncodeTlsData(e)) => encode(e, t.output.vec()),
             Ok(ConnectionState::TransmitTlsData(x)) => {
                 x.done();
                 break;
@@ -148,7 +146,7 @@ impl CoreState {
                 self.tls_failed(id, fd, t, Failure::Protocol, "a record longer than any TLS record");
                 return false;
             }
-            scratch[..held].copy_from_slice(&t.input);
+            scratch[..held].copy_from_slice(t.input.bytes());
             let n = match sock::recv(fd, &mut scratch[held..]) {
                 Ok(0) => {
                     self.end(id, ReapReason::Eof);
@@ -161,7 +159,7 @@ impl CoreState {
                     return false;
                 }
             };
-            t.input = Vec::new();
+            t.input.clear();
             let first = (!t.has(TlsConn::ESTABLISHED)).then_some(scratch[0]);
             let (used, records) = self.process(id, fd, t, &mut scratch[..held + n]);
             match records {
@@ -177,7 +175,7 @@ impl CoreState {
                 }
             }
             if used < held + n {
-                t.input = scratch[used..held + n].to_vec();
+                t.input.set(&scratch[used..held + n]);
             }
             let Some(c) = self.conn(id).filter(|c| !c.session.is_closed()) else { return false };
             if c.io.has(IoFlags::READ_PENDING) {
@@ -238,7 +236,7 @@ impl CoreState {
                         }
                     }
                 }
-                Ok(ConnectionState::EncodeTlsData(e)) => encode(e, &mut t.output),
+                Ok(ConnectionState::EncodeTlsData(e)) => encode(e, t.output.vec()),
                 Ok(ConnectionState::TransmitTlsData(x)) => {
                     x.done();
                     match write_output(t, fd) {
@@ -305,8 +303,9 @@ pub(in crate::server) fn transmit(t: &mut TlsConn, c: &mut Conn, ctx: &Ctx, fetc
             let n = seal(t, &plain[..len], sealed)?;
             c.session.transmitted(len, ctx.now);
             match sock::send(fd, &[IoSlice::new(&sealed[..n])]) {
-                Ok(w) => t.output.extend_from_slice(&sealed[w..n]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => t.output.extend_from_slice(&sealed[..n]),
+                Ok(w) if w < n => t.output.vec().extend_from_slice(&sealed[w..n]),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => t.output.vec().extend_from_slice(&sealed[..n]),
                 Err(e) => return Err(e),
             }
             Ok(Some(()))
@@ -354,11 +353,11 @@ fn gather(s: &crate::session::Session, plain: &mut [u8]) -> usize {
 /// length. Errors: the connection cannot write (its handshake is not done, or it failed).
 fn seal(t: &mut TlsConn, plain: &[u8], sealed: &mut [u8]) -> io::Result<usize> {
     for _ in 0..8 {
-        let UnbufferedStatus { discard, state } = t.conn.process_tls_records(&mut t.input);
+        let UnbufferedStatus { discard, state } = t.conn.process_tls_records(t.input.bytes_mut());
         let done = match state {
             Ok(ConnectionState::WriteTraffic(mut w)) => Some(w.encrypt(plain, sealed).map_err(encrypt_error)),
             Ok(ConnectionState::EncodeTlsData(e)) => {
-                encode(e, &mut t.output);
+                encode(e, t.output.vec());
                 None
             }
             Ok(ConnectionState::TransmitTlsData(x)) => {
@@ -369,13 +368,13 @@ fn seal(t: &mut TlsConn, plain: &[u8], sealed: &mut [u8]) -> io::Result<usize> {
             Ok(other) => Some(Err(io::Error::other(format!("TLS connection cannot write in state {other:?}")))),
             Err(e) => Some(Err(io::Error::other(e))),
         };
-        t.input.drain(..discard);
+        t.input.consume(discard);
         if let Some(r) = done {
             if !t.output.is_empty() {
                 // Handshake records (a key update) come before the application data.
                 let mut out = std::mem::take(&mut t.output);
                 let n = r?;
-                out.extend_from_slice(&sealed[..n]);
+                out.vec().extend_from_slice(&sealed[..n]);
                 t.output = out;
                 return Ok(0);
             }
@@ -399,7 +398,7 @@ pub(in crate::server) fn close_notify(t: &mut TlsConn) {
     if let Ok(ConnectionState::WriteTraffic(mut w)) = state {
         let mut alert = [0u8; 64];
         if let Ok(n) = w.queue_close_notify(&mut alert) {
-            t.output.extend_from_slice(&alert[..n]);
+            t.output.vec().extend_from_slice(&alert[..n]);
         }
     }
 }

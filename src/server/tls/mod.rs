@@ -31,10 +31,10 @@ pub struct TlsConn {
     pub(super) conn: UnbufferedServerConnection,
     /// Received bytes that do not make a whole record yet (empty, with no allocation, between
     /// records).
-    pub(super) input: Vec<u8>,
+    pub(super) input: Spill,
     /// Encrypted or encoded bytes the socket did not take yet (empty, with no allocation, once
     /// written).
-    pub(super) output: Vec<u8>,
+    pub(super) output: Spill,
     /// Conditions of the connection ([`TlsConn::ESTABLISHED`], …).
     pub(super) flags: u8,
 }
@@ -55,7 +55,12 @@ impl TlsConn {
     /// A connection whose handshake will use `config`. Errors: rustls refused to start one
     /// (only with a configuration it cannot use).
     pub fn new(config: Arc<ServerConfig>) -> Result<TlsConn, rustls::Error> {
-        Ok(TlsConn { conn: UnbufferedServerConnection::new(config)?, input: Vec::new(), output: Vec::new(), flags: 0 })
+        Ok(TlsConn {
+            conn: UnbufferedServerConnection::new(config)?,
+            input: Spill::default(),
+            output: Spill::default(),
+            flags: 0,
+        })
     }
 
     /// Whether every bit of `f` is set.
@@ -66,6 +71,66 @@ impl TlsConn {
     /// The negotiated protocol version (`TLSv1_3`, `TLSv1_2`), once the handshake got that far.
     pub fn version(&self) -> Option<rustls::ProtocolVersion> {
         self.conn.protocol_version()
+    }
+}
+
+/// Bytes a TLS connection keeps between calls: a record still arriving, or ciphertext the
+/// socket did not take. One word while empty, as an idle connection's are (a vector is three),
+/// the vector boxed out of line while bytes are held.
+#[derive(Default)]
+// The box is the point: one word in every `TlsConn` instead of a vector's three, and the
+// second allocation exists only while bytes are held.
+#[allow(clippy::box_collection)]
+pub struct Spill(Option<Box<Vec<u8>>>);
+
+impl Spill {
+    /// The bytes held (none while empty).
+    pub fn bytes(&self) -> &[u8] {
+        self.0.as_deref().map_or(&[], Vec::as_slice)
+    }
+
+    /// The bytes held, writable (rustls decrypts a held record in place).
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        match &mut self.0 {
+            Some(v) => v.as_mut_slice(),
+            None => &mut [],
+        }
+    }
+
+    /// How many bytes are held.
+    pub fn len(&self) -> usize {
+        self.bytes().len()
+    }
+
+    /// Whether no byte is held.
+    pub fn is_empty(&self) -> bool {
+        self.bytes().is_empty()
+    }
+
+    /// The vector to append to (allocated on first use; [`Spill::consume`] and
+    /// [`Spill::clear`] free it).
+    pub fn vec(&mut self) -> &mut Vec<u8> {
+        self.0.get_or_insert_with(Box::default)
+    }
+
+    /// Drops the first `n` bytes (written or processed); frees the memory once none is left.
+    pub fn consume(&mut self, n: usize) {
+        if let Some(v) = &mut self.0 {
+            v.drain(..n);
+            if v.is_empty() {
+                self.0 = None;
+            }
+        }
+    }
+
+    /// Holds exactly `bytes` (nothing, and no allocation, when empty).
+    pub fn set(&mut self, bytes: &[u8]) {
+        self.0 = (!bytes.is_empty()).then(|| Box::new(bytes.to_vec()));
+    }
+
+    /// Frees what is held.
+    pub fn clear(&mut self) {
+        self.0 = None;
     }
 }
 
@@ -216,6 +281,9 @@ mod tests {
         assert_eq!(std::mem::size_of::<Option<Box<TlsConn>>>(), 8);
         // The unbuffered connection holds keys, sequence numbers and the state machine; the
         // idle memory of a TLS connection is measured with a live server (tests/tls_idle_memory.rs).
-        assert!(inline <= 1536, "TlsConn is {inline} bytes inline");
+        // tether's own share is the two spills (a word each while empty) and the flags.
+        assert_eq!(std::mem::size_of::<Spill>(), 8);
+        let own = inline - std::mem::size_of::<UnbufferedServerConnection>();
+        assert!(own <= 24, "TlsConn adds {own} bytes to rustls' connection");
     }
 }
