@@ -1,7 +1,7 @@
 //! The listeners of a core and its accept loop: one `SO_REUSEPORT` listener per core on
 //! `listen` (and on `tls.listen_tls` when set), each accepted socket handed to the core's slab
 //! and reactor, a TLS listener's with the handshake configuration in use
-//! ([`tls::keys::Keys`](super::tls::keys::Keys)).
+//! ([`super::tls::keys::Keys`]).
 
 use std::cell::RefCell;
 use std::future::{poll_fn, Future};
