@@ -129,7 +129,17 @@ set_up() {
   echo "autobahn.sh: set up in $((SECONDS - started)) s" >&2
 }
 
-suite_ready || set_up
+# Two runs at once on a fresh machine (the test binary runs its suites in parallel) must not
+# install into $home together: the first takes the lock and sets up, the other waits for it and
+# then finds the suite ready.
+if ! suite_ready; then
+  mkdir -p "$home"
+  exec 9>"$home/.setup.lock"
+  flock -w 900 9 || die "waited 900 s for another run's set-up ($home/.setup.lock)"
+  suite_ready || set_up
+  flock -u 9
+  exec 9>&-
+fi
 
 [ -n "$out" ] || out="$(mktemp -d -t autobahn-report.XXXXXX)"
 mkdir -p "$out"
