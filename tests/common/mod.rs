@@ -11,6 +11,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod browser;
 pub mod drivers;
 pub mod feeds;
 pub mod moto;
