@@ -258,9 +258,13 @@ fn run() -> i32 {
     };
     // Those not finished by the broadcasts (none, or all when there were no broadcasts).
     reports.extend(loads.iter_mut().filter(|l| l.0.is_some()).map(LoadProc::finish));
+    // After the close phase (`close` counts the clean closes): e.g. `pong_timeout` for
+    // connections a load process, busy closing the others, answered too late.
+    let reaped_end = reaped(&nodes);
+    eprintln!("c1m: connections reaped by the end of the close phase, by reason: {reaped_end:?}");
     drop(nodes);
     drop(redis);
-    let reaped_json = json!({"by_step": reaped_by_step, "after_broadcasts": reaped_after});
+    let reaped_json = json!({"by_step": reaped_by_step, "after_broadcasts": reaped_after, "at_end": reaped_end});
     report(&plan, &base, &samples, held, stopped, broadcast_rows, broadcast_json, &reports, reaped_json)
 }
 
@@ -623,6 +627,12 @@ fn report(
         println!("\n  stopped short: {why}");
     }
     let errors: f64 = reports.iter().map(|r| num(r, "errors")).sum();
+    // Connections held to the end whose close did not end with a close frame: not a failure of
+    // the hold (tether-load idle.rs), shown so that a change in the close path is seen.
+    let close_errors: f64 = reports.iter().map(|r| num(r, "close_errors")).sum();
+    println!(
+        "  closes after the hold without the server's close frame: {close_errors} (load reports' close_error_kinds)"
+    );
     let complete = broadcasts.as_array().is_some_and(|b| b.iter().all(|x| x["missing"] == 0));
     let mut reports = reports.to_vec();
     for r in &mut reports {
@@ -642,7 +652,8 @@ fn report(
             "steps": samples.iter().map(|s| sample_json(s, base)).collect::<Vec<_>>(),
             "broadcasts": broadcasts, "load_errors": errors, "load_reports": reports,
             "ping_interval_ms": plan.ping_ms, "pong_timeout_ms": plan.pong_ms, "connect_rate": plan.rate, "reaped_by_step": reaped["by_step"],
-            "reaped_after_broadcasts": reaped["after_broadcasts"],
+            "reaped_after_broadcasts": reaped["after_broadcasts"], "reaped_at_end": reaped["at_end"],
+            "close_errors": close_errors,
         }),
     );
     i32::from(!(held >= plan.target && stopped.is_none() && complete && errors == 0.0))

@@ -8,26 +8,14 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{check, eventually_sync, http_request, seq_of_reply, within, Server};
+use common::{check, eventually_sync, http_request, seq_of_reply, within, KillOnDrop, Server};
 use serde_json::Value;
 
 const CONNS: u64 = 200;
 const BROADCASTS: u64 = 3;
-
-/// The load process, SIGKILLed on drop if the test fails before it reported.
-struct Load(Child);
-
-impl Drop for Load {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
 
 /// `tether_messages_delivered_total` (frames queued to subscribers) summed over cores.
 async fn delivered(server: &Server) -> f64 {
@@ -56,7 +44,7 @@ async fn idle_deflate_inflates_and_times_every_compressed_broadcast() {
 
 async fn times_every_broadcast(deflate: bool) {
     let server = Server::start("", &["--cores", "1"]);
-    let mut load = Load(
+    let mut load = KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_tether"))
             .args(["load", "idle", &server.ws_url(), "--conns", &CONNS.to_string(), "--procs", "2"])
             .args(["--threads", "1", "--channels", "1", "--hold", "120s", "--latency-from-data"])

@@ -33,7 +33,7 @@ pub use server::{Metrics, Server};
 pub use wait::{check, eventually, eventually_reaches, eventually_sync, wait_child, within, within_sync};
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -426,4 +426,17 @@ pub fn msg_seq(payload: &[u8]) -> u64 {
     let at = find(payload, b"\"seq\":")
         .unwrap_or_else(|| panic!("no seq in {:?}", String::from_utf8_lossy(&payload[..payload.len().min(200)])));
     payload[at + 6..].iter().take_while(|b| b.is_ascii_digit()).fold(0u64, |n, d| n * 10 + (d - b'0') as u64)
+}
+
+/// A child process (a load generator, say) SIGKILLed by its PID on drop if it still runs, so
+/// a test that fails before the child reported leaves nothing behind.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
 }

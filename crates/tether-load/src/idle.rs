@@ -5,8 +5,17 @@
 //! (`failed` + `dropped`), `opened`, `failed` (connect, handshake or subscribe failed),
 //! `dropped` (closed by the peer during the hold), `connect_s` (time to attempt all), `held_s`,
 //! `procs`, `error_kinds`, `deflate_agreed` (connections that negotiated permessage-deflate:
-//! 0 without `--deflate`); with `--latency-from-data`, the broadcast fields of
+//! 0 without `--deflate`), `close_errors` and `close_error_kinds` (connections held to the end
+//! whose close, after the hold, did not end with the server's close frame: EOF, reset, timeout;
+//! not counted in `errors`); with `--latency-from-data`, the broadcast fields of
 //! [`super::broadcast`].
+//!
+//! The end of the hold comes in two steps. At the stop every connection is first counted (held,
+//! or dropped if the server's end was already readable), and only once all are counted does
+//! the close begin: closing thousands of connections takes this process's CPU, and on a busy
+//! box a connection not yet counted could otherwise wait past the server's pong timeout while
+//! the others close, be reaped, and be miscounted as dropped during the hold (issue 31 item 6:
+//! 1,303 of 500,000 in the c1m bench's close phase).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -27,7 +36,7 @@ use super::{now_ns, proc_slot, procs, run_split, share, thread_count, wait_until
 pub(crate) const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Report fields in display order (after `scenario`).
-const FIELDS: [&str; 10] = [
+const FIELDS: [&str; 12] = [
     "connections",
     "errors",
     "opened",
@@ -38,12 +47,23 @@ const FIELDS: [&str; 10] = [
     "procs",
     "error_kinds",
     "deflate_agreed",
+    "close_errors",
+    "close_error_kinds",
 ];
+
+/// Longest wait, after the stop, for every connection to be counted before the close begins
+/// (a starved thread may take long to poll them all; past it, the stragglers close as they come).
+const COUNT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// State shared by the controller and the worker threads.
 struct Shared {
     attempted: AtomicUsize,
+    /// Connections opened and not yet counted (held to the stop, or dropped).
+    uncounted: AtomicUsize,
+    /// The end of the hold: each connection is counted.
     stop: watch::Sender<bool>,
+    /// Every connection is counted: the closes begin.
+    close: watch::Sender<bool>,
 }
 
 /// One worker thread's tally.
@@ -55,6 +75,8 @@ struct Tally {
     dropped: u64,
     deflate_agreed: u64,
     errors: Errors,
+    /// Held connections whose close did not end with the server's close frame, by kind.
+    close_errors: Errors,
     /// With `--latency-from-data`: this thread's broadcast latencies.
     broadcasts: Broadcasts,
 }
@@ -83,7 +105,8 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
     let per_thread_rate = args.rate / (procs * threads) as f64;
     let permits = (args.common.concurrency / threads).max(1);
     let (stop, _) = watch::channel(false);
-    let shared = Arc::new(Shared { attempted: AtomicUsize::new(0), stop });
+    let (close, _) = watch::channel(false);
+    let shared = Arc::new(Shared { attempted: AtomicUsize::new(0), uncounted: AtomicUsize::new(0), stop, close });
     let started = Instant::now();
     let latency_from_data = args.latency_from_data;
     let deflate = args.deflate;
@@ -112,6 +135,10 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
                 tasks.push(tokio::task::spawn_local(async move {
                     let opened = open_and_subscribe(&url, source, &channel, deflate).await;
                     drop(permit);
+                    if opened.is_ok() {
+                        // Before `attempted`: the controller counts on it once all are attempted.
+                        shared.uncounted.fetch_add(1, Ordering::Relaxed);
+                    }
                     shared.attempted.fetch_add(1, Ordering::Relaxed);
                     let mut conn = match opened {
                         Ok(conn) => conn,
@@ -127,27 +154,43 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
                         t.opened += 1;
                         t.deflate_agreed += u64::from(conn.deflate());
                     }
-                    let mut stop = shared.stop.subscribe();
+                    let (mut stop, mut close) = (shared.stop.subscribe(), shared.close.subscribe());
                     // Biased to the socket: what had arrived when the stop came is still read
-                    // (and timed) before the connection counts as held to the end; with
-                    // `--latency-from-data`, so is all the server queued before our close.
+                    // (and timed) before the connection counts as held to the end.
                     let ended = tokio::select! {
                         biased;
                         r = hold(&mut conn, broadcasts.as_deref()) => Some(r),
                         _ = stop.wait_for(|s| *s) => None,
                     };
-                    if ended.is_none() {
-                        if let Some(b) = broadcasts.as_deref() {
-                            close_and_drain(&mut conn, b).await;
+                    {
+                        let mut t = tally.borrow_mut();
+                        match &ended {
+                            Some(e) => {
+                                t.dropped += 1;
+                                t.errors.add(e.kind());
+                            }
+                            None => t.alive += 1,
                         }
                     }
-                    let mut t = tally.borrow_mut();
-                    match ended {
-                        Some(e) => {
-                            t.dropped += 1;
-                            t.errors.add(e.kind());
-                        }
-                        None => t.alive += 1,
+                    shared.uncounted.fetch_sub(1, Ordering::Relaxed);
+                    if ended.is_some() {
+                        return;
+                    }
+                    // Held to the end. Until every connection is counted, keep answering pings
+                    // (and timing broadcasts); then close.
+                    let before_close = tokio::select! {
+                        biased;
+                        r = hold(&mut conn, broadcasts.as_deref()) => Some(r),
+                        _ = close.wait_for(|c| *c) => None,
+                    };
+                    let closed = match (before_close, broadcasts.as_deref()) {
+                        (Some(e), _) => Err(e),
+                        (None, Some(b)) => close_and_drain(&mut conn, b).await,
+                        // Without timing, the close is the socket's (dropped below).
+                        (None, None) => Ok(()),
+                    };
+                    if let Err(e) = closed {
+                        tally.borrow_mut().close_errors.add(e.kind());
                     }
                 }));
             }
@@ -167,14 +210,19 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
     let controller = || {
         let shared = shared.clone();
         async move {
+            // A SIGTERM while connecting ends the hold as soon as it begins.
+            let end = hold_end(hold_for);
             // No deadline: every attempt ends by itself within 2 × STEP_TIMEOUT.
             wait_until(Duration::MAX, || shared.attempted.load(Ordering::Relaxed) >= mine).await;
             let connect_s = started.elapsed().as_secs_f64();
             let held = Instant::now();
-            wait_for_end(hold_for).await;
+            end.await;
+            let held_s = held.elapsed().as_secs_f64();
             // Nobody listening only means every task already ended.
             let _ = shared.stop.send(true);
-            (connect_s, held.elapsed().as_secs_f64())
+            wait_until(COUNT_TIMEOUT, || shared.uncounted.load(Ordering::Relaxed) == 0).await;
+            let _ = shared.close.send(true);
+            (connect_s, held_s)
         }
     };
 
@@ -187,6 +235,7 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
         total.dropped += t.dropped;
         total.deflate_agreed += t.deflate_agreed;
         total.errors.merge(&t.errors);
+        total.close_errors.merge(&t.close_errors);
         total.broadcasts.merge(&t.broadcasts);
     }
     let errors = total.failed + total.dropped;
@@ -201,7 +250,9 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
         .set("held_s", round3(held_s))
         .set("procs", procs)
         .set("error_kinds", total.errors.to_json())
-        .set("deflate_agreed", total.deflate_agreed);
+        .set("deflate_agreed", total.deflate_agreed)
+        .set("close_errors", total.close_errors.total())
+        .set("close_error_kinds", total.close_errors.to_json());
     if latency_from_data {
         total.broadcasts.fill(&mut report);
     }
@@ -211,29 +262,41 @@ pub fn run(args: IdleArgs) -> Result<Report, String> {
 
 /// Sleeps for `hold`, or until SIGTERM / SIGINT arrives.
 pub(crate) async fn wait_for_end(hold: Duration) {
+    hold_end(hold).await
+}
+
+/// [`wait_for_end`] with SIGTERM and SIGINT taken over now (inside a runtime): one that
+/// arrives before the returned future is awaited ends it at once, instead of killing the
+/// process without a report. `hold` counts from the first poll.
+pub(crate) fn hold_end(hold: Duration) -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        tokio::time::sleep(hold).await;
-        return;
-    };
-    tokio::select! {
-        _ = tokio::time::sleep(hold) => {}
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    let signals = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()));
+    async move {
+        let (Ok(mut term), Ok(mut int)) = signals else {
+            tokio::time::sleep(hold).await;
+            return;
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(hold) => {}
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
     }
 }
 
-/// At the stop, with `--latency-from-data`: closes with 1000 (RFC 6455 §5.5.1) and keeps
-/// timing broadcasts until the server's close frame or EOF, within [`STEP_TIMEOUT`]. The server
+/// After the stop, with `--latency-from-data`: closes with 1000 (RFC 6455 §5.5.1) and keeps
+/// timing broadcasts until the server's close frame, within [`STEP_TIMEOUT`]. The server
 /// queues its close after what it had queued to the connection, so every broadcast queued
 /// before the stop is counted, however far behind this reader was (the connection still counts
-/// as held to the end).
-async fn close_and_drain(conn: &mut WsConn, broadcasts: &RefCell<Broadcasts>) {
-    if conn.send_close(1000).await.is_err() {
-        return;
+/// as held to the end). `Err`: the close did not end with the server's close frame (EOF,
+/// reset, [`ConnError::Timeout`]).
+async fn close_and_drain(conn: &mut WsConn, broadcasts: &RefCell<Broadcasts>) -> Result<(), ConnError> {
+    conn.send_close(1000).await?;
+    match tokio::time::timeout(STEP_TIMEOUT, hold(conn, Some(broadcasts))).await {
+        Ok(ConnError::Closed(Some(_))) => Ok(()),
+        Ok(e) => Err(e),
+        Err(_) => Err(ConnError::Timeout),
     }
-    // Ends with the server's close (an `Err`); a timeout leaves the rest uncounted.
-    let _ = tokio::time::timeout(STEP_TIMEOUT, hold(conn, Some(broadcasts))).await;
 }
 
 /// Connects, handshakes (offering permessage-deflate when `deflate`) and subscribes to
