@@ -14,8 +14,8 @@
 //! or dropped if the server's end was already readable), and only once all are counted does
 //! the close begin: closing thousands of connections takes this process's CPU, and on a busy
 //! box a connection not yet counted could otherwise wait past the server's pong timeout while
-//! the others close, be reaped, and be miscounted as dropped during the hold (issue 31 item 6:
-//! 1,303 of 500,000 in the c1m bench's close phase).
+//! the others close, be reaped, and be miscounted as dropped during the hold (issue 31 item 6,
+//! tests/load_idle_close_phase.rs).
 
 use std::cell::RefCell;
 use std::rc::Rc;
