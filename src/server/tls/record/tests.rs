@@ -289,3 +289,73 @@ fn a_corrupted_or_oversized_record_is_fatal_with_its_alert() {
         assert_eq!(l.record_len(&big).unwrap_err().alert, Some(alert::RECORD_OVERFLOW), "{suite:?}");
     }
 }
+
+/// The peer's side of `l`: its keys with the directions swapped, sealing what `l` opens (the
+/// records a client would send, whatever rustls' client would or would not send itself).
+fn mirror(l: &Layer) -> Layer {
+    let swap = |d: &Direction| Direction { key: d.key, iv: d.iv, seq: d.seq };
+    Layer { tx: swap(&l.rx), rx: swap(&l.tx), kernel: None, ..*l }
+}
+
+/// `l` opens one record `peer` seals of type `typ` with `body`; the reply it made.
+fn peer_sends(l: &mut Layer, peer: &mut Layer, typ: u8, body: &[u8]) -> (Result<bool, Fatal>, Vec<u8>) {
+    let mut wire = Vec::new();
+    peer.seal_message(&mut Expanded::default(), typ, body, &mut wire).unwrap();
+    let mut reply = Vec::new();
+    let r = l.open(&mut Expanded::default(), &mut wire, &mut reply).map(|i| i == Inbound::Handled);
+    (r, reply)
+}
+
+#[test]
+fn alerts_and_post_handshake_messages_are_handled_as_rustls_does() {
+    let (cfg, ca) = pki("edges");
+    let suites = suites();
+    let (_, mut l) = pair(&cfg, &ca, suites[3].0, None);
+    let mut peer = mirror(&l);
+    // TLS 1.2 renegotiation: a no_renegotiation warning the first time, the end the second.
+    let (r, mut reply) = peer_sends(&mut l, &mut peer, HANDSHAKE, &[CLIENT_HELLO, 0, 0, 0]);
+    assert_eq!(r, Ok(true));
+    let len = reply.len();
+    match peer.open(&mut Expanded::default(), &mut reply[..len], &mut Vec::new()) {
+        Err(f) => panic!("the reply does not open: {f:?}"),
+        Ok(i) => assert_eq!(i, Inbound::Handled, "a tolerated warning"),
+    }
+    let (r, _) = peer_sends(&mut l, &mut peer, HANDSHAKE, &[CLIENT_HELLO, 0, 0, 0]);
+    assert_eq!(r.unwrap_err().alert, Some(alert::UNEXPECTED_MESSAGE));
+    // Four warnings are tolerated in TLS 1.2, not a fifth.
+    let (_, mut l) = pair(&cfg, &ca, suites[5].0, None);
+    let mut peer = mirror(&l);
+    for _ in 0..4 {
+        assert_eq!(peer_sends(&mut l, &mut peer, ALERT, &[WARNING, 42]).0, Ok(true));
+    }
+    assert_eq!(
+        peer_sends(&mut l, &mut peer, ALERT, &[WARNING, 42]).0.unwrap_err().alert,
+        Some(alert::UNEXPECTED_MESSAGE)
+    );
+    // TLS 1.3: user_canceled is tolerated, any other warning is fatal; close_notify is the
+    // end of input; a fatal alert is answered with nothing.
+    let fresh = || {
+        let (_, l) = pair(&cfg, &ca, suites[0].0, None);
+        let peer = mirror(&l);
+        (l, peer)
+    };
+    let (mut l, mut peer) = fresh();
+    assert_eq!(peer_sends(&mut l, &mut peer, ALERT, &[WARNING, alert::USER_CANCELED]).0, Ok(true));
+    assert_eq!(peer_sends(&mut l, &mut peer, ALERT, &[WARNING, alert::CLOSE_NOTIFY]).0, Ok(false));
+    assert_eq!(peer_sends(&mut l, &mut peer, ALERT, &[WARNING, 42]).0.unwrap_err().alert, Some(alert::DECODE_ERROR));
+    let (mut l, mut peer) = fresh();
+    assert_eq!(peer_sends(&mut l, &mut peer, ALERT, &[FATAL, 40]).0.unwrap_err().alert, None);
+    // TLS 1.3 post-handshake messages: a KeyUpdate's request_update must be 0 or 1 and the
+    // message must end its record; nothing else is accepted; a record must have a type.
+    let cases: [(&[u8], u8, u8); 5] = [
+        (&[KEY_UPDATE, 0, 0, 1, 2], HANDSHAKE, alert::ILLEGAL_PARAMETER),
+        (&[KEY_UPDATE, 0, 0, 1, 0, 1], HANDSHAKE, alert::UNEXPECTED_MESSAGE),
+        (&[KEY_UPDATE, 0, 0, 2, 0], HANDSHAKE, alert::DECODE_ERROR),
+        (&[4, 0, 0, 1, 0], HANDSHAKE, alert::UNEXPECTED_MESSAGE),
+        (&[], 0, alert::UNEXPECTED_MESSAGE),
+    ];
+    for (body, typ, want) in cases {
+        let (mut l, mut peer) = fresh();
+        assert_eq!(peer_sends(&mut l, &mut peer, typ, body).0.unwrap_err().alert, Some(want), "{body:?}");
+    }
+}
