@@ -1,6 +1,6 @@
 //! A TLS connection's reads and writes (docs/architecture.md, "TLS"): the core's read scratch
 //! buffer holds the received records while they are opened in place (by rustls during the
-//! handshake, [`super::handshake`]; by tether's record layer after it, [`super::record`]); the
+//! handshake, `tls::handshake`; by tether's record layer after it, [`super::record`]); the
 //! session's queued frames are copied straight into records in a per-core ciphertext buffer,
 //! sealed in place and written from there. What the socket does not take, and a record that
 //! has not fully arrived, are the only bytes kept per connection.

@@ -2,7 +2,7 @@
 //! and the sans-IO session, with rustls' unbuffered API.
 //!
 //! - [`keys`]: the certificate and key of new handshakes, read at start and at `SIGHUP`.
-//! - [`handshake`]: the handshake, made by rustls, and the hand-over of its traffic keys.
+//! - `handshake`: the handshake, made by rustls, and the hand-over of its traffic keys.
 //! - [`record`]: tether's record layer after the handshake (AEAD record protection, alerts,
 //!   KeyUpdate, the confidentiality limit).
 //! - [`io`]: a TLS connection's read path (records decrypted in the core's read scratch
