@@ -11,9 +11,10 @@
 //!   size and suite (suites alternate within a round), and as a ratio to AES-128-GCM.
 //!
 //! - **Key setup**: CPU per expansion of a raw traffic key into *ring*'s sealing key (the AES
-//!   key schedule and GHASH table, or the ChaCha20 key), what a record layer holding keys
-//!   unexpanded while idle would pay per write burst; and the inline sizes of what such a layer
-//!   would keep from rustls ([`KernelConnection`], [`ExtractedSecrets`]).
+//!   key schedule and GHASH table, or the ChaCha20 key), what tether's record layer
+//!   (src/server/tls/record.rs), which keeps keys unexpanded while idle, pays per read or write
+//!   burst; and the inline sizes of what it keeps from rustls ([`KernelConnection`],
+//!   [`ExtractedSecrets`]).
 //!
 //! `cargo bench --bench tls_record`. Env: TLS_RECORD_ROUNDS (5), TLS_RECORD_BYTES (64 MiB).
 

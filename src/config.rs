@@ -520,10 +520,11 @@ impl Config {
         ));
         match &self.tls {
             Some(t) => out.push_str(&format!(
-                " tls.cert_file={} tls.key_file={} tls.listen_tls={}",
+                " tls.cert_file={} tls.key_file={} tls.listen_tls={} tls.records_per_key={}",
                 t.cert_file.display(),
                 t.key_file.display(),
                 t.listen_tls.map_or_else(|| "(listen)".to_string(), |a| a.to_string()),
+                t.records_per_key.map_or_else(|| "(suite limit)".to_string(), |n| n.to_string()),
             )),
             None => out.push_str(" tls=off"),
         }

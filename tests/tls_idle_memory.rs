@@ -3,9 +3,10 @@
 //! config; idle subscribed connections (wss:// through rustls + tokio-tungstenite, ws://
 //! through tokio-tungstenite) opened in steps; the server's VmRSS sampled at each count once
 //! `tether_connections` shows them all; the per-connection cost is the least-squares slope.
-//! Prints both slopes and their difference; asserts the TLS connection's extra user memory
-//! is at most 4 KiB (twice the goal: RSS slopes on a shared 2-core box move by a few hundred
-//! bytes between runs; the printed figure is the one reported).
+//! Prints both slopes and their difference; asserts the goal: an idle TLS connection's user
+//! memory is at most 2 KiB (measured 1,313 B with tether's own record layer, so a few hundred
+//! bytes of RSS noise between runs on a shared 2-core box stay clear of it; the printed figure
+//! is the one reported).
 //!
 //! `cargo test --release --test tls_idle_memory -- --nocapture`. Env: TLS_IDLE_STEPS
 //! (default "1000,2500,4000,5500,7000").
@@ -107,5 +108,5 @@ fn idle_tls_connection_user_memory_against_plain() {
         "user RSS per idle subscribed connection: plain {plain_slope:.0} B, TLS {tls_slope:.0} B, TLS extra {:.0} B (least squares over {steps:?})",
         tls_slope - plain_slope
     );
-    assert!(tls_slope - plain_slope <= 4096.0, "TLS costs {:.0} B more per idle connection", tls_slope - plain_slope);
+    assert!(tls_slope <= 2048.0, "an idle TLS connection costs {tls_slope:.0} B of RSS (goal: 2 KiB)");
 }

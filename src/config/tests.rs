@@ -479,3 +479,13 @@ fn tls_needs_both_files_and_a_listen_tls_apart_from_listen() {
         .unwrap();
     assert_eq!(c.tls.unwrap().listen_tls, Some("0.0.0.0:8443".parse().unwrap()));
 }
+
+#[test]
+fn tls_records_per_key_is_absent_by_default_and_at_least_two() {
+    let pair = "[tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n";
+    assert_eq!(Config::from_toml_str(pair).unwrap().tls.unwrap().records_per_key, None, "the suite's limit");
+    let c = Config::from_toml_str(&format!("{pair}records_per_key = 1000")).unwrap();
+    assert_eq!(c.tls.unwrap().records_per_key, Some(1000));
+    let e = err(&format!("{pair}records_per_key = 1"));
+    assert!(e.to_string().contains("tls.records_per_key"), "the field is named: {e}");
+}

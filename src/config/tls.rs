@@ -26,6 +26,14 @@ pub struct Tls {
     /// `listen` (for a proxy or a health check on a private address). Must differ from
     /// `listen`.
     pub listen_tls: Option<SocketAddr>,
+    /// Records tether seals under one traffic key at most, before it moves to the next key
+    /// (TLS 1.3: a KeyUpdate, RFC 8446 §4.6.3) or closes the connection with close_notify
+    /// (TLS 1.2, which has no KeyUpdate). Absent (the default): the cipher suite's
+    /// confidentiality limit (AES-128-GCM 2^24 records, AES-256-GCM 2^23 in TLS 1.3 and 2^24 in
+    /// TLS 1.2; ChaCha20-Poly1305 none), which this can only lower. Lower: keys change more
+    /// often (a 27-byte record and two key derivations each time) and TLS 1.2 connections are
+    /// closed sooner. At least 2.
+    pub records_per_key: Option<u64>,
 }
 
 /// Checks `[tls]`: both files named, `listen_tls` different from `listen`. Whether the files
@@ -35,6 +43,11 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     for (key, path) in [("tls.cert_file", &t.cert_file), ("tls.key_file", &t.key_file)] {
         if path.as_os_str().is_empty() {
             return Err(ConfigError::new(key, "\"\"", "must name a PEM file"));
+        }
+    }
+    if let Some(n) = t.records_per_key {
+        if n < 2 {
+            return Err(ConfigError::new("tls.records_per_key", n, "must be at least 2 (a record and the KeyUpdate)"));
         }
     }
     if let Some(addr) = t.listen_tls {

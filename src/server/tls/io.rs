@@ -1,42 +1,35 @@
-//! A TLS connection's reads and writes (docs/architecture.md, "TLS"), with rustls' unbuffered
-//! API: the core's read scratch buffer holds the received records while rustls decrypts them
-//! in place; the session's queued frames are gathered into a per-core plaintext buffer and
-//! encrypted into a per-core ciphertext buffer, written from there. What the socket does not
-//! take, and a record that has not fully arrived, are the only bytes kept per connection.
+//! A TLS connection's reads and writes (docs/architecture.md, "TLS"): the core's read scratch
+//! buffer holds the received records while they are opened in place (by rustls during the
+//! handshake, `tls::handshake`; by tether's record layer after it, [`super::record`]); the
+//! session's queued frames are copied straight into records in a per-core ciphertext buffer,
+//! sealed in place and written from there. What the socket does not take, and a record that
+//! has not fully arrived, are the only bytes kept per connection.
 
 use std::cell::RefCell;
 use std::io::{self, IoSlice};
 
-use rustls::unbuffered::{ConnectionState, EncodeError, EncodeTlsData, EncryptError, UnbufferedStatus};
-
-use super::{Failure, TlsConn};
+use super::handshake::failure_of;
+use super::record::{self, Expanded, Inbound, Layer, APPLICATION_DATA, MAX_PLAIN};
+use super::{Failure, Phase, TlsConn};
 use crate::server::conn::{Conn, ConnId, IoFlags};
 use crate::server::core::CoreState;
 use crate::server::io as sock;
 use crate::session::queue::MAX_IOV;
 use crate::session::replay::Fetch;
-use crate::session::{Ctx, ReapReason};
+use crate::session::{Ctx, ReapReason, Session};
 
-/// Plaintext encrypted per write: the largest TLS records (16 KiB of plaintext each, RFC 8446
-/// §5.1) fill [`SEALED_BYTES`] with room for their headers and tags.
-const PLAIN_BYTES: usize = 60 * 1024;
-
-/// Size of the per-core ciphertext buffer: [`PLAIN_BYTES`] sealed in records of at most 16 KiB
-/// grow by at most 4 × (5 header + 8 explicit nonce + 16 tag + 1 content type) bytes.
+/// Size of the per-core ciphertext buffer the session's frames are sealed into, record by
+/// record in place: four records of up to 16 KiB of plaintext (RFC 8446 §5.1) and their
+/// overhead, a little less for the last one.
 const SEALED_BYTES: usize = 64 * 1024;
 
-/// A core's plaintext gathering buffer and ciphertext buffer.
-type SealBuffers = (Box<[u8]>, Box<[u8]>);
-
 thread_local! {
-    /// The core's plaintext gathering buffer and ciphertext buffer (one pair per core thread;
-    /// no connection holds either).
-    static SEAL: RefCell<SealBuffers> =
-        RefCell::new((vec![0u8; PLAIN_BYTES].into_boxed_slice(), vec![0u8; SEALED_BYTES].into_boxed_slice()));
+    /// The core's ciphertext buffer (one per core thread; no connection holds it).
+    static SEAL: RefCell<Box<[u8]>> = RefCell::new(vec![0u8; SEALED_BYTES].into_boxed_slice());
 }
 
 /// What writing a connection's pending ciphertext came to.
-enum Wrote {
+pub(super) enum Wrote {
     /// All of it is written (nothing is kept any more).
     All,
     /// The socket is full; the rest waits for its output edge.
@@ -47,7 +40,7 @@ enum Wrote {
 
 /// Writes what `t` keeps of its ciphertext; frees the buffer once written, then sends the FIN
 /// that waited for it.
-fn write_output(t: &mut TlsConn, fd: i32) -> Wrote {
+pub(super) fn write_output(t: &mut TlsConn, fd: i32) -> Wrote {
     while !t.output.is_empty() {
         match sock::send(fd, &[IoSlice::new(t.output.bytes())]) {
             Ok(n) => t.output.consume(n),
@@ -63,55 +56,16 @@ fn write_output(t: &mut TlsConn, fd: i32) -> Wrote {
     Wrote::All
 }
 
-/// Encodes a handshake record rustls produced at the end of `output`.
-fn encode(mut e: EncodeTlsData<'_, rustls::server::ServerConnectionData>, output: &mut Vec<u8>) {
-    let at = output.len();
-    let mut room = 4096;
-    loop {
-        output.resize(at + room, 0);
-        match e.encode(&mut output[at..]) {
-            Ok(n) => return output.truncate(at + n),
-            Err(EncodeError::InsufficientSize(s)) => room = s.required_size,
-            Err(EncodeError::AlreadyEncoded) => return output.truncate(at),
-        }
-    }
-}
-
-/// Hands the peer a fatal alert rustls queued when it failed the connection (best effort: one
-/// non-blocking write).
-fn send_alert(t: &mut TlsConn, fd: i32) {
-    for _ in 0..4 {
-        let UnbufferedStatus { state, .. } = t.conn.process_tls_records(&mut []);
-        match state {
-            Ok(ConnectionState::EncodeTlsData(e)) => encode(e, t.output.vec()),
-            Ok(ConnectionState::TransmitTlsData(x)) => {
-                x.done();
-                break;
-            }
-            _ => break,
-        }
-    }
-    let _ = write_output(t, fd);
-}
-
-/// Why a TLS connection's handshake failed, from what rustls said and what the peer sent first.
-fn failure_of(first: Option<u8>) -> Failure {
-    // A TLS record starts with its content type (20..=24, RFC 8446 §5.1); an HTTP request
-    // starts with an upper-case method.
-    match first {
-        Some(b) if b.is_ascii_uppercase() => Failure::Plaintext,
-        _ => Failure::Protocol,
-    }
-}
-
 /// The state of a connection's records after the received ones were processed.
-enum Records {
+pub(super) enum Records {
     /// Waiting for more input (the handshake, or the next record).
     More,
+    /// The handshake is done and rustls has nothing left to encode: its keys can be taken.
+    Traffic,
     /// The peer sent close_notify: no more input will come.
     PeerClosed,
-    /// rustls failed the connection.
-    Failed(rustls::Error),
+    /// The connection failed (the alert, if any, was sent): why.
+    Failed(String),
 }
 
 impl CoreState {
@@ -142,7 +96,8 @@ impl CoreState {
         for _ in 0..reads {
             let held = t.input.len();
             if held >= scratch.len() / 2 {
-                // No record is this long (RFC 8446 §5.2: 2^14 + 256); rustls refuses one first.
+                // No record is this long (RFC 8446 §5.2: 2^14 + 256; RFC 5246 §6.2.3: 2^14 +
+                // 2048); the record layer refuses one first.
                 self.tls_failed(id, fd, t, Failure::Protocol, "a record longer than any TLS record");
                 return false;
             }
@@ -163,14 +118,14 @@ impl CoreState {
             let first = (!t.has(TlsConn::ESTABLISHED)).then_some(scratch[0]);
             let (used, records) = self.process(id, fd, t, &mut scratch[..held + n]);
             match records {
-                Records::More => {}
+                Records::More | Records::Traffic => {}
                 Records::PeerClosed => {
                     self.end(id, ReapReason::Eof);
                     return false;
                 }
                 Records::Failed(e) => {
                     let why = if t.has(TlsConn::ESTABLISHED) { Failure::Protocol } else { failure_of(first) };
-                    self.tls_failed(id, fd, t, why, &e.to_string());
+                    self.tls_failed(id, fd, t, why, &e);
                     return false;
                 }
             }
@@ -198,79 +153,81 @@ impl CoreState {
     }
 
     /// Processes the records in `buf`: decrypted application data goes to the session,
-    /// handshake records are encoded and written. Returns how many bytes of `buf` are done
-    /// with (the rest is a record still arriving) and the state reached. A handshake that
-    /// completed on the way is counted, even when the peer's close_notify came right behind
-    /// its Finished (as from a client that only connects).
+    /// handshake records are answered. Returns how many bytes of `buf` are done with (the
+    /// rest is a record still arriving) and the state reached. A handshake that completed on
+    /// the way is counted, even when the peer's close_notify came right behind its Finished
+    /// (as from a client that only connects), and its keys are handed over to tether's record
+    /// layer, which goes on with the rest of `buf`.
     fn process(&mut self, id: ConnId, fd: i32, t: &mut TlsConn, buf: &mut [u8]) -> (usize, Records) {
-        let r = self.process_records(id, fd, t, buf);
-        if !t.has(TlsConn::ESTABLISHED) && !t.conn.is_handshaking() {
-            t.flags |= TlsConn::ESTABLISHED;
-            let v = usize::from(t.version() != Some(rustls::ProtocolVersion::TLSv1_3));
-            self.metrics().tls.handshakes[v].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        r
-    }
-
-    /// [`CoreState::process`] without the count.
-    fn process_records(&mut self, id: ConnId, fd: i32, t: &mut TlsConn, buf: &mut [u8]) -> (usize, Records) {
         let mut used = 0;
-        loop {
-            let UnbufferedStatus { discard, state } = t.conn.process_tls_records(&mut buf[used..]);
-            let mut extra = 0;
-            match state {
-                Err(e) => {
-                    send_alert(t, fd);
-                    return (used + discard, Records::Failed(e));
-                }
-                Ok(ConnectionState::ReadTraffic(mut r)) => {
-                    while let Some(rec) = r.next_record() {
-                        match rec {
-                            Ok(rec) => {
-                                extra += rec.discard;
-                                if self.conn(id).is_some_and(|c| !c.session.is_closed()) {
-                                    self.on_bytes(id, rec.payload);
-                                }
-                            }
-                            Err(e) => return (used + discard + extra, Records::Failed(e)),
-                        }
-                    }
-                }
-                Ok(ConnectionState::EncodeTlsData(e)) => encode(e, t.output.vec()),
-                Ok(ConnectionState::TransmitTlsData(x)) => {
-                    x.done();
-                    match write_output(t, fd) {
-                        Wrote::All => {}
-                        Wrote::Blocked => {
-                            if let Some(c) = self.conn(id) {
-                                c.io.set(IoFlags::WANT_WRITE);
-                            }
-                        }
-                        Wrote::Failed => {
-                            self.end(id, ReapReason::Reset);
-                            return (used + discard, Records::More);
-                        }
-                    }
-                }
-                Ok(ConnectionState::WriteTraffic(_) | ConnectionState::BlockedHandshake) => {
-                    return (used + discard, Records::More)
-                }
-                Ok(ConnectionState::PeerClosed | ConnectionState::Closed) => {
-                    return (used + discard, Records::PeerClosed)
-                }
-                // Early data is never accepted (`max_early_data_size` 0); a state of a later
-                // rustls is refused rather than guessed at.
-                Ok(other) => {
-                    let e = rustls::Error::General(format!("unexpected TLS state {other:?}"));
-                    return (used + discard, Records::Failed(e));
-                }
+        if let Phase::Handshake(_) = t.phase {
+            let (n, r) = self.handshake(id, fd, t, buf);
+            let done = match &t.phase {
+                Phase::Handshake(c) => !c.is_handshaking(),
+                _ => true,
+            };
+            if done && !t.has(TlsConn::ESTABLISHED) {
+                t.flags |= TlsConn::ESTABLISHED;
+                let v = usize::from(t.version() != Some(rustls::ProtocolVersion::TLSv1_3));
+                self.metrics().tls.handshakes[v].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
-            used += discard + extra;
+            if !matches!(r, Records::Traffic) {
+                return (n, r);
+            }
+            if let Err(why) = self.hand_over(t) {
+                return (n, Records::Failed(why));
+            }
+            used = n;
         }
+        let (n, r) = self.open_records(id, fd, t, &mut buf[used..]);
+        (used + n, r)
     }
 
-    /// Counts and logs a failed TLS connection and ends it (a protocol error: the alert rustls
-    /// queued was sent).
+    /// Opens the whole records at the start of `buf` with tether's record layer: application
+    /// data goes to the session; a KeyUpdate's answer is queued in `t.output` (written by the
+    /// flush that follows the read); a fatal condition sends its alert. Returns how many bytes
+    /// are done with and the state reached.
+    fn open_records(&mut self, id: ConnId, fd: i32, t: &mut TlsConn, buf: &mut [u8]) -> (usize, Records) {
+        let TlsConn { phase, output, .. } = t;
+        let Phase::Traffic(layer) = phase else {
+            return (0, Records::Failed("no record layer after the handshake".into()));
+        };
+        let mut x = Expanded::default();
+        // Answers (a KeyUpdate, an alert): no allocation unless one is made.
+        let mut reply = Vec::new();
+        let mut used = 0;
+        let state = loop {
+            let len = match layer.record_len(&buf[used..]) {
+                Ok(Some(len)) => len,
+                Ok(None) => break Records::More,
+                Err(f) => break fail(layer, &mut x, f, &mut reply),
+            };
+            let rec = &mut buf[used..used + len];
+            used += len;
+            match layer.open(&mut x, rec, &mut reply) {
+                Ok(Inbound::Data(p)) => {
+                    if !p.is_empty() && self.conn(id).is_some_and(|c| !c.session.is_closed()) {
+                        self.on_bytes(id, p);
+                    }
+                }
+                Ok(Inbound::Handled) => {}
+                Ok(Inbound::Closed) => break Records::PeerClosed,
+                Err(f) => break fail(layer, &mut x, f, &mut reply),
+            }
+        };
+        if !reply.is_empty() {
+            output.vec().extend_from_slice(&reply);
+        }
+        if let Records::Failed(_) = state {
+            // No close_notify after a fatal alert.
+            t.flags |= TlsConn::CLOSE_NOTIFY;
+            let _ = write_output(t, fd);
+        }
+        (used, state)
+    }
+
+    /// Counts and logs a failed TLS connection and ends it (a protocol error: its alert, if any,
+    /// was sent).
     fn tls_failed(&mut self, id: ConnId, fd: i32, t: &mut TlsConn, why: Failure, reason: &str) {
         if !t.has(TlsConn::ESTABLISHED) {
             t.flags |= TlsConn::FAILED;
@@ -281,38 +238,63 @@ impl CoreState {
     }
 }
 
+/// Seals the alert of the fatal condition `f` (when it takes one) into `reply`; the state it
+/// ends the connection in.
+fn fail(layer: &mut Layer, x: &mut Expanded, f: record::Fatal, reply: &mut Vec<u8>) -> Records {
+    if let Some(a) = f.alert {
+        let _ = layer.alert(x, a, true, reply);
+    }
+    Records::Failed(f.why)
+}
+
+/// Why the send path stopped a connection.
+enum Stop {
+    /// The socket failed, or records could not be sealed (the handshake is not done).
+    Reset,
+    /// TLS 1.2 reached its key's confidentiality limit (it has no KeyUpdate): close_notify.
+    Spent,
+}
+
 /// The send path of a TLS connection (called by `CoreState::flush_at` for a connection with
-/// [`IoFlags::TLS`]): its kept ciphertext first, then what its session queued, encrypted a
-/// [`PLAIN_BYTES`] chunk at a time and written; then, when the session is finishing and all is
-/// written, close_notify and the FIN. A full socket sets [`IoFlags::WANT_WRITE`]; an error
-/// kills the session (reset).
+/// [`IoFlags::TLS`]): its kept ciphertext first, then what its session queued, sealed record
+/// by record into the core's ciphertext buffer and written from there (a KeyUpdate first when
+/// the key reached its limit); then, when the session is finishing and all is written,
+/// close_notify and the FIN. The keys are expanded once for the whole call. A full socket sets
+/// [`IoFlags::WANT_WRITE`]; an error kills the session (reset).
 pub(in crate::server) fn transmit(t: &mut TlsConn, c: &mut Conn, ctx: &Ctx, fetch: &mut Option<Fetch>) {
     let fd = c.fd;
+    let mut x = Expanded::default();
     loop {
         match write_output(t, fd) {
             Wrote::All => {}
             Wrote::Blocked => return c.io.set(IoFlags::WANT_WRITE),
             Wrote::Failed => return c.session.kill(ReapReason::Reset),
         }
-        let sealed = SEAL.with(|bufs| {
-            let (plain, sealed) = &mut *bufs.borrow_mut();
-            let len = gather(&c.session, plain);
-            if len == 0 {
-                return Ok(None);
+        let sent = SEAL.with(|buf| {
+            let out = &mut buf.borrow_mut()[..];
+            let Phase::Traffic(layer) = &mut t.phase else {
+                // Nothing but handshake records before the hand-over.
+                let mut iov = [IoSlice::new(&[]); 1];
+                return if c.session.poll_transmit(&mut iov) == 0 { Ok(false) } else { Err(Stop::Reset) };
+            };
+            let (taken, n) = seal_session(&c.session, layer, &mut x, out)?;
+            if n == 0 {
+                return Ok(false);
             }
-            let n = seal(t, &plain[..len], sealed)?;
-            c.session.transmitted(len, ctx.now);
-            match sock::send(fd, &[IoSlice::new(&sealed[..n])]) {
-                Ok(w) if w < n => t.output.vec().extend_from_slice(&sealed[w..n]),
+            if taken > 0 {
+                c.session.transmitted(taken, ctx.now);
+            }
+            match sock::send(fd, &[IoSlice::new(&out[..n])]) {
+                Ok(w) if w < n => t.output.vec().extend_from_slice(&out[w..n]),
                 Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => t.output.vec().extend_from_slice(&sealed[..n]),
-                Err(e) => return Err(e),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => t.output.vec().extend_from_slice(&out[..n]),
+                Err(_) => return Err(Stop::Reset),
             }
-            Ok(Some(()))
+            Ok(true)
         });
-        match sealed {
-            Ok(Some(())) => continue,
-            Ok(None) => {
+        match sent {
+            Ok(true) => continue,
+            Ok(false) => {
                 // Everything is written: a resume replay refills the queue.
                 let (queued, f) = c.session.pump_replay(ctx);
                 *fetch = fetch.take().or(f);
@@ -321,7 +303,13 @@ pub(in crate::server) fn transmit(t: &mut TlsConn, c: &mut Conn, ctx: &Ctx, fetc
                 }
                 break;
             }
-            Err(_) => return c.session.kill(ReapReason::Reset),
+            Err(Stop::Reset) => return c.session.kill(ReapReason::Reset),
+            Err(Stop::Spent) => {
+                tracing::info!(fd, "TLS 1.2 connection closed: its key reached the confidentiality limit");
+                close_notify(t);
+                let _ = write_output(t, fd);
+                return c.session.kill(ReapReason::Close);
+            }
         }
     }
     if t.output.is_empty() && c.session.poll_fin(ctx) {
@@ -333,73 +321,76 @@ pub(in crate::server) fn transmit(t: &mut TlsConn, c: &mut Conn, ctx: &Ctx, fetc
     }
 }
 
-/// Copies what `s` offers to send into `plain`, up to its length; returns the bytes copied.
-fn gather(s: &crate::session::Session, plain: &mut [u8]) -> usize {
+/// Seals what `s` offers to send into `out` as application-data records of up to 2^14 bytes
+/// of plaintext each, copied from the session's frames straight into place (no plaintext
+/// buffer); a KeyUpdate goes first when the transmit key is due (TLS 1.3). Returns the
+/// plaintext taken and the ciphertext's length. Errors: a TLS 1.2 key at its limit, or a
+/// record that could not be sealed.
+fn seal_session(s: &Session, layer: &mut Layer, x: &mut Expanded, out: &mut [u8]) -> Result<(usize, usize), Stop> {
     let mut iov = [IoSlice::new(&[]); MAX_IOV];
-    let n = s.poll_transmit(&mut iov);
-    let mut len = 0;
-    for v in &iov[..n] {
-        let take = v.len().min(plain.len() - len);
-        plain[len..len + take].copy_from_slice(&v[..take]);
-        len += take;
-        if len == plain.len() {
+    let count = s.poll_transmit(&mut iov);
+    let mut frames = iov[..count].iter().map(|v| &v[..]);
+    let mut cur: &[u8] = &[];
+    let (mut taken, mut at) = (0, 0);
+    loop {
+        if cur.is_empty() {
+            match frames.next() {
+                Some(f) => {
+                    cur = f;
+                    continue;
+                }
+                None => break,
+            }
+        }
+        if layer.exhausted() {
+            if !layer.tls13() {
+                // What is sealed goes first; the next call finds the key spent with nothing sealed.
+                return if at > 0 { Ok((taken, at)) } else { Err(Stop::Spent) };
+            }
+            if out.len() - at < record::KEY_UPDATE_RECORD {
+                break;
+            }
+            at += layer.update_tx(x, &mut out[at..]).map_err(|_| Stop::Reset)?;
+            continue;
+        }
+        let room = (out.len() - at).saturating_sub(layer.overhead()).min(MAX_PLAIN);
+        if room == 0 {
             break;
         }
-    }
-    len
-}
-
-/// Encrypts `plain` into `sealed` as application-data records; returns the ciphertext's
-/// length. Errors: the connection cannot write (its handshake is not done, or it failed).
-fn seal(t: &mut TlsConn, plain: &[u8], sealed: &mut [u8]) -> io::Result<usize> {
-    for _ in 0..8 {
-        let UnbufferedStatus { discard, state } = t.conn.process_tls_records(t.input.bytes_mut());
-        let done = match state {
-            Ok(ConnectionState::WriteTraffic(mut w)) => Some(w.encrypt(plain, sealed).map_err(encrypt_error)),
-            Ok(ConnectionState::EncodeTlsData(e)) => {
-                encode(e, t.output.vec());
-                None
+        let p = at + layer.payload_at();
+        let mut k = 0;
+        while k < room {
+            if cur.is_empty() {
+                match frames.next() {
+                    Some(f) => cur = f,
+                    None => break,
+                }
+                continue;
             }
-            Ok(ConnectionState::TransmitTlsData(x)) => {
-                // Written before the records sealed next: `transmit` writes `output` first.
-                x.done();
-                None
-            }
-            Ok(other) => Some(Err(io::Error::other(format!("TLS connection cannot write in state {other:?}")))),
-            Err(e) => Some(Err(io::Error::other(e))),
-        };
-        t.input.consume(discard);
-        if let Some(r) = done {
-            if !t.output.is_empty() {
-                // Handshake records (a key update) come before the application data.
-                let mut out = std::mem::take(&mut t.output);
-                let n = r?;
-                out.vec().extend_from_slice(&sealed[..n]);
-                t.output = out;
-                return Ok(0);
-            }
-            return r;
+            let m = cur.len().min(room - k);
+            out[p + k..p + k + m].copy_from_slice(&cur[..m]);
+            cur = &cur[m..];
+            k += m;
         }
+        at += layer.seal(x, APPLICATION_DATA, &mut out[at..], k).map_err(|_| Stop::Reset)?;
+        taken += k;
     }
-    Err(io::Error::other("TLS connection did not become writable"))
+    Ok((taken, at))
 }
 
-fn encrypt_error(e: EncryptError) -> io::Error {
-    io::Error::other(e.to_string())
-}
-
-/// Encrypts close_notify (RFC 8446 §6.1) at the end of `t.output`, once.
+/// Encrypts close_notify (RFC 8446 §6.1) at the end of `t.output`, once, when the handshake
+/// finished.
 pub(in crate::server) fn close_notify(t: &mut TlsConn) {
     if t.has(TlsConn::CLOSE_NOTIFY) || !t.has(TlsConn::ESTABLISHED) {
         return;
     }
     t.flags |= TlsConn::CLOSE_NOTIFY;
-    let UnbufferedStatus { state, .. } = t.conn.process_tls_records(&mut []);
-    if let Ok(ConnectionState::WriteTraffic(mut w)) = state {
-        let mut alert = [0u8; 64];
-        if let Ok(n) = w.queue_close_notify(&mut alert) {
-            t.output.vec().extend_from_slice(&alert[..n]);
+    match &mut t.phase {
+        Phase::Traffic(layer) => {
+            let _ = layer.alert(&mut Expanded::default(), record::alert::CLOSE_NOTIFY, false, t.output.vec());
         }
+        Phase::Handshake(_) => super::handshake::close_notify(t),
+        Phase::Failed => {}
     }
 }
 

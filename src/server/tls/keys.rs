@@ -74,7 +74,8 @@ pub fn load_pair(cert: &Path, key: &Path, provider: &CryptoProvider) -> Result<A
 }
 
 /// The server configuration of new handshakes with `pair`: TLS 1.3 and 1.2 only, ALPN
-/// `http/1.1`, no client certificates.
+/// `http/1.1`, no client certificates; the traffic keys can be taken once the handshake is
+/// done (tether's record layer protects the records after it, `super::record`).
 pub fn server_config(pair: Arc<CertifiedKey>, provider: Arc<CryptoProvider>) -> Arc<ServerConfig> {
     let mut cfg = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
@@ -82,6 +83,7 @@ pub fn server_config(pair: Arc<CertifiedKey>, provider: Arc<CryptoProvider>) -> 
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(rustls::sign::SingleCertAndKey::from(pair)));
     cfg.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
+    cfg.enable_secret_extraction = true;
     Arc::new(cfg)
 }
 

@@ -2,21 +2,27 @@
 //! and the sans-IO session, with rustls' unbuffered API.
 //!
 //! - [`keys`]: the certificate and key of new handshakes, read at start and at `SIGHUP`.
+//! - `handshake`: the handshake, made by rustls, and the hand-over of its traffic keys.
+//! - [`record`]: tether's record layer after the handshake (AEAD record protection, alerts,
+//!   KeyUpdate, the confidentiality limit).
 //! - [`io`]: a TLS connection's read path (records decrypted in the core's read scratch
 //!   buffer, the plaintext handed to the session as a plain connection's bytes are) and send
-//!   path (what the session queued, encrypted into a per-core scratch buffer and written from
+//!   path (what the session queued, sealed into a per-core scratch buffer and written from
 //!   there).
 //!
 //! A TLS connection is a plain [`Conn`](super::conn::Conn) with [`IoFlags::TLS`] set and a
 //! [`TlsConn`] in the core's side table [`TlsConns`], keyed by slab key: a plain connection
-//! does not grow by a byte. An idle TLS connection holds its rustls connection (keys, sequence
-//! numbers, the state machine) and no buffer: only ciphertext the socket did not take and a
-//! partial incoming record are kept, and released once drained.
+//! does not grow by a byte. rustls makes the handshake; then tether protects the records itself
+//! ([`record`]), so an idle TLS connection holds its raw traffic keys and sequence numbers (and
+//! for TLS 1.3 rustls' `KernelConnection`, for KeyUpdate) and no buffer: only ciphertext the
+//! socket did not take and a partial incoming record are kept, and released once drained.
 //!
 //! [`IoFlags::TLS`]: super::conn::IoFlags::TLS
 
+mod handshake;
 pub mod io;
 pub mod keys;
+pub mod record;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -25,10 +31,21 @@ use std::sync::Arc;
 
 use rustls::server::{ServerConfig, UnbufferedServerConnection};
 
+/// Who protects a TLS connection's records.
+pub enum Phase {
+    /// rustls, through the handshake (unbuffered: it owns no record buffer; boxed, as it is
+    /// dropped when the handshake is done).
+    Handshake(Box<UnbufferedServerConnection>),
+    /// tether ([`record::Layer`]), from the end of the handshake: the raw traffic keys.
+    Traffic(record::Layer),
+    /// Neither: the hand-over from rustls failed (the connection is being closed).
+    Failed,
+}
+
 /// One TLS connection's state beside its [`Conn`](super::conn::Conn) (see the module docs).
 pub struct TlsConn {
-    /// The rustls connection (unbuffered: it owns no record buffer).
-    pub(super) conn: UnbufferedServerConnection,
+    /// rustls during the handshake, tether's record layer after it.
+    pub(super) phase: Phase,
     /// Received bytes that do not make a whole record yet (empty, with no allocation, between
     /// records).
     pub(super) input: Spill,
@@ -56,7 +73,7 @@ impl TlsConn {
     /// (only with a configuration it cannot use).
     pub fn new(config: Arc<ServerConfig>) -> Result<TlsConn, rustls::Error> {
         Ok(TlsConn {
-            conn: UnbufferedServerConnection::new(config)?,
+            phase: Phase::Handshake(Box::new(UnbufferedServerConnection::new(config)?)),
             input: Spill::default(),
             output: Spill::default(),
             flags: 0,
@@ -70,7 +87,12 @@ impl TlsConn {
 
     /// The negotiated protocol version (`TLSv1_3`, `TLSv1_2`), once the handshake got that far.
     pub fn version(&self) -> Option<rustls::ProtocolVersion> {
-        self.conn.protocol_version()
+        match &self.phase {
+            Phase::Handshake(c) => c.protocol_version(),
+            Phase::Traffic(l) if l.tls13() => Some(rustls::ProtocolVersion::TLSv1_3),
+            Phase::Traffic(_) => Some(rustls::ProtocolVersion::TLSv1_2),
+            Phase::Failed => None,
+        }
     }
 }
 
@@ -277,13 +299,23 @@ mod tests {
         // The TLS state lives out of line: `Conn` keeps its size (conn.rs checks it) and the
         // side table holds a key and a box per TLS connection.
         let inline = std::mem::size_of::<TlsConn>();
+        let kernel = std::mem::size_of::<rustls::kernel::KernelConnection<rustls::server::ServerConnectionData>>();
         eprintln!("TlsConn (boxed, per TLS connection): {inline} bytes");
+        eprintln!(
+            "  of which record::Layer (raw keys, IVs, sequence numbers): {} bytes",
+            std::mem::size_of::<record::Layer>()
+        );
+        eprintln!("KernelConnection (boxed, TLS 1.3 only, plus its key schedule state): {kernel} bytes");
+        eprintln!(
+            "UnbufferedServerConnection (boxed, during the handshake only): {} bytes",
+            std::mem::size_of::<UnbufferedServerConnection>()
+        );
         assert_eq!(std::mem::size_of::<Option<Box<TlsConn>>>(), 8);
-        // The unbuffered connection holds keys, sequence numbers and the state machine; the
-        // idle memory of a TLS connection is measured with a live server (tests/tls_idle_memory.rs).
-        // tether's own share is the two spills (a word each while empty) and the flags.
+        // The idle memory of a TLS connection is measured with a live server
+        // (tests/tls_idle_memory.rs, tests/tls_idle_live_bytes.rs). tether's own share is the
+        // record layer (two raw keys, IVs, sequence numbers, the limit, the kernel box), the two
+        // spills (a word each while empty) and the flags.
         assert_eq!(std::mem::size_of::<Spill>(), 8);
-        let own = inline - std::mem::size_of::<UnbufferedServerConnection>();
-        assert!(own <= 24, "TlsConn adds {own} bytes to rustls' connection");
+        assert!(inline <= 192, "TlsConn is {inline} bytes");
     }
 }
