@@ -221,3 +221,27 @@ fn the_drain_closes_wss_connections_with_1012_and_close_notify() {
     let st = srv.wait_exit(T).expect("tether exits after the drain");
     assert!(st.success(), "exit status {st:?}");
 }
+
+/// The peer's close_notify is answered with tether's own before the socket closes (RFC 8446
+/// §6.1), right after the handshake and after a request: OpenSSL's two-way shutdown through
+/// Python's `ssl` (`unwrap()`) returns only when the server's close_notify arrives.
+#[test]
+fn the_peers_close_notify_is_answered_with_close_notify() {
+    let pki = Pki::new("notify");
+    let leaf = pki.leaf("server");
+    for setup in DRIVERS {
+        let srv = drivers::start(setup, &tls::section(&leaf), "1");
+        let child = Command::new("python3")
+            .args(["tests/tls/close_notify.py", "127.0.0.1", &srv.addr.port().to_string(), pki.ca.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn python3");
+        let out = wait_child(child, Duration::from_secs(30), "the Python close_notify client");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{setup:?}: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+        let v: Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert_eq!(v["handshake"], "answered", "{setup:?}: {v}\n{}", srv.log_tail(20));
+        assert_eq!(v["after_http"], "answered after HTTP/1.1 200 OK", "{setup:?}: {v}\n{}", srv.log_tail(20));
+    }
+}

@@ -403,7 +403,7 @@ pub(in crate::server) fn last_words(t: &mut TlsConn, fd: i32) {
 
 impl CoreState {
     /// The TLS side of tearing connection `id` (socket `fd`) down for `why`: close_notify
-    /// when the peer did not just leave, the gauge, and a handshake that never finished
+    /// unless the connection was reset, the gauge, and a handshake that never finished
     /// counted as failed (a timeout, or the peer closing).
     pub(in crate::server) fn tls_teardown(&mut self, id: ConnId, fd: i32, why: ReapReason) {
         let Some(mut t) = self.tls.take(id.key) else { return };
@@ -412,7 +412,10 @@ impl CoreState {
         if !t.has(TlsConn::ESTABLISHED) && !t.has(TlsConn::FAILED) {
             m.failed(if why == ReapReason::HandshakeTimeout { Failure::Timeout } else { Failure::Closed });
         }
-        if !matches!(why, ReapReason::Reset | ReapReason::Eof) {
+        // RFC 8446 §6.1: each side sends close_notify before closing its write side, also
+        // after the peer's close_notify or FIN (it may still read). Not after a reset: the
+        // peer is gone. `close_notify` is once, so a connection that already sent it skips.
+        if why != ReapReason::Reset {
             last_words(&mut t, fd);
         }
         self.tls.shrink();
