@@ -122,6 +122,7 @@ impl Session {
                 self.admit_control(ctx, events);
             }
             Message::Close { code, reason } => {
+                self.queue.drop_deliveries();
                 self.queue_answered(ctx, events);
                 events.push(Event::PeerClosed { code, reason });
                 // Echo the peer's code (RFC 6455 §5.5.1), then close TCP once it is written.

@@ -324,6 +324,16 @@ impl OutQueue {
         }
     }
 
+    /// Drops the queued deliveries (frames of a channel) not yet begun, keeping replies and
+    /// the unwritten rest of a partly written front frame: the peer sent its close frame, so
+    /// our answer goes out as soon as practical (RFC 6455 §5.5.1) instead of behind a backlog
+    /// the close deadline might not let it reach. A client that wants them resumes by seq.
+    pub fn drop_deliveries(&mut self) {
+        self.parked = None;
+        let from = usize::from(self.offset > 0);
+        self.remove_where(from, |o| o.chan != super::NO_CHAN, |_| false, |_| {});
+    }
+
     /// Gives an empty queue's memory back (when it drains, and at each heartbeat).
     pub fn shrink_idle(&mut self) {
         if self.frames.is_empty() && self.frames.capacity() > 0 {

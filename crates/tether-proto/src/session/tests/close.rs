@@ -56,6 +56,28 @@ fn peer_close_is_echoed_then_fin_then_linger_until_the_close_deadline() {
     assert_eq!(sim.metric(r#"tether_closes_total{core="0",code="1001"}"#), 1);
 }
 
+/// The peer's close is answered ahead of the deliveries still queued (RFC 6455 §5.5.1: as
+/// soon as practical), so a client reading a backlog is not cut at the close deadline before
+/// our close frame: the partly written front frame is finished (cutting it would corrupt the
+/// stream) and replies stay; deliveries not begun are dropped.
+#[test]
+fn peer_close_is_answered_ahead_of_queued_deliveries_but_after_replies_and_the_front() {
+    let sim = Sim::new(cfg());
+    let mut s = sim.open(0, &mut rng());
+    let mut out = queue_behind_partial_front(&sim, &mut s, &[("b", 1, 1), ("a", 0, 2)]);
+    assert!(s.reply(&sim.at(2), codec::text_frame(br#"{"op":"pong"}"#)));
+    assert!(s.enqueue(&sim.at(2), msg("b", 2), 1, Some(Overflow::Disconnect)));
+    feed(&mut s, &sim.at(3), &client(OP_CLOSE, &1000u16.to_be_bytes()));
+    assert_eq!(s.state(), State::Finishing);
+    out.extend(write_all(&mut s, 3));
+    let f = frames(&out);
+    assert_eq!(msgs(&out), pairs(&[("a", 1)]), "only the front delivery is finished");
+    assert_eq!(f.len(), 3, "front, the reply, the close: {f:?}");
+    assert_eq!(f[1].1, br#"{"op":"pong"}"#.to_vec(), "the reply stays");
+    assert_eq!(close_of(&f[2].1), (1000, String::new()));
+    assert!(s.poll_fin(&sim.at(3)));
+}
+
 // ---- fail path (RFC 6455 §7.1.7) ----
 
 #[test]
