@@ -62,3 +62,32 @@ async fn upgrades_over_accept_rate_get_503_with_retry_after() {
     assert!(!held.is_empty(), "accept_rate = 5 admitted nothing");
     srv.wait_metric("tether_handshake_failures_total", &["reason=\"rate_limited\""], STEP, |v| v >= 1.0).await;
 }
+
+/// A burst that waits in the listener's backlog all at once (the accept loop takes up to 64
+/// per completion with `accept4`, src/server/listen.rs) is accepted in full and every
+/// connection is upgraded, on one core: none lost, none accepted twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_queued_in_the_backlog_is_accepted_and_upgraded_in_full() {
+    const N: usize = 300;
+    let srv = Server::start("", &["--cores", "1"]);
+    // All connected before any request is sent: the kernel completes the TCP handshakes into
+    // the backlog, so the accept loop finds a queue of them.
+    let conns = futures::future::join_all((0..N).map(|_| connect(srv.addr))).await;
+    let upgrades = conns.into_iter().enumerate().map(|(i, mut s)| async move {
+        s.write_all(upgrade_request(srv.addr, "/ws", SAMPLE_KEY).as_bytes()).await.unwrap();
+        let (status, head, _) = read_head(&mut s).await;
+        assert_eq!(status, 101, "connection {i} of the burst: {head}");
+        assert_eq!(header(&head, "sec-websocket-accept"), Some(SAMPLE_ACCEPT), "connection {i}: {head}");
+        s
+    });
+    let held = futures::future::join_all(upgrades).await;
+    srv.wait_gauge(N as f64, STEP).await;
+    let accepted = srv.metric("tether_accepted_total", &[]).await;
+    // The burst, plus the metric scrapes' own connections so far.
+    assert!(
+        accepted >= N as f64 && accepted <= N as f64 + 10.0,
+        "tether_accepted_total {accepted} after a burst of {N}"
+    );
+    drop(held);
+    srv.wait_gauge(0.0, STEP).await;
+}

@@ -6,7 +6,7 @@
 use std::cell::RefCell;
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
-use std::os::fd::IntoRawFd;
+use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
 use std::pin::pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -18,6 +18,13 @@ use monoio::net::TcpListener;
 
 use super::core::CoreState;
 use super::{events, tls};
+
+/// Connections taken from a listener's backlog per accept completion, the one the runtime
+/// delivered included: the rest with `accept4` at once ([`accept_now`]), instead of one ring
+/// round trip (submit, wait, wake the accept task) each. Bounded so a connect storm cannot
+/// keep the core from serving the sockets it already has; what is left waits for the next
+/// completion.
+const ACCEPTS_PER_WAKE: usize = 64;
 
 /// One listener per core on `addr`, sharing its port with `SO_REUSEPORT`, after making sure
 /// no other process listens there: `SO_REUSEPORT` would let a second process share the port
@@ -83,9 +90,9 @@ fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 
 /// Accepts until the drain starts, then drops the listener (closing it). Each accepted socket
 /// leaves monoio (`into_raw_fd` drops the driver's state of it) for the core's slab and
-/// reactor: no task per connection. `tls`: the listener speaks TLS; each connection takes an
-/// `accept_rate` token before its handshake (closed at once without one) and starts its
-/// handshake with the pair in use now.
+/// reactor: no task per connection. Each completion of the runtime's accept also takes what
+/// waits behind it in the backlog, up to [`ACCEPTS_PER_WAKE`], so a burst of connections costs
+/// one wake-up of the core, not one each. `tls`: the listener speaks TLS ([`take_accepted`]).
 pub(super) async fn accept_loop(core: Rc<RefCell<CoreState>>, listener: TcpListener, tls: bool) {
     let mut acc = pin!(listener.accept().fuse());
     loop {
@@ -99,25 +106,20 @@ pub(super) async fn accept_loop(core: Rc<RefCell<CoreState>>, listener: TcpListe
         })
         .await;
         let Some(r) = r else { break };
+        // Not polled (so not submitted) until the backlog below is taken: the ring's accept and
+        // `accept4` never wait on the listener together.
         acc.set(listener.accept().fuse());
         match r {
             Ok((stream, _peer)) => {
                 let mut st = core.borrow_mut();
-                st.metrics().accepted.fetch_add(1, Relaxed);
-                let config = if tls { st.shared.tls.as_ref().map(|k| k.current()) } else { None };
-                if config.is_some() && !st.take_accept_token() {
-                    // The handshake is the costly part of a TLS connection: refused before it.
-                    st.metrics().tls.failed(tls::Failure::Rate);
-                    drop(stream);
-                    continue;
-                }
-                match st.insert_conn(stream.into_raw_fd(), config) {
-                    Ok(id) => {
-                        if let Some(t) = st.tls.get(id.key) {
-                            t.flags |= tls::TlsConn::RATED;
-                        }
+                take_accepted(&mut st, stream.into_raw_fd(), tls);
+                for _ in 1..ACCEPTS_PER_WAKE {
+                    match accept_now(listener.as_raw_fd()) {
+                        Ok(fd) => take_accepted(&mut st, fd, tls),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                        // EMFILE and the like: the ring's accept meets it again and backs off.
+                        Err(_) => break,
                     }
-                    Err(e) => events::accept_failed(st.me, &e),
                 }
             }
             Err(e) => {
@@ -128,6 +130,49 @@ pub(super) async fn accept_loop(core: Rc<RefCell<CoreState>>, listener: TcpListe
         }
     }
     tracing::info!(core = core.borrow().me, "listener closed");
+}
+
+/// Hands the accepted socket `fd` (owned from now on) to the core's slab and reactor. `tls`: it
+/// came from the TLS listener, so it takes an `accept_rate` token first (closed at once
+/// without one: the handshake is the costly part of a TLS connection) and starts its handshake
+/// with the configuration in use now.
+fn take_accepted(st: &mut CoreState, fd: RawFd, tls: bool) {
+    st.metrics().accepted.fetch_add(1, Relaxed);
+    let config = if tls { st.shared.tls.as_ref().map(|k| k.current()) } else { None };
+    if config.is_some() && !st.take_accept_token() {
+        st.metrics().tls.failed(tls::Failure::Rate);
+        super::io::close(fd);
+        return;
+    }
+    // Only a TLS connection has side-table state to mark: a plain one skips the lookup.
+    let rated = config.is_some();
+    match st.insert_conn(fd, config) {
+        Ok(id) if rated => {
+            if let Some(t) = st.tls.get(id.key) {
+                t.flags |= tls::TlsConn::RATED;
+            }
+        }
+        Ok(_) => {}
+        Err(e) => events::accept_failed(st.me, &e),
+    }
+}
+
+/// One connection from the backlog of the non-blocking listener `fd` (`accept4(2)`, close-on-exec
+/// and non-blocking like the runtime's), or `WouldBlock` when the backlog is empty. Errors:
+/// those of accept4 (`EMFILE`, `ENFILE`, `ENOBUFS`, `ECONNABORTED`).
+fn accept_now(fd: RawFd) -> std::io::Result<RawFd> {
+    loop {
+        let flags = libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK;
+        // SAFETY: plain system call on an open listener; no address is asked for.
+        let r = unsafe { libc::accept4(fd, std::ptr::null_mut(), std::ptr::null_mut(), flags) };
+        if r >= 0 {
+            return Ok(r);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
 }
 
 #[cfg(test)]

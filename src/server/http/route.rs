@@ -363,17 +363,19 @@ impl CoreState {
     /// accept rate and `max_connections` (503 with `Retry-After`). When admitted the connection
     /// is counted (the gauge, `open`, the upgrades) and `true` is returned.
     pub(super) fn admit_capacity(&mut self, id: ConnId, req: &Request) -> bool {
-        let shared = self.shared.clone();
         let retry = [("Retry-After", RETRY_AFTER_S)];
         // A TLS connection took its token when accepted: its handshake counted against the rate.
-        let rated = self.tls.get(id.key).is_some_and(|t| t.has(crate::server::tls::TlsConn::RATED));
+        // Only a TLS connection has an entry in the side table: the flag spares a plain
+        // upgrade the lookup.
+        let tls = self.conn(id).is_some_and(|c| c.io.has(IoFlags::TLS));
+        let rated = tls && self.tls.get(id.key).is_some_and(|t| t.has(crate::server::tls::TlsConn::RATED));
         if !rated && !self.take_accept_token() {
             let e = HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "accept_rate exceeded");
             self.refuse(id, req, e, HandshakeFailure::RateLimited, &retry);
             return false;
         }
-        if shared.open.fetch_add(1, Relaxed) >= shared.config.max_connections {
-            shared.open.fetch_sub(1, Relaxed);
+        if self.shared.open.fetch_add(1, Relaxed) >= self.shared.config.max_connections {
+            self.shared.open.fetch_sub(1, Relaxed);
             let e = HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "max_connections reached");
             self.refuse(id, req, e, HandshakeFailure::OverCapacity, &retry);
             return false;
