@@ -9,13 +9,13 @@ use std::future::poll_fn;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use super::bus::{BusMsg, CoreMsg};
 use super::conn::ConnId;
 use super::core::CoreState;
 use super::encodings::Batch;
+use super::yielding::yield_now;
 use crate::published::Published;
 
 /// Subscribers a delivery visits before the processor yields.
@@ -27,21 +27,6 @@ const BATCH: usize = 64;
 /// Connections written per chunk of the dirty list, between which the processor takes the
 /// messages that arrived and yields (so the reactor reads, and the clock runs).
 const WRITE_CHUNK: usize = 512;
-
-/// Yields once to the runtime, letting other tasks on this core run.
-pub async fn yield_now() {
-    let mut yielded = false;
-    poll_fn(|cx| {
-        if yielded {
-            Poll::Ready(())
-        } else {
-            yielded = true;
-            cx.waker().wake_by_ref();
-            Poll::Pending
-        }
-    })
-    .await
-}
 
 /// The next message for this core: the local queue and the bus first, then the broker's.
 fn recv(core: &Rc<RefCell<CoreState>>) -> Option<BusMsg> {
