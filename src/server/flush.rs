@@ -118,7 +118,12 @@ impl CoreState {
         if c.session.poll_fin(&ctx) {
             sock::shutdown_write(fd);
         }
-        self.flushed(id, fetch);
+        // What `flushed` does, with the record in hand (no second slab lookup per delivery).
+        arm(&mut self.clock.wheel, self.clock.heartbeat_slack, id, c);
+        notice(&mut self.reactor, id, c);
+        if let Some(f) = fetch {
+            self.fetch(id, f);
+        }
     }
 
     /// After a flush of `id`: files its deadline, hands its wish to be looked at to the

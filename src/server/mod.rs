@@ -85,6 +85,7 @@ pub mod subscribe;
 pub mod tick;
 pub mod timer;
 pub mod tls;
+pub mod yielding;
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
@@ -463,6 +464,8 @@ fn core_thread(
             "readiness source ready"
         );
         let core = Rc::new(RefCell::new(CoreState::new(i, shared, ep, start, broker, reactor)));
+        // First: the processor and the reactor yield to each other through it.
+        yielding::spawn();
         monoio::spawn(processor::run(core.clone()));
         monoio::spawn(reactor::run(core.clone()));
         for (listener, tls) in accepting {

@@ -35,7 +35,7 @@ use std::task::{Poll, Waker};
 use super::conn::{Conn, ConnId, IoFlags};
 use super::core::CoreState;
 use super::io::poll_ring::{PollRing, Report};
-use super::processor::yield_now;
+use super::yielding::yield_now;
 use crate::config;
 use crate::session::{ReapReason, State};
 

@@ -49,18 +49,24 @@ pub fn has_input(fd: RawFd) -> bool {
     }
 }
 
-/// One non-blocking `sendmsg` of `iov` (no `SIGPIPE`): the bytes written, `WouldBlock` when
-/// the socket buffer is full; other errors are the peer's (reset, broken pipe). Retries
-/// `EINTR`.
+/// One non-blocking `sendmsg` of `iov` (no `SIGPIPE`), or `send` when `iov` is one slice
+/// (the light-load case, one frame per subscriber: the kernel then copies and checks no
+/// `msghdr` nor iovec array); the bytes written, `WouldBlock` when the socket buffer is full;
+/// other errors are the peer's (reset, broken pipe). Retries `EINTR`.
 pub fn send(fd: RawFd, iov: &[IoSlice<'_>]) -> io::Result<usize> {
     // SAFETY: msghdr is plain data.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     // IoSlice is ABI-compatible with iovec on Unix; sendmsg only reads through the pointer.
     msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
     msg.msg_iovlen = iov.len() as _;
+    let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
     loop {
-        // SAFETY: msg points at `iov`, alive for the call; fd as in `recv`.
-        let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        let r = match iov {
+            // SAFETY: the slice is alive for the call; fd as in `recv`.
+            [one] => unsafe { libc::send(fd, one.as_ptr().cast(), one.len(), flags) },
+            // SAFETY: msg points at `iov`, alive for the call; fd as in `recv`.
+            _ => unsafe { libc::sendmsg(fd, &msg, flags) },
+        };
         if r >= 0 {
             return Ok(r as usize);
         }

@@ -322,6 +322,13 @@ impl Session {
         self.queue.bytes()
     }
 
+    /// Where the next queued frame's entry will be stored: an address to prefetch before
+    /// queueing to many sessions in a row (a fan-out), never read through. See
+    /// [`OutQueue::next_slot`].
+    pub fn next_slot(&self) -> *const u8 {
+        self.queue.next_slot()
+    }
+
     /// Frames queued and not yet written (the front one may be partly written).
     pub fn queued_frames(&self) -> usize {
         self.queue.len()

@@ -168,6 +168,17 @@ impl OutQueue {
         self.frames.push_back(Out { frame, chan, policy });
     }
 
+    /// The address the next [`OutQueue::offer`] stores its entry at (one past the back of the
+    /// queue's buffer; past its end when the buffer is full or wraps, which is harmless): a
+    /// fan-out prefetches it a few subscribers ahead, because once subscribers fall behind their
+    /// queues outgrow the caches and that store missed on every delivery (`perf annotate` of
+    /// a saturated core: 76 % of `offer`). Never read through.
+    pub fn next_slot(&self) -> *const u8 {
+        let (front, back) = self.frames.as_slices();
+        let last = if back.is_empty() { front } else { back };
+        last.as_ptr_range().end.cast()
+    }
+
     /// Whether `extra` more bytes in one more frame stay within the limits.
     fn fits(&self, ctx: &Ctx, extra: usize) -> bool {
         self.frames.len() < ctx.cfg.queue_max_messages && self.bytes() + extra <= ctx.cfg.queue_max_bytes
