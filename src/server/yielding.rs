@@ -9,10 +9,10 @@
 //! next publish is read while it writes; with the front-of-queue yield that read waited for
 //! the whole pass.
 //!
-//! [`yield_now`] parks the task's waker on its thread instead and wakes the core's [`run`]
+//! [`yield_now`] parks the task's waker on its thread instead and wakes the core's `run`
 //! task, which is queued at the back like any task woken from outside; when it runs (after
 //! every task queued before it) it wakes the parked tasks, which are queued at the back in
-//! turn. Off a core thread (no [`run`] task on the thread: [`spawn`] was not called) it falls
+//! turn. Off a core thread (no `run` task on the thread: [`spawn`] was not called) it falls
 //! back to waking itself.
 
 use std::cell::{Cell, RefCell};
