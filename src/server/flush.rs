@@ -13,7 +13,7 @@
 
 use std::io::{self, IoSlice};
 
-use super::conn::{ConnId, IoFlags};
+use super::conn::{Conn, ConnId, IoFlags};
 use super::core::{arm, conn, notice, CoreState};
 use super::io::batch::{SendBatch, BATCH};
 use super::io::{self as sock};
@@ -54,7 +54,7 @@ impl CoreState {
     /// [`CoreState::flush`] at a tick read once for a whole pass of flushes. `first` is the
     /// result of a send of what the session offered that was already made (batched), acted on
     /// before anything more is sent; `None`: nothing was sent yet.
-    fn flush_at(&mut self, id: ConnId, now: Tick, mut first: Option<io::Result<usize>>) {
+    fn flush_at(&mut self, id: ConnId, now: Tick, first: Option<io::Result<usize>>) {
         let mut fetch = None;
         let ctx = Ctx {
             now,
@@ -81,58 +81,12 @@ impl CoreState {
             // Its state is out while its records are read (`tls::io`): the read flushes after.
             let Some(t) = self.tls.get(id.key) else { return };
             super::tls::io::transmit(t, c, &ctx, &mut fetch);
-            return self.flushed(id, fetch);
+        } else {
+            send_plain(c, &ctx, first, &mut fetch);
         }
-        let (s, fd) = (&mut c.session, c.fd);
-        loop {
-            let written = match first.take() {
-                Some(r) => r,
-                None => {
-                    let mut iov = [IoSlice::new(&[]); MAX_IOV];
-                    let n = s.poll_transmit(&mut iov);
-                    if n == 0 {
-                        // Everything is written: a resume replay refills the queue.
-                        let (queued, f) = s.pump_replay(&ctx);
-                        fetch = fetch.or(f);
-                        if queued {
-                            continue;
-                        }
-                        break;
-                    }
-                    sock::send(fd, &iov[..n])
-                }
-            };
-            match written {
-                Ok(n) => s.transmitted(n, now),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    // The send that failed armed the socket's next output edge.
-                    c.io.set(IoFlags::WANT_WRITE);
-                    break;
-                }
-                Err(_) => {
-                    s.kill(ReapReason::Reset);
-                    break;
-                }
-            }
-        }
-        if c.session.poll_fin(&ctx) {
-            sock::shutdown_write(fd);
-        }
-        // What `flushed` does, with the record in hand (no second slab lookup per delivery).
+        // With the record in hand: no second slab lookup per delivery.
         arm(&mut self.clock.wheel, self.clock.heartbeat_slack, id, c);
         notice(&mut self.reactor, id, c);
-        if let Some(f) = fetch {
-            self.fetch(id, f);
-        }
-    }
-
-    /// After a flush of `id`: files its deadline, hands its wish to be looked at to the
-    /// reactor, and asks for the next replay batch `fetch`.
-    fn flushed(&mut self, id: ConnId, fetch: Option<Fetch>) {
-        if let Some(c) = conn(&mut self.conns.slab, id) {
-            arm(&mut self.clock.wheel, self.clock.heartbeat_slack, id, c);
-            notice(&mut self.reactor, id, c);
-        }
         if let Some(f) = fetch {
             self.fetch(id, f);
         }
@@ -211,5 +165,47 @@ impl CoreState {
             let first = results.get_mut(staged[k]).and_then(Option::take);
             self.flush_at(id, now, first);
         }
+    }
+}
+
+/// Writes what plain connection `c`'s session offers until it is all written or the socket is
+/// full, acting first on `first` (a send already made); a resume replay refills the queue as
+/// it drains (its next batch to fetch goes to `fetch`). Half-closes TCP when the session is
+/// finishing. A full socket sets [`IoFlags::WANT_WRITE`]; an error reaps the connection.
+fn send_plain(c: &mut Conn, ctx: &Ctx, mut first: Option<io::Result<usize>>, fetch: &mut Option<Fetch>) {
+    let (s, fd) = (&mut c.session, c.fd);
+    loop {
+        let written = match first.take() {
+            Some(r) => r,
+            None => {
+                let mut iov = [IoSlice::new(&[]); MAX_IOV];
+                let n = s.poll_transmit(&mut iov);
+                if n == 0 {
+                    // Everything is written: a resume replay refills the queue.
+                    let (queued, f) = s.pump_replay(ctx);
+                    *fetch = fetch.take().or(f);
+                    if queued {
+                        continue;
+                    }
+                    break;
+                }
+                sock::send(fd, &iov[..n])
+            }
+        };
+        match written {
+            Ok(n) => s.transmitted(n, ctx.now),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // The send that failed armed the socket's next output edge.
+                c.io.set(IoFlags::WANT_WRITE);
+                break;
+            }
+            Err(_) => {
+                s.kill(ReapReason::Reset);
+                break;
+            }
+        }
+    }
+    if c.session.poll_fin(ctx) {
+        sock::shutdown_write(fd);
     }
 }
