@@ -223,7 +223,7 @@ fn the_drain_closes_wss_connections_with_1012_and_close_notify() {
 }
 
 /// The peer's close_notify is answered with tether's own before the socket closes (RFC 8446
-/// §6.1), right after the handshake and after a request: OpenSSL's two-way shutdown through
+/// §6.1), right after the handshake, after a request and after a WebSocket upgrade: OpenSSL's two-way shutdown through
 /// Python's `ssl` (`unwrap()`) returns only when the server's close_notify arrives.
 #[test]
 fn the_peers_close_notify_is_answered_with_close_notify() {
@@ -243,5 +243,11 @@ fn the_peers_close_notify_is_answered_with_close_notify() {
         let v: Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"));
         assert_eq!(v["handshake"], "answered", "{setup:?}: {v}\n{}", srv.log_tail(20));
         assert_eq!(v["after_http"], "answered after HTTP/1.1 200 OK", "{setup:?}: {v}\n{}", srv.log_tail(20));
+        assert_eq!(
+            v["after_ws"],
+            "answered after HTTP/1.1 101 Switching Protocols",
+            "{setup:?}: {v}\n{}",
+            srv.log_tail(20)
+        );
     }
 }

@@ -7,6 +7,8 @@ server's close_notify arrived; a bare FIN raises. Prints one JSON line: per case
 or the error seen.
   handshake  close_notify right after the handshake (it may arrive with the client Finished)
   after_http one keep-alive GET /healthz read to its end first, then close_notify
+  after_ws   a WebSocket upgrade (the 101 head read; no frame follows unasked), then
+             close_notify without a close frame
 """
 import json
 import socket
@@ -39,20 +41,27 @@ def read_response(s):
     return head.split(b"\r\n")[0].decode()
 
 
-def case(http_first):
+UPGRADE = (
+    b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+REQUESTS = {None: None, "http": b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", "ws": UPGRADE}
+
+
+def case(first):
     raw = socket.create_connection((host, port), timeout=5)
     s = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
     try:
         status = None
-        if http_first:
-            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        if first:
+            s.sendall(REQUESTS[first])
             status = read_response(s)
         s.unwrap()
-        return "answered" if not http_first else f"answered after {status}"
+        return "answered" if not first else f"answered after {status}"
     except Exception as e:  # the server's bare FIN or a reset
         return f"{type(e).__name__}: {e}"
     finally:
         s.close()
 
 
-print(json.dumps({"handshake": case(False), "after_http": case(True)}))
+print(json.dumps({"handshake": case(None), "after_http": case("http"), "after_ws": case("ws")}))
