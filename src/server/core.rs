@@ -206,6 +206,8 @@ pub struct CoreState {
     /// The send ring of `io.send_batch = "io_uring"` (`server::flush`); `None`: one
     /// `sendmsg(2)` per connection.
     pub(super) sends: Option<super::io::batch::SendBatch>,
+    /// The buffer small frames are copied into before a `sendmsg(2)` (`server::flush`).
+    pub(super) gather: super::io::Gather,
     /// What a session hands up in one call, lent to it and emptied right after (kept to reuse
     /// its allocation).
     events: Events,
@@ -255,6 +257,7 @@ impl CoreState {
             grants: Grants::default(),
             feeds: super::feed_port::FeedInbox::new(&shared.feed_ports, me),
             sends: super::flush::send_ring(me, cfg.io.send_batch),
+            gather: Default::default(),
             events: Events::default(),
             waiting: Waiting::default(),
             api: Default::default(),

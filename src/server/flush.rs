@@ -15,7 +15,7 @@ use std::io::{self, IoSlice};
 
 use super::conn::{Conn, ConnId, IoFlags};
 use super::core::{arm, conn, notice, CoreState};
-use super::io::batch::{SendBatch, BATCH};
+use super::io::batch::{SendBatch, BATCH, SLOT_IOV};
 use super::io::{self as sock};
 use crate::config;
 use crate::session::queue::MAX_IOV;
@@ -82,7 +82,7 @@ impl CoreState {
             let Some(t) = self.tls.get(id.key) else { return };
             super::tls::io::transmit(t, c, &ctx, &mut fetch);
         } else {
-            send_plain(c, &ctx, first, &mut fetch);
+            send_plain(c, &ctx, first, &mut fetch, &mut self.gather);
         }
         // With the record in hand: no second slab lookup per delivery.
         arm(&mut self.clock.wheel, self.clock.heartbeat_slack, id, c);
@@ -151,7 +151,7 @@ impl CoreState {
                 continue;
             }
             c.io.clear(IoFlags::DIRTY);
-            let mut iov = [IoSlice::new(&[]); MAX_IOV];
+            let mut iov = [IoSlice::new(&[]); SLOT_IOV];
             let n = c.session.poll_transmit(&mut iov);
             if n > 0 {
                 // SAFETY: the iovecs point into frames held by the session's queue, and `fd` is
@@ -172,7 +172,13 @@ impl CoreState {
 /// full, acting first on `first` (a send already made); a resume replay refills the queue as
 /// it drains (its next batch to fetch goes to `fetch`). Half-closes TCP when the session is
 /// finishing. A full socket sets [`IoFlags::WANT_WRITE`]; an error reaps the connection.
-fn send_plain(c: &mut Conn, ctx: &Ctx, mut first: Option<io::Result<usize>>, fetch: &mut Option<Fetch>) {
+fn send_plain(
+    c: &mut Conn,
+    ctx: &Ctx,
+    mut first: Option<io::Result<usize>>,
+    fetch: &mut Option<Fetch>,
+    gather: &mut sock::Gather,
+) {
     let (s, fd) = (&mut c.session, c.fd);
     loop {
         let written = match first.take() {
@@ -189,7 +195,7 @@ fn send_plain(c: &mut Conn, ctx: &Ctx, mut first: Option<io::Result<usize>>, fet
                     }
                     break;
                 }
-                sock::send(fd, &iov[..n])
+                gather.send(fd, &iov[..n])
             }
         };
         match written {

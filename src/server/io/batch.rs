@@ -23,9 +23,11 @@ use std::os::fd::RawFd;
 
 use io_uring::{opcode, types, IoUring};
 
-use crate::session::queue::MAX_IOV;
+/// Iovecs of one staged send, at most: a connection's first send of a pass takes this many
+/// frames; the rest of its queue goes with `sendmsg` right after (`server::flush`).
+pub const SLOT_IOV: usize = 64;
 
-/// Sends staged per submission, at most: the ring's size. Each slot holds [`MAX_IOV`] iovecs,
+/// Sends staged per submission, at most: the ring's size. Each slot holds [`SLOT_IOV`] iovecs,
 /// so the batch's own memory is about 130 KiB per core (128 × (64 × 16 B + a `msghdr`)).
 /// Trade-off: a larger chunk spreads one `io_uring_enter` over more sends, but every send of a
 /// chunk is made before any result is acted on.
@@ -39,7 +41,7 @@ const ENTER_RETRIES: usize = 16;
 /// the kernel reads them while the submission is processed.
 struct Slot {
     hdr: libc::msghdr,
-    iov: [libc::iovec; MAX_IOV],
+    iov: [libc::iovec; SLOT_IOV],
 }
 
 /// A core's send ring and the slots of the sends staged on it (docs/architecture.md, "The send
@@ -89,7 +91,7 @@ impl SendBatch {
         self.broken
     }
 
-    /// Stages one `sendmsg` of `iov` (at most [`MAX_IOV`] slices) on `fd` and returns its
+    /// Stages one `sendmsg` of `iov` (at most [`SLOT_IOV`] slices) on `fd` and returns its
     /// slot, the index of its result in [`SendBatch::submit`]'s answer. Panics when [`BATCH`]
     /// sends are staged already, or when the batch is broken ([`SendBatch::is_broken`]: sends
     /// it did not take may still sit in its submission queue).
@@ -99,7 +101,7 @@ impl SendBatch {
     /// [`SendBatch::submit`] returns: the kernel reads them while it processes the submission.
     pub unsafe fn stage(&mut self, fd: RawFd, iov: &[IoSlice<'_>]) -> usize {
         let i = self.staged;
-        assert!(i < BATCH && iov.len() <= MAX_IOV && !self.broken, "send batch overfilled or broken");
+        assert!(i < BATCH && iov.len() <= SLOT_IOV && !self.broken, "send batch overfilled or broken");
         let slot = &mut self.slots[i];
         for (dst, src) in slot.iov.iter_mut().zip(iov) {
             *dst = libc::iovec { iov_base: src.as_ptr() as *mut _, iov_len: src.len() };

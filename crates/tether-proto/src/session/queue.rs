@@ -40,7 +40,7 @@ impl Overflow {
 }
 
 /// Frames handed to one `sendmsg` at most.
-pub const MAX_IOV: usize = 64;
+pub const MAX_IOV: usize = 256;
 
 /// A complete encoded frame as queued: one thin pointer, so a queue entry ([`Out`]) is 16 bytes.
 ///
