@@ -325,6 +325,7 @@ impl Session {
     /// Where the next queued frame's entry will be stored: an address to prefetch before
     /// queueing to many sessions in a row (a fan-out), never read through. See
     /// [`OutQueue::next_slot`].
+    #[inline]
     pub fn next_slot(&self) -> *const u8 {
         self.queue.next_slot()
     }
