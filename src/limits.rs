@@ -14,7 +14,11 @@
 //! the load generator, not the server (accepted sockets use no ephemeral port); it is shown
 //! but does not cap. `somaxconn` and `tcp_max_syn_backlog` bound connection bursts (a
 //! reconnect storm), not concurrent connections: below the recommendation they are marked
-//! `<- advised` and listed as changes, but need nothing for the target.
+//! `<- advised` and listed as changes, but need nothing for the target. So does the size of
+//! the TCP established hash (`net.ipv4.tcp_ehash_entries`): with fewer buckets than the target
+//! has sockets, every segment received walks a chain of them (at one million on a table of
+//! 262,144, the lookup was a third of a node's CPU in a broadcast, docs/operations.md); it is
+//! sized at boot (`thash_entries=`), so the advice is a note, not a sysctl line.
 //!
 //! # Layout
 //! - this file: options, the capacity arithmetic, the table and the change list.
@@ -352,6 +356,30 @@ fn rows(r: &Readings, opts: &CheckOptions) -> Vec<Row> {
             },
         });
     }
+
+    // The established hash: sized at boot from memory unless `thash_entries=` says otherwise
+    // (a network namespace may get its own, `tcp_child_ehash_entries`). Advice only.
+    let rec_ehash = target.checked_next_power_of_two().unwrap_or(u64::MAX);
+    rows.push(Row {
+        limit: "net.ipv4.tcp_ehash_entries",
+        current: show(r.tcp_ehash_entries),
+        needed: "-".into(),
+        bound: Bound::Info(match r.tcp_ehash_entries {
+            Some(n) => format!("none ({:.1} sockets per bucket at the target)", target as f64 / n.max(1) as f64),
+            None => "none".into(),
+        }),
+        fixes: if r.tcp_ehash_entries.is_some_and(|n| n < target) {
+            vec![(
+                Target::Note,
+                format!(
+                    "TCP established hash: {} buckets for {target} connections; it is sized at boot: add `thash_entries={rec_ehash}` to the kernel command line (twice that with a load generator or proxy on the same box), or run tether in a network namespace made after `sysctl net.ipv4.tcp_child_ehash_entries={rec_ehash}`",
+                    show(r.tcp_ehash_entries)
+                ),
+            )]
+        } else {
+            Vec::new()
+        },
+    });
 
     rows.push(Row {
         limit: "cores",

@@ -27,6 +27,11 @@ pub struct Readings {
     pub somaxconn: Option<u64>,
     /// `net.ipv4.tcp_max_syn_backlog`: half-open connections per listener.
     pub tcp_max_syn_backlog: Option<u64>,
+    /// `net.ipv4.tcp_ehash_entries` (Linux 6.1+): buckets of the TCP established hash the
+    /// current network namespace uses, which every received segment is looked up in. The
+    /// kernel writes a namespace that shares the initial namespace's table as a negative
+    /// number; this is its magnitude either way.
+    pub tcp_ehash_entries: Option<u64>,
     /// `MemTotal` from `meminfo`, bytes.
     pub mem_total: Option<u64>,
     /// `MemAvailable` from `meminfo`, bytes.
@@ -53,6 +58,9 @@ pub fn read(proc_root: &Path) -> Readings {
         port_range: file("sys/net/ipv4/ip_local_port_range").and_then(|s| parse_pair(&s)),
         somaxconn: number("sys/net/core/somaxconn"),
         tcp_max_syn_backlog: number("sys/net/ipv4/tcp_max_syn_backlog"),
+        tcp_ehash_entries: file("sys/net/ipv4/tcp_ehash_entries")
+            .and_then(|s| s.split_whitespace().next()?.parse::<i64>().ok())
+            .map(i64::unsigned_abs),
         mem_total: meminfo_bytes(&meminfo, "MemTotal"),
         mem_available: meminfo_bytes(&meminfo, "MemAvailable"),
         cores: cores(proc_root),
