@@ -4,8 +4,8 @@
 //! frames, pings) gets `error` `limit` answers naming the key (or, far past the burst, a 1008
 //! close naming it), the refusals are counted in `tether_limit_refusals_total{limit}`, and a
 //! neighbour on the same core is not starved: its round-trip p99 under the flood stays within
-//! [`STARVED`]× of its p99 without it (best of 5 tries; the figures, usually 0.8–1.6×, are
-//! printed). ES256 tokens, so a refresh costs a real signature check.
+//! [`STARVED`]× of its p99 without it, taken as at least [`QUIET_FLOOR`] (best of 5 tries; the
+//! figures are printed). ES256 tokens, so a refresh costs a real signature check.
 
 mod common;
 
@@ -107,11 +107,19 @@ struct Seen {
     close: Option<u16>,
 }
 
-/// A neighbour p99 this many times its quiet p99 means the flood starved it: the fault this
-/// test guards against (one connection's input decoded in one go, an O(n²) scan of held
-/// requests) put it at 49–400×; on a shared 2-core CI box a healthy run has read up to 2.4×, so
+/// A neighbour p99 this many times its quiet p99 (at least [`QUIET_FLOOR`]) means the flood
+/// starved it: the fault this test guards against (one connection's input decoded in one go,
+/// an O(n²) scan of held requests) put it at 49–400× a quiet p99 of about 100 µs, i.e. 5–40 ms;
 /// the bound is a starvation check, not a speed figure (benches measure speed).
 const STARVED: f64 = 8.0;
+
+/// The least quiet p99 the ratio is taken against. A quiet round trip on one core is about
+/// 100–180 µs, and under the `sub of many channels` flood (2,000 new channels subscribed per
+/// write, the rest refused) the neighbour's p99 read 0.36–2.6 ms in single runs on the epoll
+/// driver (2026-12-07), i.e. up to 8.7× a quiet p99 that small, on a quiet box and on the CI
+/// box alike. Against 400 µs, 8× is 3.2 ms: under the 5–40 ms of the starvation this test
+/// exists for, over the cost a healthy flood has shown.
+const QUIET_FLOOR: Duration = Duration::from_micros(400);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_op_flooded_is_refused_and_the_neighbour_keeps_its_p99() {
@@ -161,7 +169,7 @@ async fn each_op_flooded_is_refused_and_the_neighbour_keeps_its_p99() {
             stop.store(true, Ordering::Relaxed);
             let seen = tokio::time::timeout(STEP * 3, flooder).await.expect("flooder ends").expect("flooder");
             first_seen.get_or_insert_with(|| seen.into_iter().next().expect("one flood at least"));
-            let ratio = loaded.as_secs_f64() / quiet.as_secs_f64();
+            let ratio = loaded.as_secs_f64() / quiet.max(QUIET_FLOOR).as_secs_f64();
             if best.is_none_or(|b| ratio < b.0) {
                 best = Some((ratio, quiet, loaded));
             }
@@ -188,7 +196,11 @@ async fn each_op_flooded_is_refused_and_the_neighbour_keeps_its_p99() {
         if f.limit != "control_frames" {
             assert!(seen.limits > 0 || seen.close == Some(1008), "{}: {seen:?}", f.name);
         }
-        assert!(ratio <= STARVED, "{}: neighbour p99 {loaded:?} vs {quiet:?} without the flood", f.name);
+        assert!(
+            ratio <= STARVED,
+            "{}: neighbour p99 {loaded:?} vs {quiet:?} without the flood (ratio against at least {QUIET_FLOOR:?})",
+            f.name
+        );
     }
     eprintln!("per-op floods (5,000 in one write, one core):\n{}", table.join("\n"));
 }
