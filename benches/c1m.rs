@@ -11,7 +11,10 @@
 //! climb), C1M_SOURCES ("127.0.0.2-127.0.0.254"), C1M_RATE (new connections per second of each
 //! step's load process, 0 = as fast as the handshakes in flight allow), C1M_PING_MS (the
 //! nodes' `heartbeat.ping_interval_ms`, 25,000 by default), C1M_PONG_MS (their
-//! `heartbeat.pong_timeout_ms`, 10,000 by default), REDIS_SERVER.
+//! `heartbeat.pong_timeout_ms`, 10,000 by default), C1M_FLOOR (connections of the floor
+//! measured before the run, `common::floor`: one core's CPU time for one send to each of that
+//! many connections held at once; default the target, 0 = none), C1M_FLOOR_ROUNDS (3),
+//! REDIS_SERVER. The broadcasts' median p99 is printed as a multiple of that floor.
 //!
 //! Before starting anything it checks the box (`tether check-limits` per node, ephemeral ports
 //! × sources, fs.file-max, the open-file limit of the load processes) and, after the first
@@ -121,6 +124,7 @@ impl Drop for LoadProc {
 }
 
 fn main() {
+    floor::child_if_asked();
     if !should_run() {
         return;
     }
@@ -177,6 +181,21 @@ fn run() -> i32 {
         write_json("c1m", &json!({"target": plan.target, "ok": false, "short": short}));
         return 1;
     }
+
+    // The floor first, while the box holds nothing else of the bench (its connections are reset
+    // and gone before the nodes start).
+    let floor_conns: usize = env_or("C1M_FLOOR", plan.target as usize);
+    let floor = (floor_conns > 0).then(|| {
+        let f = floor::Floor::measure(
+            floor_conns,
+            plan.per_node.min(9_900) as usize,
+            env_or("C1M_FLOOR_ROUNDS", 3),
+            0,
+            100,
+        );
+        f.print();
+        f
+    });
 
     let redis = RedisProc::start();
     let config = format!(
@@ -265,7 +284,7 @@ fn run() -> i32 {
     drop(nodes);
     drop(redis);
     let reaped_json = json!({"by_step": reaped_by_step, "after_broadcasts": reaped_after, "at_end": reaped_end});
-    report(&plan, &base, &samples, held, stopped, broadcast_rows, broadcast_json, &reports, reaped_json)
+    report(&plan, &base, &samples, held, stopped, broadcast_rows, broadcast_json, &reports, reaped_json, floor.as_ref())
 }
 
 /// Connections the nodes reaped since they started, by reason (`tether_reaped_total{reason}`
@@ -571,6 +590,7 @@ fn report(
     broadcasts: Value,
     reports: &[Value],
     reaped: Value,
+    floor: Option<&floor::Floor>,
 ) -> i32 {
     let rows: Vec<Vec<String>> = samples
         .iter()
@@ -623,6 +643,19 @@ fn report(
             &broadcast_rows,
         );
     }
+    // The broadcasts' p99 against the floor measured before the run (issue 31 item 6: within 2×).
+    let p99s: Vec<f64> = broadcasts.as_array().into_iter().flatten().filter_map(|b| b["p99_ms"].as_f64()).collect();
+    let p99_median_s = median(&p99s) / 1000.0;
+    let over_floor = floor.map(|f| p99_median_s / f.median_s());
+    if let (Some(f), Some(r)) = (floor, over_floor) {
+        println!(
+            "\n  broadcast p99, median of {}: {p99_median_s:.2} s = {r:.2}× the floor ({:.2} s of one core for {} sends, \
+             measured before the run)",
+            p99s.len(),
+            f.median_s(),
+            f.conns
+        );
+    }
     if let Some(why) = &stopped {
         println!("\n  stopped short: {why}");
     }
@@ -654,6 +687,7 @@ fn report(
             "ping_interval_ms": plan.ping_ms, "pong_timeout_ms": plan.pong_ms, "connect_rate": plan.rate, "reaped_by_step": reaped["by_step"],
             "reaped_after_broadcasts": reaped["after_broadcasts"], "reaped_at_end": reaped["at_end"],
             "close_errors": close_errors,
+            "floor": floor.map(floor::Floor::json), "p99_median_s": p99_median_s, "p99_over_floor": over_floor,
         }),
     );
     i32::from(!(held >= plan.target && stopped.is_none() && complete && errors == 0.0))

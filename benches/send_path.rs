@@ -10,9 +10,14 @@
 //! sends, so other processes on a shared box lengthen the wall time but not the figure much
 //! (they still cost it cache). On loopback the sender's time includes the TCP receive
 //! processing of the peer socket (done in the sender's context), as in the server.
+//!
+//!
+//! **The cold floor** instead with `SEND_COLD=1000000` (`common::floor`; SEND_PER_PROC 9,900,
+//! SEND_ROUNDS 3, SEND_CPU 0, SEND_FRAME 100): one send to each of a million connections held
+//! by a hundred processes at once, what a million-subscriber broadcast costs one core without
+//! the server around it; writes `send_path_cold.json`.
 
 use std::io::IoSlice;
-use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 
 use serde_json::json;
@@ -21,16 +26,9 @@ use tether::server::io::{self as sock, batch::SendBatch, batch::BATCH};
 mod common;
 use common::*;
 
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// Sends `frame` once to every connection of `fds`, `passes` times; CPU ns per send.
 fn measure(mode: &str, fds: &[i32], frame: &[u8], passes: usize, batch: &mut SendBatch) -> f64 {
-    let t0 = thread_cpu_ns();
+    let t0 = floor::thread_cpu_ns();
     for _ in 0..passes {
         if mode == "sendmsg" {
             for &fd in fds {
@@ -49,24 +47,20 @@ fn measure(mode: &str, fds: &[i32], frame: &[u8], passes: usize, batch: &mut Sen
             }
         }
     }
-    (thread_cpu_ns() - t0) as f64 / (passes * fds.len()) as f64
-}
-
-/// Reads whatever each receiver holds, so the next measurement starts from empty buffers.
-fn drain(rx: &mut [TcpStream]) {
-    use std::io::Read;
-    let mut buf = vec![0u8; 1 << 16];
-    for s in rx {
-        while let Ok(n) = s.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-        }
-    }
+    (floor::thread_cpu_ns() - t0) as f64 / (passes * fds.len()) as f64
 }
 
 fn main() {
+    floor::child_if_asked();
     if !should_run() {
+        return;
+    }
+    let cold: usize = env_or("SEND_COLD", 0);
+    if cold > 0 {
+        let (per_proc, rounds) = (env_or("SEND_PER_PROC", 9_900), env_or("SEND_ROUNDS", 3));
+        let f = floor::Floor::measure(cold, per_proc, rounds, env_or("SEND_CPU", 0), env_or("SEND_FRAME", 100));
+        f.print();
+        write_json("send_path_cold", &f.json());
         return;
     }
     let conns: usize = env_or("SEND_CONNS", 2000);
@@ -84,7 +78,7 @@ fn main() {
         for mode in ["sendmsg", "io_uring"] {
             let load = loadavg();
             let ns = measure(mode, &fds, &frame, passes, &mut batch);
-            drain(&mut rx);
+            floor::drain(&mut rx);
             if mode == "sendmsg" {
                 a.push(ns)
             } else {

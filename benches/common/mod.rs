@@ -12,6 +12,7 @@
 
 #![allow(dead_code)]
 
+pub mod floor;
 pub mod kernel;
 #[path = "../../tests/common/proxy.rs"]
 pub mod proxy;
