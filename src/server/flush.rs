@@ -184,9 +184,7 @@ fn send_plain(
         let written = match first.take() {
             Some(r) => r,
             None => {
-                let mut iov = [IoSlice::new(&[]); MAX_IOV];
-                let n = s.poll_transmit(&mut iov);
-                if n == 0 {
+                if !s.has_output() {
                     // Everything is written: a resume replay refills the queue.
                     let (queued, f) = s.pump_replay(ctx);
                     *fetch = fetch.take().or(f);
@@ -195,6 +193,11 @@ fn send_plain(
                     }
                     break;
                 }
+                // Filled only when there is something to offer: the MAX_IOV slots are 4 KiB of
+                // stores, which a connection written once per pass paid twice (the second time to
+                // learn that its queue was empty).
+                let mut iov = [IoSlice::new(&[]); MAX_IOV];
+                let n = s.poll_transmit(&mut iov);
                 gather.send(fd, &iov[..n])
             }
         };
