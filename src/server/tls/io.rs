@@ -327,6 +327,11 @@ pub(in crate::server) fn transmit(t: &mut TlsConn, c: &mut Conn, ctx: &Ctx, fetc
 /// plaintext taken and the ciphertext's length. Errors: a TLS 1.2 key at its limit, or a
 /// record that could not be sealed.
 fn seal_session(s: &Session, layer: &mut Layer, x: &mut Expanded, out: &mut [u8]) -> Result<(usize, usize), Stop> {
+    if !s.has_output() {
+        // What the loop below returns for an empty queue, without filling 4 KiB of slots first
+        // (`transmit` calls once more after the last record to find the queue empty).
+        return Ok((0, 0));
+    }
     let mut iov = [IoSlice::new(&[]); MAX_IOV];
     let count = s.poll_transmit(&mut iov);
     let mut frames = iov[..count].iter().map(|v| &v[..]);
