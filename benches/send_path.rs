@@ -11,7 +11,6 @@
 //! (they still cost it cache). On loopback the sender's time includes the TCP receive
 //! processing of the peer socket (done in the sender's context), as in the server.
 //!
-//!
 //! **The cold floor** instead with `SEND_COLD=1000000` (`common::floor`; SEND_PER_PROC 9,900,
 //! SEND_ROUNDS 3, SEND_CPU 0, SEND_FRAME 100): one send to each of a million connections held
 //! by a hundred processes at once, what a million-subscriber broadcast costs one core without

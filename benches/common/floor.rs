@@ -223,7 +223,8 @@ impl Floor {
     /// each pinned to `cpu` and sending `frame` bytes per connection. Panics when a child
     /// cannot start or ends early (its stderr is the bench's).
     pub fn measure(conns: usize, per_proc: usize, rounds: usize, cpu: usize, frame: usize) -> Floor {
-        let procs = conns.div_ceil(per_proc.max(1));
+        let per_proc = per_proc.max(1);
+        let procs = conns.div_ceil(per_proc);
         let exe = std::env::current_exe().expect("this bench's path");
         let (slab0, t0) = (slab_bytes(), Instant::now());
         let mut kids = Vec::with_capacity(procs);
