@@ -34,6 +34,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a publish may wait for the broker's answer before it is retried (same id: dedup
 /// makes the retry safe).
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a stopping owner waits for the answer to the publish it has in flight (see
+/// `Owner::publish`); well inside the renew interval within which a STOP closes the upstream.
+const STOP_ANSWER_GRACE: Duration = Duration::from_millis(100);
 /// Wait after a terminal close code (1002, 1003, 1007, …): the upstream refused us for a
 /// reason a quick retry will not fix, but the feed stays desired, so it is retried slowly.
 const TERMINAL_RETRY: Duration = Duration::from_secs(30);
@@ -301,7 +304,7 @@ impl Owner {
             if *self.stop.borrow() {
                 return Some(Outcome::Stop);
             }
-            let (done, answer) = oneshot::channel();
+            let (done, mut answer) = oneshot::channel();
             let p = FeedPublish {
                 ch: self.def.channel.as_str().into(),
                 id: publish_id.clone(),
@@ -313,12 +316,20 @@ impl Owner {
             let wait = match self.shared.try_publish(p) {
                 Err(_) => Some(Duration::from_millis(5)),
                 Ok(()) => match tokio::select! {
-                    r = tokio::time::timeout(PUBLISH_TIMEOUT, answer) => r,
-                    // Not waited for once stopping: a draining node's cores stop as soon as
-                    // their connections are closed, and the answer would never come. last_seq
-                    // stays before this message, so the next owner publishes it again under
-                    // the same id and the broker answers that as a duplicate.
-                    _ = self.stop.changed() => return Some(Outcome::Stop),
+                    r = tokio::time::timeout(PUBLISH_TIMEOUT, &mut answer) => r,
+                    _ = self.stop.changed() => {
+                        // Stopping with this publish in flight. A running node answers within
+                        // microseconds: wait that long, so that a message its subscribers got
+                        // is in the last_seq stored at the stop (START resumes after it). A
+                        // draining node's cores may stop before answering: then last_seq stays
+                        // before this message, the next owner publishes it again under the
+                        // same id, and the broker answers that as a duplicate.
+                        if let Ok(Ok(Ok(_seq))) = tokio::time::timeout(STOP_ANSWER_GRACE, answer).await {
+                            self.progress.set_last_seq(Some(seq));
+                            self.progress.last_message_ms.store(now_ms(), Relaxed);
+                        }
+                        return Some(Outcome::Stop);
+                    }
                 } {
                     Ok(Ok(Ok(_seq))) => {
                         self.progress.set_last_seq(Some(seq));
