@@ -188,7 +188,7 @@ fn run() -> i32 {
     let floor = (floor_conns > 0).then(|| {
         let f = floor::Floor::measure(
             floor_conns,
-            plan.per_node.min(9_900) as usize,
+            (plan.per_node as usize).min(floor::PER_PROC),
             env_or("C1M_FLOOR_ROUNDS", 3),
             0,
             100,

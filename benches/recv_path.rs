@@ -90,13 +90,6 @@ const CQ_ENTRIES: u32 = 32_768;
 /// The buffer group of the provided-buffer ring.
 const BGID: u16 = 0;
 
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// The first two CPUs this process may run on (receiver, sender); `None` with fewer.
 fn two_cpus() -> Option<(usize, usize)> {
     // SAFETY: cpu_set_t is plain data, filled by sched_getaffinity for this process.
@@ -108,18 +101,6 @@ fn two_cpus() -> Option<(usize, usize)> {
     // SAFETY: CPU_ISSET reads the set for CPU numbers below CPU_SETSIZE.
     let mut cpus = (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) });
     Some((cpus.next()?, cpus.next()?))
-}
-
-/// Pins the calling thread to `cpu`.
-fn pin(cpu: usize) {
-    // SAFETY: cpu_set_t is plain data; CPU_SET writes bit `cpu` (below CPU_SETSIZE) of it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: `set` is valid for its size; 0 is the calling thread.
-    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
-        panic!("cannot pin a thread to CPU {cpu}: {}", io::Error::last_os_error());
-    }
 }
 
 /// The receiver's count: bytes per connection and of the pass under way, wake-ups, re-arms.
@@ -591,7 +572,7 @@ struct Sample {
 /// until the receiver has consumed it (up to [`PASS_LIMIT`]); this thread's CPU ns.
 fn send_passes(tx: &[RawFd], frame: &[u8], passes: usize, consumed: Receiver<()>, cpu: Option<usize>) -> u64 {
     if let Some(cpu) = cpu {
-        pin(cpu);
+        pin_to(cpu);
     }
     let t0 = thread_cpu_ns();
     for pass in 1..=passes {
@@ -673,7 +654,7 @@ fn main() {
     }
     let cpus = two_cpus();
     if let Some((receiver, _)) = cpus {
-        pin(receiver);
+        pin_to(receiver);
     }
     let (tx, rx) = loopback_pairs(conns);
     let tx_fds: Vec<RawFd> = tx.iter().map(|s| s.as_raw_fd()).collect();

@@ -27,7 +27,7 @@ use common::*;
 
 /// Sends `frame` once to every connection of `fds`, `passes` times; CPU ns per send.
 fn measure(mode: &str, fds: &[i32], frame: &[u8], passes: usize, batch: &mut SendBatch) -> f64 {
-    let t0 = floor::thread_cpu_ns();
+    let t0 = thread_cpu_ns();
     for _ in 0..passes {
         if mode == "sendmsg" {
             for &fd in fds {
@@ -46,7 +46,7 @@ fn measure(mode: &str, fds: &[i32], frame: &[u8], passes: usize, batch: &mut Sen
             }
         }
     }
-    (floor::thread_cpu_ns() - t0) as f64 / (passes * fds.len()) as f64
+    (thread_cpu_ns() - t0) as f64 / (passes * fds.len()) as f64
 }
 
 fn main() {
@@ -56,7 +56,7 @@ fn main() {
     }
     let cold: usize = env_or("SEND_COLD", 0);
     if cold > 0 {
-        let (per_proc, rounds) = (env_or("SEND_PER_PROC", 9_900), env_or("SEND_ROUNDS", 3));
+        let (per_proc, rounds) = (env_or("SEND_PER_PROC", floor::PER_PROC), env_or("SEND_ROUNDS", 3));
         let f = floor::Floor::measure(cold, per_proc, rounds, env_or("SEND_CPU", 0), env_or("SEND_FRAME", 100));
         f.print();
         write_json("send_path_cold", &f.json());

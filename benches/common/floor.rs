@@ -30,8 +30,11 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tether::server::io as sock;
 
-use super::{env_or, kernel, loadavg, median, slab_bytes, table};
+use super::{env_or, kernel, loadavg, median, pin_to, slab_bytes, table, thread_cpu_ns};
 
+/// Loopback pairs one child holds by default: both ends of each under the per-process
+/// open-file limit (20,000 here) with room for the rest.
+pub const PER_PROC: usize = 9_900;
 /// Set in a child's environment: its index; with [`CHILD_PAIRS`], [`CHILD_CPU`], [`CHILD_FRAME`].
 pub const CHILD: &str = "FLOOR_CHILD";
 /// Loopback pairs the child holds.
@@ -40,14 +43,6 @@ const CHILD_PAIRS: &str = "FLOOR_CHILD_PAIRS";
 const CHILD_CPU: &str = "FLOOR_CHILD_CPU";
 /// Bytes per send.
 const CHILD_FRAME: &str = "FLOOR_CHILD_FRAME";
-
-/// The calling thread's CPU time, nanoseconds (`CLOCK_THREAD_CPUTIME_ID`).
-pub fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 /// Runs this process as a floor child and exits, when [`CHILD`] is set; returns otherwise.
 pub fn child_if_asked() {
@@ -60,19 +55,6 @@ pub fn child_if_asked() {
 /// The source address of child `index`: 127.1.x.y, one per child.
 fn source(index: usize) -> Ipv4Addr {
     Ipv4Addr::new(127, 1 + (index / 62_500) as u8, (index / 250 % 250) as u8, (index % 250 + 1) as u8)
-}
-
-/// Pins the calling thread to `cpu` (`sched_setaffinity`).
-fn pin_to(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET and sched_setaffinity read and
-    // write only the set they are given.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            panic!("sched_setaffinity to CPU {cpu}: {}", std::io::Error::last_os_error());
-        }
-    }
 }
 
 /// Sets an int socket option, panicking with its name on failure.

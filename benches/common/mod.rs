@@ -306,6 +306,26 @@ pub fn loopback_pairs(n: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {
     (connected, accepted)
 }
 
+/// The calling thread's CPU time, nanoseconds (`CLOCK_THREAD_CPUTIME_ID`).
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Pins the calling thread to `cpu` (`sched_setaffinity`); panics naming the CPU when refused.
+pub fn pin_to(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; CPU_SET writes bit `cpu` (below CPU_SETSIZE) of it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is valid for its size; 0 is the calling thread.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        panic!("cannot pin a thread to CPU {cpu}: {}", std::io::Error::last_os_error());
+    }
+}
+
 /// The 1-minute load average (what else the shared box was doing).
 pub fn loadavg() -> f64 {
     std::fs::read_to_string("/proc/loadavg").ok().and_then(|s| s.split_whitespace().next()?.parse().ok()).unwrap_or(0.0)

@@ -264,6 +264,12 @@ impl Owner {
         }
     }
 
+    /// The broker answered the publish of upstream `seq`: it becomes the feed's `last_seq`.
+    fn stored(&self, seq: String) {
+        self.progress.set_last_seq(Some(seq));
+        self.progress.last_message_ms.store(now_ms(), Relaxed);
+    }
+
     /// Publishes one upstream message; `None` when it was skipped (not JSON, no seq, too
     /// large, or already stored).
     async fn publish(&mut self, text: &str) -> Option<Outcome> {
@@ -325,15 +331,13 @@ impl Owner {
                         // before this message, the next owner publishes it again under the
                         // same id, and the broker answers that as a duplicate.
                         if let Ok(Ok(Ok(_seq))) = tokio::time::timeout(STOP_ANSWER_GRACE, answer).await {
-                            self.progress.set_last_seq(Some(seq));
-                            self.progress.last_message_ms.store(now_ms(), Relaxed);
+                            self.stored(seq);
                         }
                         return Some(Outcome::Stop);
                     }
                 } {
                     Ok(Ok(Ok(_seq))) => {
-                        self.progress.set_last_seq(Some(seq));
-                        self.progress.last_message_ms.store(now_ms(), Relaxed);
+                        self.stored(seq);
                         return Some(Outcome::Stored);
                     }
                     Ok(Ok(Err(e))) if e.code == codes::FENCED => {
