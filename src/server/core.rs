@@ -22,8 +22,9 @@ use std::time::Instant;
 use bytes::Bytes;
 use slab::Slab;
 
-use super::broker::{Broker, PublishResult, Request};
-use super::bus::{ConnRef, ConnRow, CoreLoad, CoreMsg, Endpoint, PresenceRow, Router};
+use super::broker::{Broker, Request};
+use super::bus::{ConnRef, CoreMsg, Endpoint, Router};
+use super::clock::Clock;
 use super::conn::{session_config, Conn, ConnId, IoFlags};
 use super::encodings::Batch;
 use super::local::LocalChannels;
@@ -33,12 +34,11 @@ use super::requests::Waiting;
 use super::timer::TimerWheel;
 use super::{io as sock, Shared};
 use crate::auth::grants::Grants;
-use crate::protocol;
 use crate::published::Encoding;
 use crate::session::replay::Fetch;
 use crate::session::{Ctx, Event, Events, HandshakeFailure, Overflow, ReapReason, Session, SessionConfig, State};
-use crate::tick::{heartbeat_slack, heartbeat_slot, Tick, TICK_MS};
-use crate::ws::codec::{self, CloseCode};
+use crate::tick::{heartbeat_slot, Tick};
+use crate::ws::codec::CloseCode;
 use crate::ws::deflate::Deflate;
 
 /// Size of the per-core read buffer. Reads never go to per-connection memory.
@@ -103,47 +103,6 @@ impl Conns {
     }
 }
 
-/// The core's clock: milliseconds since the process started, in ticks of [`TICK_MS`], and
-/// the timer wheel of the sessions' deadlines.
-pub struct Clock {
-    start: Instant,
-    /// One entry per session deadline.
-    pub wheel: TimerWheel,
-    /// Entries fired in one clock step (kept to reuse its allocation).
-    pub fired: Vec<(ConnId, Tick)>,
-    /// Tick of the last sweep of idle channels.
-    pub last_sweep: Tick,
-    /// The sessions' limits in ticks.
-    pub cfg: SessionConfig,
-    /// The core's permessage-deflate compressor and inflater, lent to every session (none is
-    /// held per connection).
-    pub deflate: Deflate,
-    /// The heartbeat grid in ticks ([`heartbeat_slack`]): ping times and pong deadlines are
-    /// filed on its multiples.
-    pub heartbeat_slack: Tick,
-}
-
-impl Clock {
-    /// Milliseconds since the process started.
-    pub fn now_ms(&self) -> u64 {
-        self.start.elapsed().as_millis() as u64
-    }
-
-    /// Current tick.
-    pub fn now(&self) -> Tick {
-        (self.now_ms() / TICK_MS) as Tick
-    }
-
-    /// The instant tick `tick` begins (at or after which [`Clock::now`] returns it), taking
-    /// the tick to be the first at or after the current one with these low 32 bits.
-    pub fn instant_of(&self, tick: Tick) -> Instant {
-        let now_ticks = self.now_ms() / TICK_MS;
-        let ahead = tick.wrapping_sub(now_ticks as Tick) as i32;
-        let at = now_ticks.saturating_add_signed(i64::from(ahead.max(0)));
-        self.start + std::time::Duration::from_millis(at * TICK_MS)
-    }
-}
-
 /// Where this core is in the drain.
 #[derive(Default)]
 pub struct Drain {
@@ -155,24 +114,6 @@ pub struct Drain {
     pub deadline: Option<Tick>,
     /// Waker of the accept loop, woken when the drain starts.
     pub accept_waker: Option<Waker>,
-}
-
-/// One `GET /connections` or `GET /status.json` request gathering rows from every core.
-pub struct Gathering {
-    /// The HTTP connection that asked.
-    pub conn: ConnId,
-    /// Which endpoint answers once every core has.
-    pub what: super::http::inspect::Gather,
-    /// Cores that have yet to answer.
-    pub missing: usize,
-    /// Rows wanted.
-    pub top: usize,
-    /// Rows gathered so far.
-    pub rows: Vec<ConnRow>,
-    /// Each answered core's summed queues.
-    pub loads: Vec<CoreLoad>,
-    /// Each answered core's largest presence channels.
-    pub presence: Vec<PresenceRow>,
 }
 
 /// One core's state. Borrowed mutably only between awaits.
@@ -198,7 +139,7 @@ pub struct CoreState {
     /// The local channel a delivery is walking right now (no compaction there meanwhile).
     pub active_chan: Option<u32>,
     /// `GET /connections` and `GET /status.json` requests gathering rows from every core.
-    pub inspects: Vec<Gathering>,
+    pub inspects: Vec<super::http::inspect::Gathering>,
     /// The grants of this core's authenticated connections, interned (docs/security.md).
     pub grants: Grants,
     /// Publishes of the feeds thread handed to this core, and those waiting for an answer.
@@ -241,15 +182,7 @@ impl CoreState {
             local: LocalChannels::default(),
             broker,
             router: Router::new(me, ep, shared.clone()),
-            clock: Clock {
-                start,
-                wheel: TimerWheel::new(4096, 0),
-                fired: Vec::new(),
-                last_sweep: 0,
-                heartbeat_slack: heartbeat_slack(session_cfg.ping_interval, session_cfg.pong_timeout),
-                cfg: session_cfg,
-                deflate: Deflate::new(cfg.compression.deflate()),
-            },
+            clock: Clock::new(start, session_cfg, Deflate::new(cfg.compression.deflate())),
             reactor,
             drain: Drain::default(),
             active_chan: None,
@@ -629,30 +562,7 @@ impl CoreState {
     /// lists itself so it can yield between chunks).
     pub fn handle(&mut self, msg: CoreMsg) {
         match msg {
-            CoreMsg::Published { reply, ch, id, result } => {
-                if super::feed_port::FeedInbox::is_ticket(reply.id) {
-                    return self.feeds.answer(reply.id, result);
-                }
-                let Some(s) = self.session(reply.id) else { return };
-                if let Some(keep_alive) = s.awaiting() {
-                    let Some(result) = self.batch_published(reply.id, &ch, result) else { return };
-                    return self.answer_publish(reply.id, result, keep_alive);
-                }
-                let json = match &result {
-                    PublishResult::Stored { seq } => protocol::ack_json(id.as_deref().unwrap_or(""), &ch, *seq),
-                    PublishResult::Refused(e) => protocol::with_channel(
-                        protocol::error_json_retry(e.code, &e.reason, id.as_deref(), e.retry_after_ms),
-                        &ch,
-                    ),
-                };
-                // Queued, not written: the processor flushes every touched connection once per
-                // pass, so the acks of one broker batch leave in one `sendmsg` per connection.
-                let frame = codec::text_frame(&json);
-                self.with_session(reply.id, |s, ctx| s.reply(ctx, frame));
-                if self.waiting.pub_answered(reply.id) {
-                    self.serve_held(reply.id, None);
-                }
-            }
+            CoreMsg::Published { reply, ch, id, result } => self.published(reply.id, &ch, id.as_deref(), result),
             CoreMsg::Subscribed { ch, conn, head, epoch, resume } => self.subscribed(&ch, conn, head, &epoch, resume),
             CoreMsg::Reset { ch, head, epoch, reason, oldest, until } => {
                 self.reset_subscribers(&ch, head, &epoch, reason, oldest, until)

@@ -64,6 +64,7 @@
 pub mod authorize;
 pub mod broker;
 pub mod bus;
+pub mod clock;
 pub mod conn;
 pub mod control;
 pub mod core;

@@ -21,12 +21,13 @@ use std::collections::{HashMap, VecDeque};
 use bytes::Bytes;
 
 use super::authorize::Right;
-use super::broker::PresenceQuery;
+use super::broker::{PresenceQuery, PublishResult};
 use super::conn::{ConnId, PENDING};
 use super::core::CoreState;
 use crate::protocol::close::{CloseCode, CloseReason};
-use crate::protocol::ClientOp;
+use crate::protocol::{self, ClientOp};
 use crate::session::{Inbound, Limit, ReapReason};
+use crate::ws::codec;
 
 /// Requests one connection may have held at once (see the module docs).
 pub const MAX_HELD: usize = 1024;
@@ -107,6 +108,34 @@ impl Waiting {
 }
 
 impl CoreState {
+    /// The broker's answer `result` to the `pub` (id `id`, channel `ch`) of connection `conn`:
+    /// to a feed's ticket, to an HTTP publish (`POST /publish`, answered once every message of
+    /// its batch is), or as an `ack` or `error` frame queued for the WebSocket; then the
+    /// requests held behind that `pub` are served.
+    pub(crate) fn published(&mut self, conn: ConnId, ch: &str, id: Option<&str>, result: PublishResult) {
+        if super::feed_port::FeedInbox::is_ticket(conn) {
+            return self.feeds.answer(conn, result);
+        }
+        let Some(s) = self.session(conn) else { return };
+        if let Some(keep_alive) = s.awaiting() {
+            let Some(result) = self.batch_published(conn, ch, result) else { return };
+            return self.answer_publish(conn, result, keep_alive);
+        }
+        let json = match &result {
+            PublishResult::Stored { seq } => protocol::ack_json(id.unwrap_or(""), ch, *seq),
+            PublishResult::Refused(e) => {
+                protocol::with_channel(protocol::error_json_retry(e.code, &e.reason, id, e.retry_after_ms), ch)
+            }
+        };
+        // Queued, not written: the processor flushes every touched connection once per pass,
+        // so the acks of one broker batch leave in one `sendmsg` per connection.
+        let frame = codec::text_frame(&json);
+        self.with_session(conn, |s, ctx| s.reply(ctx, frame));
+        if self.waiting.pub_answered(conn) {
+            self.serve_held(conn, None);
+        }
+    }
+
     /// Serves request `req` of connection `id`, or holds it: when it is about a channel
     /// whose earlier `sub` by `id` waits for its answer or which has requests held already,
     /// and (unless it is a `pub` itself: the broker answers those in order) while a `pub` of

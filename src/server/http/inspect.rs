@@ -9,7 +9,7 @@ use crate::http;
 use crate::http::Request;
 use crate::server::bus::{ConnRef, ConnRow, CoreLoad, CoreMsg, PresenceRow};
 use crate::server::conn::ConnId;
-use crate::server::core::{CoreState, Gathering};
+use crate::server::core::CoreState;
 use crate::tick::TICK_MS;
 
 /// Which endpoint a gathering answers once every core has sent its rows.
@@ -19,6 +19,24 @@ pub enum Gather {
     Connections,
     /// `GET /status.json` (docs/http.md): the rows, the cores' loads and the counters.
     Status,
+}
+
+/// One `GET /connections` or `GET /status.json` request gathering rows from every core.
+pub struct Gathering {
+    /// The HTTP connection that asked.
+    pub conn: ConnId,
+    /// Which endpoint answers once every core has.
+    pub what: Gather,
+    /// Cores that have yet to answer.
+    pub missing: usize,
+    /// Rows wanted.
+    pub top: usize,
+    /// Rows gathered so far.
+    pub rows: Vec<ConnRow>,
+    /// Each answered core's summed queues.
+    pub loads: Vec<CoreLoad>,
+    /// Each answered core's largest presence channels.
+    pub presence: Vec<PresenceRow>,
 }
 
 /// Presence channels `GET /status.json` lists: the ones with the most members. Each core
