@@ -118,8 +118,8 @@ const STARVED: f64 = 8.0;
 /// write, the rest refused) the neighbour's p99 read 0.36–2.6 ms in single runs on the epoll
 /// driver (2026-12-07, an Intel box), i.e. up to 8.7× a quiet p99 that small; on an AMD EPYC
 /// box whose loopback sends cost 1.6× as much (docs/architecture.md) the `sub/unsub churn` and
-/// `sub of many channels` floods read 0.54–3.64 ms as the best of five tries (2026-12-07, six
-/// runs, the CI run of 29dab00 among them), which against 400 µs failed half the runs. Against
+/// `sub of many channels` floods read 0.54–3.64 ms as the best of five tries (2026-12-07, four
+/// runs, the CI run of 29dab00 among them), which against 400 µs failed two of the four. Against
 /// 700 µs, 8× is 5.6 ms: 1.5× the most a healthy flood has shown, and under most of the
 /// 5–40 ms of the starvation this test exists for (whose lowest readings, on the faster box,
 /// it would now let through).
