@@ -11,7 +11,9 @@
 //!   --concurrency 128 --threads 1` on the other; the server's CPU (utime + stime of
 //!   /proc/PID/stat) over the run divided by the handshakes, in µs.
 //!
-//! Medians of `PEERS_RUNS` runs each. Env: PEERS_LIST ("tether,tokio-tungstenite,uwebsockets";
+//! Medians of `PEERS_RUNS` runs each. The fan-out runs and the handshake rounds are interleaved
+//! (round 1 of every peer, then round 2, …), so the box's drift during the bench falls on every
+//! peer alike; the max ladders run peer after peer. Env: PEERS_LIST ("tether,tokio-tungstenite,uwebsockets";
 //! fastwebsockets is the other bench-peers server), PEERS_SUITES ("fanout,max,handshake"; also any
 //! run_bench.py suite such as `rate-N` or `maxat-N`), PEERS_RUNS (3), PEERS_DURATION (seconds of
 //! publishing per fan-out run, 10), PEERS_PIN ("0:1", server CPU : load CPU), PEERS_LADDER
@@ -157,11 +159,8 @@ fn main() {
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
-    let handshakes: Vec<(String, Vec<Value>)> = if k.suites.iter().any(|s| s == "handshake") {
-        names.iter().map(|p| (p.clone(), handshake_rounds(&peers, &k, p))).collect()
-    } else {
-        Vec::new()
-    };
+    let handshakes: Vec<(String, Vec<Value>)> =
+        if k.suites.iter().any(|s| s == "handshake") { handshake_rounds(&peers, &k, &names) } else { Vec::new() };
     let summary = summarize(&names, &records, &handshakes);
     print_table(&k, &names, &summary);
     println!(
@@ -224,17 +223,41 @@ fn build_uws(manifest: &Path) -> Option<PathBuf> {
 }
 
 /// Runs run_bench.py (through run_peers.py) for `names` and `suites`, pinned, appending to
-/// `jsonl`; its per-run lines go to the terminal.
+/// `jsonl`; its per-run lines go to the terminal. Suites of repeated runs at a fixed rate
+/// (`fanout`, `rate-N`) are interleaved: round by round, each peer once per round (run_bench.py
+/// with `--runs 1`), so a box whose speed drifts during the bench moves every peer's runs alike
+/// instead of one peer's block. Searches (`max`, `maxat-N`, `idle`) run peer after peer.
 fn run_suites(peers: &Peers, k: &Knobs, names: &[String], suites: &[&String], jsonl: &Path) {
+    let (fixed, searches): (Vec<&String>, Vec<&String>) =
+        suites.iter().partition(|s| s.as_str() == "fanout" || s.starts_with("rate-"));
+    // run_bench.py takes listener ports upward from --port, one per run; each call its own range.
+    let mut port = 9200;
+    if !fixed.is_empty() {
+        for round in 0..k.runs {
+            for p in names {
+                println!("\npeers: round {} of {}, {p}", round + 1, k.runs);
+                run_bench(peers, k, std::slice::from_ref(p), &fixed, 1, port, jsonl);
+                port += 100;
+            }
+        }
+    }
+    if !searches.is_empty() {
+        run_bench(peers, k, names, &searches, k.runs, port, jsonl);
+    }
+}
+
+/// One run_peers.py call: `runs` runs of each of `suites` for each of `names`, listener ports
+/// from `port` + 1 upward.
+fn run_bench(peers: &Peers, k: &Knobs, names: &[String], suites: &[&String], runs: usize, port: u16, jsonl: &Path) {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let mut c = Command::new("python3");
     c.arg(manifest.join("benches/peers/run_peers.py"))
         .args(["--peers", &names.join(",")])
         .args(["--suites", &suites.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(",")])
-        .args(["--runs", &k.runs.to_string(), "--duration", &k.duration.to_string()])
+        .args(["--runs", &runs.to_string(), "--duration", &k.duration.to_string()])
         .args(["--pin", &format!("{}:{}", k.server_cpu, k.load_cpu)])
         .args(["--quiet-wait", &k.quiet_wait.to_string(), "--max-other", &k.max_other.to_string()])
-        .args(["--retries", &k.retries.to_string()])
+        .args(["--retries", &k.retries.to_string(), "--port", &port.to_string()])
         .arg("--out")
         .arg(jsonl)
         .env("BENCH_PEERS_DIR", &peers.dir)
@@ -322,12 +345,14 @@ fn start_peer(peers: &Peers, k: &Knobs, peer: &str) -> (Child, u16) {
     }
 }
 
-/// `PEERS_RUNS` rounds of handshakes against a fresh `peer` each, each repeated (up to
-/// `PEERS_RETRIES` times) when other processes used more than `PEERS_MAX_OTHER` % of a core
-/// during it; one JSON object per round (its last attempt).
-fn handshake_rounds(peers: &Peers, k: &Knobs, peer: &str) -> Vec<Value> {
-    (0..k.runs)
-        .map(|round| {
+/// `PEERS_RUNS` rounds of handshakes, each peer once per round (interleaved, as the fan-out
+/// runs are) on a fresh server; a round is repeated (up to `PEERS_RETRIES` times) when other
+/// processes used more than `PEERS_MAX_OTHER` % of a core during it. Per peer, one JSON object
+/// per round (its last attempt).
+fn handshake_rounds(peers: &Peers, k: &Knobs, names: &[String]) -> Vec<(String, Vec<Value>)> {
+    let mut rounds: Vec<(String, Vec<Value>)> = names.iter().map(|p| (p.clone(), Vec::new())).collect();
+    for round in 0..k.runs {
+        for (peer, done) in rounds.iter_mut() {
             let mut last = Value::Null;
             for attempt in 0..=k.retries {
                 last = handshake_round(peers, k, peer);
@@ -348,9 +373,10 @@ fn handshake_rounds(peers: &Peers, k: &Knobs, peer: &str) -> Vec<Value> {
                 }
                 println!("   (contended: other processes used {other:.0}% CPU; retrying)");
             }
-            last
-        })
-        .collect()
+            done.push(last);
+        }
+    }
+    rounds
 }
 
 /// One round: a fresh pinned server, `tether load connect` pinned on the other core, the
